@@ -1,0 +1,7 @@
+//! placeholder
+pub mod broker;
+pub mod cosmos;
+pub mod document;
+pub mod message;
+pub mod pipeline;
+pub mod registry;

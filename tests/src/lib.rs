@@ -1,0 +1,1 @@
+//! Integration tests for chatter live under `tests/`.

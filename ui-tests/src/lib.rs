@@ -1,0 +1,1 @@
+//! Compile-fail and compile-pass cases for `#[derive(DocumentReliable)]` live under `tests/ui/`.
