@@ -5,3 +5,18 @@ pub mod document;
 pub mod message;
 pub mod pipeline;
 pub mod registry;
+
+pub use chatter_macros::{DocumentReliable, handler};
+pub use pipeline::HandlerContext;
+pub use registry::{BoxError, DocumentReliable};
+
+#[doc(hidden)]
+pub mod __private {
+    pub use inventory;
+    pub use serde_json;
+    pub use crate::registry::{
+        CommandRegistration, HandlerFuture, HandlerRegistration, IntoHandlerResult,
+        SourceIdentityDeclaration, SourceLocation,
+    };
+    pub use std::any::{TypeId, type_name};
+}

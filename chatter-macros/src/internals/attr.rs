@@ -1,0 +1,186 @@
+//! Parse: the derive input's attributes into plain receivers, reporting malformed syntax.
+
+use darling::util::SpannedValue;
+use darling::{FromMeta, error::Accumulator};
+use proc_macro2::Span;
+use syn::spanned::Spanned;
+use syn::{Attribute, DeriveInput, Ident};
+
+use super::serde_names::{self, FieldSerde};
+
+/// `#[cosmos(...)]`: where the command's documents live.
+#[derive(Debug, Default, FromMeta)]
+pub struct CosmosArgs {
+    pub database: Option<SpannedValue<String>>,
+    pub container: Option<SpannedValue<String>>,
+    pub lease: Option<SpannedValue<String>>,
+    pub monitored_source: Option<SpannedValue<String>>,
+    pub lease_source: Option<SpannedValue<String>>,
+}
+
+/// `#[partition_key(path = "...")]` on the struct: the container's partition-key path(s), in order.
+#[derive(Debug, Default, FromMeta)]
+pub struct PartitionKeyArgs {
+    #[darling(multiple)]
+    pub path: Vec<SpannedValue<String>>,
+}
+
+/// `#[chatter(...)]`: how the command is known on the broker.
+#[derive(Debug, Default, FromMeta)]
+pub struct ChatterArgs {
+    pub name: Option<SpannedValue<String>>,
+    pub destination: Option<SpannedValue<String>>,
+}
+
+/// `#[partition_key]` or `#[partition_key(path = "...")]` on a field: this field carries the value.
+#[derive(Debug, Default, FromMeta)]
+pub struct FieldPartitionKeyArgs {
+    pub path: Option<SpannedValue<String>>,
+}
+
+/// An attribute's parsed arguments with the span of the attribute itself.
+#[derive(Debug)]
+pub struct Attr<T> {
+    pub args: T,
+    pub span: Span,
+}
+
+/// A named field of the command.
+#[derive(Debug)]
+pub struct Field {
+    pub ident: Ident,
+    pub serde: FieldSerde,
+    pub serialized_name: String,
+    pub partition_key: Option<Attr<FieldPartitionKeyArgs>>,
+}
+
+/// The command as the attributes describe it.
+#[derive(Debug)]
+pub struct Command {
+    pub ident: Ident,
+    pub cosmos: Option<Attr<CosmosArgs>>,
+    pub partition_key: Option<Attr<PartitionKeyArgs>>,
+    pub chatter: Option<Attr<ChatterArgs>>,
+    pub fields: Vec<Field>,
+}
+
+/// Parses the derive input. Shape errors (enum, tuple, generics) are reported but parsing goes on
+/// as far as it can, so every mistake shows at once.
+pub fn parse(input: &DeriveInput, acc: &mut Accumulator) -> Command {
+    let ident = input.ident.clone();
+    if !input.generics.params.is_empty() {
+        acc.push(
+            syn::Error::new(
+                input.generics.params.span(),
+                format!(
+                    "`#[derive(DocumentReliable)]` does not support generic parameters: the registry holds one \
+                     registration per concrete type; define a non-generic `struct {ident}`"
+                ),
+            )
+            .into(),
+        );
+    }
+    let rename_all = serde_names::container_rename_all(&input.attrs);
+    let fields = match &input.data {
+        syn::Data::Struct(data) => match &data.fields {
+            syn::Fields::Named(named) => named
+                .named
+                .iter()
+                .map(|f| {
+                    let ident = f.ident.clone().expect("named fields have identifiers");
+                    let serde = serde_names::field(&f.attrs);
+                    let serialized_name =
+                        serde_names::serialized_name(&ident, &serde, rename_all.as_deref());
+                    let partition_key = single_attr(&f.attrs, "partition_key", true, acc);
+                    Field { ident, serde, serialized_name, partition_key }
+                })
+                .collect(),
+            syn::Fields::Unnamed(unnamed) => {
+                acc.push(
+                    syn::Error::new(
+                        unnamed.span(),
+                        "`#[derive(DocumentReliable)]` needs a struct with named fields, not a tuple struct: \
+                         name the fields so a partition-key path can name one",
+                    )
+                    .into(),
+                );
+                Vec::new()
+            }
+            syn::Fields::Unit => {
+                acc.push(
+                    syn::Error::new(
+                        ident.span(),
+                        "`#[derive(DocumentReliable)]` needs a struct with named fields, not a unit struct: \
+                         a command carries at least its partition-key field",
+                    )
+                    .into(),
+                );
+                Vec::new()
+            }
+        },
+        syn::Data::Enum(data) => {
+            acc.push(
+                syn::Error::new(
+                    data.enum_token.span(),
+                    "`#[derive(DocumentReliable)]` goes on a struct with named fields, not an enum: \
+                     each command is its own struct",
+                )
+                .into(),
+            );
+            Vec::new()
+        }
+        syn::Data::Union(data) => {
+            acc.push(
+                syn::Error::new(
+                    data.union_token.span(),
+                    "`#[derive(DocumentReliable)]` goes on a struct with named fields, not a union",
+                )
+                .into(),
+            );
+            Vec::new()
+        }
+    };
+    Command {
+        ident,
+        cosmos: single_attr(&input.attrs, "cosmos", false, acc),
+        partition_key: single_attr(&input.attrs, "partition_key", false, acc),
+        chatter: single_attr(&input.attrs, "chatter", false, acc),
+        fields,
+    }
+}
+
+/// The one attribute named `name`; a second one is an error. `word_ok` lets `#[name]` alone mean
+/// "all defaults" (the field-level `#[partition_key]`).
+fn single_attr<T: FromMeta + Default>(
+    attrs: &[Attribute],
+    name: &str,
+    word_ok: bool,
+    acc: &mut Accumulator,
+) -> Option<Attr<T>> {
+    let mut found: Option<Attr<T>> = None;
+    for attr in attrs.iter().filter(|a| a.path().is_ident(name)) {
+        if found.is_some() {
+            acc.push(
+                syn::Error::new(
+                    attr.span(),
+                    format!("duplicate `#[{name}]` attribute: merge its keys into the first `#[{name}(...)]`"),
+                )
+                .into(),
+            );
+            continue;
+        }
+        let args = match &attr.meta {
+            syn::Meta::Path(_) if word_ok => Some(T::default()),
+            syn::Meta::List(list) if list.tokens.is_empty() && word_ok => Some(T::default()),
+            syn::Meta::Path(_) | syn::Meta::NameValue(_) => {
+                acc.push(
+                    syn::Error::new(attr.span(), format!("expected `#[{name}(key = \"value\", ...)]`")).into(),
+                );
+                Some(T::default())
+            }
+            syn::Meta::List(_) => Some(acc.handle(T::from_meta(&attr.meta)).unwrap_or_default()),
+        };
+        found = args.map(|args| Attr { args, span: attr.span() });
+    }
+    found
+}

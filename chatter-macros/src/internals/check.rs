@@ -1,0 +1,335 @@
+//! Check: cross-attribute rules on the parsed command, each violation spanned on its token.
+
+use darling::error::Accumulator;
+use darling::util::SpannedValue;
+use proc_macro2::Span;
+
+use super::attr::{Command, Field};
+
+/// Root fields chatter writes on its documents (catalog section 0): a partition-key path rooted at
+/// one of them would overwrite a required field. `status` and `ttl` are patched by the relay.
+pub const RESERVED_ROOTS: &[&str] = &[
+    "id",
+    "_chatterType",
+    "status",
+    "ttl",
+    "MessageId",
+    "Destination",
+    "MessageBody",
+    "MessageContentType",
+    "MessageContext",
+    "ReceivedAtUtc",
+];
+
+/// Cosmos DB allows at most three levels in a hierarchical partition key.
+const MAX_PARTITION_KEY_PATHS: usize = 3;
+
+/// A command whose attributes passed every check.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checked {
+    pub command_name: String,
+    pub destination: String,
+    pub database: String,
+    pub container: String,
+    pub lease: String,
+    pub declared_source_identity: Option<(String, String)>,
+    pub partition_key_paths: Vec<String>,
+    /// JSON pointer into the serialized command, per path.
+    pub partition_key_sources: Vec<String>,
+    /// The Rust field supplying each path, for the generated docs.
+    pub partition_key_fields: Vec<String>,
+}
+
+fn err(acc: &mut Accumulator, span: Span, message: impl std::fmt::Display) {
+    acc.push(syn::Error::new(span, message).into());
+}
+
+/// A required, non-blank Cosmos resource name.
+fn name(
+    acc: &mut Accumulator,
+    value: &Option<SpannedValue<String>>,
+    key: &str,
+    what: &str,
+    attr_span: Span,
+) -> Option<String> {
+    let Some(value) = value else {
+        err(acc, attr_span, format!("`#[cosmos]` is missing `{key} = \"...\"`: {what}"));
+        return None;
+    };
+    non_blank(acc, value, key, "cosmos")
+}
+
+fn non_blank(acc: &mut Accumulator, value: &SpannedValue<String>, key: &str, attr: &str) -> Option<String> {
+    if value.trim().is_empty() {
+        err(acc, value.span(), format!("`#[{attr}({key} = ...)]` must not be empty or whitespace"));
+        return None;
+    }
+    if let Some(c) = value.chars().find(|c| matches!(c, '/' | '\\' | '?' | '#')) {
+        err(
+            acc,
+            value.span(),
+            format!("`#[{attr}({key} = ...)]` contains `{c}`, which Cosmos DB does not allow in a resource name"),
+        );
+        return None;
+    }
+    Some(value.as_str().to_owned())
+}
+
+/// Checks one partition-key path's syntax; returns its segments.
+fn path_segments(acc: &mut Accumulator, path: &SpannedValue<String>) -> Option<Vec<String>> {
+    let p = path.as_str();
+    if p.trim().is_empty() {
+        err(
+            acc,
+            path.span(),
+            "`#[partition_key(path = ...)]` must not be empty: name the container's partition-key path, e.g. `\"/orderId\"`",
+        );
+        return None;
+    }
+    if !p.starts_with('/') {
+        err(acc, path.span(), format!("`#[partition_key(path = ...)]` must start with `/`: write `\"/{p}\"`"));
+        return None;
+    }
+    let segments: Vec<&str> = p[1..].split('/').collect();
+    if segments.iter().any(|s| s.trim().is_empty()) {
+        err(
+            acc,
+            path.span(),
+            format!("`#[partition_key(path = \"{p}\")]` has an empty segment: remove the doubled or trailing `/`"),
+        );
+        return None;
+    }
+    let root = segments[0];
+    if RESERVED_ROOTS.contains(&root) {
+        let why = if root == "status" || root == "ttl" {
+            "the relay patches `/status` and `/ttl` on every outbox document it delivers"
+        } else {
+            "chatter writes that field on its outbox documents and inbox markers"
+        };
+        err(
+            acc,
+            path.span(),
+            format!("`#[partition_key(path = \"{p}\")]` is rooted at `{root}`, a field chatter owns: {why}; partition the container by a field of your own"),
+        );
+        return None;
+    }
+    Some(segments.into_iter().map(str::to_owned).collect())
+}
+
+/// Escapes one segment for a JSON pointer (RFC 6901).
+fn pointer_segment(s: &str) -> String {
+    s.replace('~', "~0").replace('/', "~1")
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = if ca == cb { prev } else { 1 + prev.min(row[j]).min(cur) };
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+/// Checks the whole command; `None` when anything was reported.
+pub fn check(cmd: &Command, outer: &mut Accumulator) -> Option<Checked> {
+    let mut local = darling::Error::accumulator();
+    let checked = check_all(cmd, &mut local);
+    let errors = local.into_inner();
+    let failed = !errors.is_empty();
+    errors.into_iter().for_each(|e| outer.push(e));
+    if failed { None } else { checked }
+}
+
+fn check_all(cmd: &Command, acc: &mut Accumulator) -> Option<Checked> {
+    let ident = &cmd.ident;
+
+    let cosmos = match &cmd.cosmos {
+        Some(c) => Some(c),
+        None => {
+            err(
+                acc,
+                ident.span(),
+                format!("`{ident}` is missing `#[cosmos(database = \"...\", container = \"...\", lease = \"...\")]`: it names where the command's documents live"),
+            );
+            None
+        }
+    };
+    let (mut database, mut container, mut lease, mut declared) = (None, None, None, None);
+    if let Some(c) = cosmos {
+        database = name(acc, &c.args.database, "database", "the Cosmos database of the command's container", c.span);
+        container = name(acc, &c.args.container, "container", "the container holding the handler's writes and the outbox", c.span);
+        lease = name(acc, &c.args.lease, "lease", "the lease container of the change-feed relay", c.span);
+        match (&c.args.monitored_source, &c.args.lease_source) {
+            (Some(m), Some(l)) => {
+                let m = non_blank(acc, m, "monitored_source", "cosmos");
+                let l = non_blank(acc, l, "lease_source", "cosmos");
+                declared = m.zip(l);
+            }
+            (Some(only), None) => err(
+                acc,
+                only.span(),
+                "`monitored_source` needs `lease_source` too: declare both change-feed source identities or neither",
+            ),
+            (None, Some(only)) => err(
+                acc,
+                only.span(),
+                "`lease_source` needs `monitored_source` too: declare both change-feed source identities or neither",
+            ),
+            (None, None) => {}
+        }
+    }
+
+    let mut command_name = Some(ident.to_string());
+    let mut destination = None;
+    if let Some(c) = &cmd.chatter {
+        if let Some(n) = &c.args.name {
+            command_name = non_blank(acc, n, "name", "chatter");
+        }
+        if let Some(d) = &c.args.destination {
+            destination = non_blank(acc, d, "destination", "chatter");
+        }
+    }
+
+    let (paths, sources, source_fields) = check_partition_key(cmd, acc);
+
+    let command_name = command_name?;
+    Some(Checked {
+        destination: destination.unwrap_or_else(|| command_name.clone()),
+        command_name,
+        database: database?,
+        container: container?,
+        lease: lease?,
+        declared_source_identity: declared,
+        partition_key_paths: paths,
+        partition_key_sources: sources,
+        partition_key_fields: source_fields,
+    })
+}
+
+/// The partition-key paths, where each value is read from, and which field supplies it.
+fn check_partition_key(cmd: &Command, acc: &mut Accumulator) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let ident = &cmd.ident;
+    let mut out = (Vec::new(), Vec::new(), Vec::new());
+    let Some(pk) = &cmd.partition_key else {
+        err(
+            acc,
+            ident.span(),
+            format!("`{ident}` is missing `#[partition_key(path = \"/...\")]`: name the container's partition-key path, e.g. `#[partition_key(path = \"/orderId\")]`"),
+        );
+        return out;
+    };
+    let paths = &pk.args.path;
+    if paths.is_empty() {
+        err(acc, pk.span, "`#[partition_key]` needs `path = \"/...\"`, e.g. `#[partition_key(path = \"/orderId\")]`");
+        return out;
+    }
+    if paths.len() > MAX_PARTITION_KEY_PATHS {
+        err(
+            acc,
+            paths[MAX_PARTITION_KEY_PATHS].span(),
+            format!("a hierarchical partition key has at most {MAX_PARTITION_KEY_PATHS} paths in Cosmos DB"),
+        );
+    }
+    for (i, path) in paths.iter().enumerate() {
+        if paths[..i].iter().any(|earlier| earlier.as_str() == path.as_str()) {
+            err(acc, path.span(), format!("partition-key path `{}` is listed twice", path.as_str()));
+        }
+    }
+
+    // Which field supplies which path through a field-level `#[partition_key]`.
+    let mut marked: Vec<(&str, &Field)> = Vec::new();
+    for field in &cmd.fields {
+        let Some(attr) = &field.partition_key else { continue };
+        let target = match &attr.args.path {
+            Some(p) => match paths.iter().find(|q| q.as_str() == p.as_str()) {
+                Some(q) => q.as_str(),
+                None => {
+                    let listed: Vec<&str> = paths.iter().map(|q| q.as_str()).collect();
+                    err(
+                        acc,
+                        p.span(),
+                        format!("`{}` is not one of this command's partition-key paths [{}]", p.as_str(), listed.join(", ")),
+                    );
+                    continue;
+                }
+            },
+            None if paths.len() == 1 => paths[0].as_str(),
+            None => {
+                err(
+                    acc,
+                    attr.span,
+                    "with several partition-key paths, say which one this field supplies: `#[partition_key(path = \"/...\")]`",
+                );
+                continue;
+            }
+        };
+        if let Some((_, first)) = marked.iter().find(|(t, _)| *t == target) {
+            err(
+                acc,
+                attr.span,
+                format!("partition-key path `{target}` is already supplied by field `{}`", first.ident),
+            );
+            continue;
+        }
+        marked.push((target, field));
+    }
+
+    for path in paths {
+        let Some(segments) = path_segments(acc, path) else { continue };
+        let (source, field) = match marked.iter().find(|(t, _)| *t == path.as_str()) {
+            Some((_, field)) => (format!("/{}", pointer_segment(&field.serialized_name)), *field),
+            None => {
+                let root = &segments[0];
+                let Some(field) = cmd.fields.iter().find(|f| &f.serialized_name == root) else {
+                    if !cmd.fields.is_empty() {
+                        report_unknown_root(acc, cmd, path, root);
+                    }
+                    continue;
+                };
+                let pointer: Vec<String> = segments.iter().map(|s| pointer_segment(s)).collect();
+                (format!("/{}", pointer.join("/")), field)
+            }
+        };
+        if field.serde.skipped || field.serde.flatten {
+            let why = if field.serde.skipped { "skipped by serde" } else { "flattened by serde" };
+            err(
+                acc,
+                field.ident.span(),
+                format!("field `{}` supplies partition-key path `{}` but is {why}, so the value would not be in the command's JSON", field.ident, path.as_str()),
+            );
+            continue;
+        }
+        out.0.push(path.as_str().to_owned());
+        out.1.push(source);
+        out.2.push(field.ident.to_string());
+    }
+    out
+}
+
+fn report_unknown_root(acc: &mut Accumulator, cmd: &Command, path: &SpannedValue<String>, root: &str) {
+    let names: Vec<&str> = cmd.fields.iter().map(|f| f.serialized_name.as_str()).collect();
+    let suggestion = names
+        .iter()
+        .map(|n| (edit_distance(&n.to_lowercase(), &root.to_lowercase()), *n))
+        .filter(|(d, _)| *d <= 2)
+        .min()
+        .map(|(_, n)| format!("; did you mean `/{n}`?"))
+        .unwrap_or_default();
+    err(
+        acc,
+        path.span(),
+        format!(
+            "`#[partition_key(path = \"{}\")]` names no field of `{}`: its serialized fields are {}{suggestion} \
+             (if the value is in a field named differently, mark that field `#[partition_key]`)",
+            path.as_str(),
+            cmd.ident,
+            names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", "),
+        ),
+    );
+}

@@ -1,0 +1,90 @@
+//! What `#[derive(DocumentReliable)]` registers for a command type.
+
+use std::any::TypeId;
+use std::fmt;
+
+/// Where a registration was written, for messages that must name both sides of a conflict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceLocation {
+    /// `module_path!()` at the registration.
+    pub module_path: &'static str,
+    /// `file!()` at the registration.
+    pub file: &'static str,
+    /// `line!()` at the registration.
+    pub line: u32,
+}
+
+impl fmt::Display for SourceLocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.file, self.line)
+    }
+}
+
+/// A caller-declared change-feed source identity pair (`monitored_source`, `lease_source`).
+///
+/// Declared identities name the monitored and lease containers independently of the account endpoint
+/// they are reached through, so processors on different hosts agree on the processor name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SourceIdentityDeclaration {
+    /// Identity of the monitored (document) container.
+    pub monitored: &'static str,
+    /// Identity of the lease container.
+    pub lease: &'static str,
+}
+
+/// One command type's document-reliability registration (the .NET `DocumentReliabilityRegistration`).
+///
+/// Built by `#[derive(DocumentReliable)]` as const data; never constructed by hand in applications.
+#[derive(Debug, Clone, Copy)]
+pub struct CommandRegistration {
+    /// The stable name the command is known by on the broker, in logs and in errors.
+    pub command_name: &'static str,
+    /// The broker destination the command is received from.
+    pub destination: &'static str,
+    /// The Rust type name (`core::any::type_name`).
+    pub type_name: fn() -> &'static str,
+    /// The Rust type's identity.
+    pub type_id: fn() -> TypeId,
+    /// Cosmos database holding the document and lease containers.
+    pub database: &'static str,
+    /// The document container: the handler's writes, inbox markers and outbox documents.
+    pub container: &'static str,
+    /// The lease container of the change-feed relay.
+    pub lease: &'static str,
+    /// The container's partition-key path(s), in order (several for a hierarchical key).
+    pub partition_key_paths: &'static [&'static str],
+    /// Where each partition-key value is found in the command's serialized JSON, one JSON pointer per
+    /// entry of `partition_key_paths`.
+    pub partition_key_sources: &'static [&'static str],
+    /// The declared change-feed source identity, when the derive named one.
+    pub declared_source_identity: Option<SourceIdentityDeclaration>,
+    /// Where the derive was written.
+    pub location: SourceLocation,
+}
+
+impl CommandRegistration {
+    /// Resolves the partition-key values from the command's serialized JSON.
+    ///
+    /// `None` when a value is absent: the command then passes through without a batch
+    /// (catalog R1.51), exactly like a resolver that returns no key.
+    pub fn resolve_partition_key(&self, command: &serde_json::Value) -> Option<Vec<serde_json::Value>> {
+        self.partition_key_sources
+            .iter()
+            .map(|pointer| command.pointer(pointer).cloned())
+            .collect()
+    }
+}
+
+/// A command type that takes part in the document tier.
+///
+/// Implemented by `#[derive(DocumentReliable)]`; the derive also registers the command so that
+/// `chatter_runtime::start()` finds it.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a document-reliable command",
+    label = "this type has no `#[derive(DocumentReliable)]`",
+    note = "add `#[derive(Serialize, Deserialize, DocumentReliable)]` with `#[cosmos(database = \"..\", container = \"..\", lease = \"..\")]` and `#[partition_key(path = \"/..\")]` to `{Self}`"
+)]
+pub trait DocumentReliable: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static {
+    /// The command's registration.
+    fn registration() -> &'static CommandRegistration;
+}

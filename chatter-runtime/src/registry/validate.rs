@@ -1,0 +1,215 @@
+//! Builds the [`Registry`] from the collected registrations and rejects conflicts.
+
+use std::any::TypeId;
+use std::collections::HashMap;
+
+use super::{CommandRegistration, HandlerRegistration, RegistrationProblem, RegistryError};
+
+/// A registered command with its one handler.
+#[derive(Debug, Clone, Copy)]
+pub struct RegisteredCommand {
+    /// The command's registration.
+    pub registration: &'static CommandRegistration,
+    /// Its handler.
+    pub handler: &'static HandlerRegistration,
+}
+
+/// The validated set of commands and handlers a runtime serves (the participation allowlist).
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    commands: Vec<RegisteredCommand>,
+    by_type: HashMap<TypeId, usize>,
+    by_destination: HashMap<&'static str, usize>,
+}
+
+impl Registry {
+    /// Every registration `inventory` collected in this binary.
+    pub fn from_inventory() -> Result<Self, RegistryError> {
+        Self::build(
+            inventory::iter::<CommandRegistration>(),
+            inventory::iter::<HandlerRegistration>(),
+        )
+    }
+
+    /// Validates the given registrations; every problem is reported in one error.
+    pub fn build(
+        commands: impl IntoIterator<Item = &'static CommandRegistration>,
+        handlers: impl IntoIterator<Item = &'static HandlerRegistration>,
+    ) -> Result<Self, RegistryError> {
+        let mut commands: Vec<&'static CommandRegistration> = commands.into_iter().collect();
+        let mut handlers: Vec<&'static HandlerRegistration> = handlers.into_iter().collect();
+        // inventory's order depends on link order: sort by source location so messages are stable.
+        commands.sort_by_key(|c| (c.location.file, c.location.line, c.command_name));
+        handlers.sort_by_key(|h| (h.location.file, h.location.line, h.handler_name));
+
+        let mut problems = Vec::new();
+        let mut kept: Vec<&'static CommandRegistration> = Vec::new();
+        let mut by_name: HashMap<&str, &'static CommandRegistration> = HashMap::new();
+        let mut by_destination: HashMap<&str, &'static CommandRegistration> = HashMap::new();
+        let mut by_container: HashMap<(&str, &str), &'static CommandRegistration> = HashMap::new();
+        let mut by_identity: HashMap<(&str, &str), &'static CommandRegistration> = HashMap::new();
+        for &command in &commands {
+            if let Some(first) = by_name.get(command.command_name) {
+                problems.push(RegistrationProblem::DuplicateCommandName {
+                    name: command.command_name,
+                    first_type: (first.type_name)(),
+                    first: first.location,
+                    second_type: (command.type_name)(),
+                    second: command.location,
+                });
+                continue;
+            }
+            by_name.insert(command.command_name, command);
+            if let Some(first) = by_destination.insert(command.destination, command) {
+                problems.push(RegistrationProblem::DuplicateDestination {
+                    destination: command.destination,
+                    first_name: first.command_name,
+                    first: first.location,
+                    second_name: command.command_name,
+                    second: command.location,
+                });
+            }
+            let container_key = (command.database, command.container);
+            match by_container.get(&container_key) {
+                Some(first) => problems.extend(container_conflicts(first, command)),
+                None => {
+                    by_container.insert(container_key, command);
+                }
+            }
+            if let Some(declared) = command.declared_source_identity {
+                let key = (declared.monitored, declared.lease);
+                match by_identity.get(&key) {
+                    Some(first) if containers(first) != containers(command) => {
+                        problems.push(RegistrationProblem::ConflictingSourceIdentity {
+                            monitored: declared.monitored,
+                            lease: declared.lease,
+                            first_containers: containers(first),
+                            first_name: first.command_name,
+                            first: first.location,
+                            second_containers: containers(command),
+                            second_name: command.command_name,
+                            second: command.location,
+                        })
+                    }
+                    Some(_) => {}
+                    None => {
+                        by_identity.insert(key, command);
+                    }
+                }
+            }
+            kept.push(command);
+        }
+
+        let mut handler_of: HashMap<TypeId, &'static HandlerRegistration> = HashMap::new();
+        for &handler in &handlers {
+            let command = (handler.command)();
+            let type_id = (command.type_id)();
+            if !kept.iter().any(|c| (c.type_id)() == type_id) {
+                problems.push(RegistrationProblem::HandlerForUnregisteredCommand {
+                    handler: handler.handler_name,
+                    command: command.command_name,
+                    location: handler.location,
+                });
+                continue;
+            }
+            if let Some(first) = handler_of.get(&type_id) {
+                problems.push(RegistrationProblem::DuplicateHandler {
+                    command: command.command_name,
+                    first_handler: first.handler_name,
+                    first: first.location,
+                    second_handler: handler.handler_name,
+                    second: handler.location,
+                });
+                continue;
+            }
+            handler_of.insert(type_id, handler);
+        }
+
+        let mut registry = Registry::default();
+        for command in kept {
+            let type_id = (command.type_id)();
+            let Some(&handler) = handler_of.get(&type_id) else {
+                problems.push(RegistrationProblem::MissingHandler {
+                    command: command.command_name,
+                    command_type: (command.type_name)(),
+                    location: command.location,
+                });
+                continue;
+            };
+            registry.by_type.insert(type_id, registry.commands.len());
+            registry.by_destination.insert(command.destination, registry.commands.len());
+            registry.commands.push(RegisteredCommand { registration: command, handler });
+        }
+        if problems.is_empty() {
+            Ok(registry)
+        } else {
+            Err(RegistryError { problems })
+        }
+    }
+
+    /// Every registered command, ordered by source location.
+    pub fn commands(&self) -> &[RegisteredCommand] {
+        &self.commands
+    }
+
+    /// The registered command of type `T`, if `T` takes part (catalog R1.01/R1.02).
+    pub fn get<T: 'static>(&self) -> Option<&RegisteredCommand> {
+        self.get_by_type_id(TypeId::of::<T>())
+    }
+
+    /// The registered command with this type identity.
+    pub fn get_by_type_id(&self, type_id: TypeId) -> Option<&RegisteredCommand> {
+        self.by_type.get(&type_id).map(|&i| &self.commands[i])
+    }
+
+    /// The registered command received from `destination`.
+    pub fn get_by_destination(&self, destination: &str) -> Option<&RegisteredCommand> {
+        self.by_destination.get(destination).map(|&i| &self.commands[i])
+    }
+}
+
+fn containers(c: &CommandRegistration) -> String {
+    format!("{}/{} (lease {})", c.database, c.container, c.lease)
+}
+
+/// Registrations sharing a container must agree on what the container is.
+fn container_conflicts(
+    first: &'static CommandRegistration,
+    second: &'static CommandRegistration,
+) -> Vec<RegistrationProblem> {
+    let conflict = |setting, first_value: String, second_value: String| RegistrationProblem::ConflictingContainer {
+        database: second.database,
+        container: second.container,
+        setting,
+        first_value,
+        first_name: first.command_name,
+        first: first.location,
+        second_value,
+        second_name: second.command_name,
+        second: second.location,
+    };
+    let mut problems = Vec::new();
+    if first.partition_key_paths != second.partition_key_paths {
+        problems.push(conflict(
+            "partition-key path",
+            format!("[{}]", first.partition_key_paths.join(", ")),
+            format!("[{}]", second.partition_key_paths.join(", ")),
+        ));
+    }
+    if first.lease != second.lease {
+        // Two leases over one container would run two relays draining the same outbox documents.
+        problems.push(conflict(
+            "lease container",
+            format!("`{}`", first.lease),
+            format!("`{}`", second.lease),
+        ));
+    }
+    if first.declared_source_identity != second.declared_source_identity {
+        let render = |c: &CommandRegistration| match c.declared_source_identity {
+            Some(d) => format!("(`{}`, `{}`)", d.monitored, d.lease),
+            None => "(none declared)".to_owned(),
+        };
+        problems.push(conflict("change-feed source identity", render(first), render(second)));
+    }
+    problems
+}

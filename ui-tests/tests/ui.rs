@@ -1,0 +1,9 @@
+//! Compile-fail and compile-pass cases for `#[derive(DocumentReliable)]` and `#[handler]`.
+//! Regenerate the `.stderr` files with `TRYBUILD=overwrite cargo test -p chatter-ui-tests`.
+
+#[test]
+fn ui() {
+    let t = trybuild::TestCases::new();
+    t.pass("tests/ui/pass/*.rs");
+    t.compile_fail("tests/ui/fail/*.rs");
+}
