@@ -43,6 +43,9 @@ pub struct FieldPartitionKeyArgs {
 pub struct Attr<T> {
     pub args: T,
     pub span: Span,
+    /// False when the attribute's syntax was already reported: its keys are then unknown, and
+    /// "missing key" errors would only repeat the first error.
+    pub parsed: bool,
 }
 
 /// A named field of the command.
@@ -169,18 +172,39 @@ fn single_attr<T: FromMeta + Default>(
             );
             continue;
         }
-        let args = match &attr.meta {
-            syn::Meta::Path(_) if word_ok => Some(T::default()),
-            syn::Meta::List(list) if list.tokens.is_empty() && word_ok => Some(T::default()),
-            syn::Meta::Path(_) | syn::Meta::NameValue(_) => {
-                acc.push(
-                    syn::Error::new(attr.span(), format!("expected `#[{name}(key = \"value\", ...)]`")).into(),
-                );
-                Some(T::default())
-            }
-            syn::Meta::List(_) => Some(acc.handle(T::from_meta(&attr.meta)).unwrap_or_default()),
+        let parsed = match &attr.meta {
+            syn::Meta::Path(_) if word_ok => Ok(T::default()),
+            syn::Meta::List(list) if list.tokens.is_empty() && word_ok => Ok(T::default()),
+            syn::Meta::Path(_) | syn::Meta::NameValue(_) => Err(syn::Error::new(
+                attr.span(),
+                format!("expected `#[{name}(key = \"value\", ...)]`"),
+            )
+            .into()),
+            syn::Meta::List(_) => T::from_meta(&attr.meta).map_err(reword),
         };
-        found = args.map(|args| Attr { args, span: attr.span() });
+        found = Some(match parsed {
+            Ok(args) => Attr { args, span: attr.span(), parsed: true },
+            Err(e) => {
+                acc.push(e);
+                Attr { args: T::default(), span: attr.span(), parsed: false }
+            }
+        });
     }
     found
+}
+
+/// darling's "Unexpected type `path`" for `key = shop` becomes a message that says the fix.
+fn reword(error: darling::Error) -> darling::Error {
+    darling::Error::multiple(
+        error
+            .into_iter()
+            .map(|e| {
+                if e.to_string().starts_with("Unexpected type") {
+                    syn::Error::new(e.span(), "expected a string literal: write the value in quotes, e.g. `database = \"shop\"`").into()
+                } else {
+                    e
+                }
+            })
+            .collect(),
+    )
 }

@@ -51,8 +51,12 @@ fn name(
     key: &str,
     what: &str,
     attr_span: Span,
+    parsed: bool,
 ) -> Option<String> {
     let Some(value) = value else {
+        if !parsed {
+            return None;
+        }
         err(acc, attr_span, format!("`#[cosmos]` is missing `{key} = \"...\"`: {what}"));
         return None;
     };
@@ -162,9 +166,9 @@ fn check_all(cmd: &Command, acc: &mut Accumulator) -> Option<Checked> {
     };
     let (mut database, mut container, mut lease, mut declared) = (None, None, None, None);
     if let Some(c) = cosmos {
-        database = name(acc, &c.args.database, "database", "the Cosmos database of the command's container", c.span);
-        container = name(acc, &c.args.container, "container", "the container holding the handler's writes and the outbox", c.span);
-        lease = name(acc, &c.args.lease, "lease", "the lease container of the change-feed relay", c.span);
+        database = name(acc, &c.args.database, "database", "the Cosmos database of the command's container", c.span, c.parsed);
+        container = name(acc, &c.args.container, "container", "the container holding the handler's writes and the outbox", c.span, c.parsed);
+        lease = name(acc, &c.args.lease, "lease", "the lease container of the change-feed relay", c.span, c.parsed);
         match (&c.args.monitored_source, &c.args.lease_source) {
             (Some(m), Some(l)) => {
                 let m = non_blank(acc, m, "monitored_source", "cosmos");
@@ -244,13 +248,21 @@ fn check_partition_key(cmd: &Command, acc: &mut Accumulator) -> (Vec<String>, Ve
 
     // Which field supplies which path through a field-level `#[partition_key]`.
     let mut marked: Vec<(&str, &Field)> = Vec::new();
+    // A field marker that was itself in error may have been meant for any path: then a path that
+    // names no field is not worth a second error.
+    let mut marker_failed = false;
     for field in &cmd.fields {
         let Some(attr) = &field.partition_key else { continue };
+        if !attr.parsed {
+            marker_failed = true;
+            continue;
+        }
         let target = match &attr.args.path {
             Some(p) => match paths.iter().find(|q| q.as_str() == p.as_str()) {
                 Some(q) => q.as_str(),
                 None => {
                     let listed: Vec<&str> = paths.iter().map(|q| q.as_str()).collect();
+                    marker_failed = true;
                     err(
                         acc,
                         p.span(),
@@ -261,6 +273,7 @@ fn check_partition_key(cmd: &Command, acc: &mut Accumulator) -> (Vec<String>, Ve
             },
             None if paths.len() == 1 => paths[0].as_str(),
             None => {
+                marker_failed = true;
                 err(
                     acc,
                     attr.span,
@@ -287,7 +300,7 @@ fn check_partition_key(cmd: &Command, acc: &mut Accumulator) -> (Vec<String>, Ve
             None => {
                 let root = &segments[0];
                 let Some(field) = cmd.fields.iter().find(|f| &f.serialized_name == root) else {
-                    if !cmd.fields.is_empty() {
+                    if !cmd.fields.is_empty() && !marker_failed {
                         report_unknown_root(acc, cmd, path, root);
                     }
                     continue;
@@ -332,4 +345,158 @@ fn report_unknown_root(acc: &mut Accumulator, cmd: &Command, path: &SpannedValue
             names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", "),
         ),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use syn::{DeriveInput, parse_quote};
+
+    fn run(input: DeriveInput) -> Result<Checked, Vec<String>> {
+        let mut acc = darling::Error::accumulator();
+        let command = super::super::attr::parse(&input, &mut acc);
+        let checked = check(&command, &mut acc);
+        match acc.finish() {
+            Ok(()) => Ok(checked.expect("no errors means checked")),
+            Err(e) => Err(e.into_iter().map(|e| e.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn plain_registration_reads_every_attribute() {
+        let checked = run(parse_quote! {
+            #[cosmos(database = "shop", container = "orders", lease = "orders-leases")]
+            #[partition_key(path = "/orderId")]
+            #[serde(rename_all = "camelCase")]
+            struct CreateOrder { order_id: String, quantity: u32 }
+        })
+        .unwrap();
+        assert_eq!(checked.command_name, "CreateOrder");
+        assert_eq!(checked.destination, "CreateOrder");
+        assert_eq!((checked.database.as_str(), checked.container.as_str()), ("shop", "orders"));
+        assert_eq!(checked.lease, "orders-leases");
+        assert_eq!(checked.partition_key_paths, ["/orderId"]);
+        assert_eq!(checked.partition_key_sources, ["/orderId"]);
+        assert_eq!(checked.partition_key_fields, ["order_id"]);
+        assert_eq!(checked.declared_source_identity, None);
+    }
+
+    #[test]
+    fn name_and_destination_override_the_type_name() {
+        let checked = run(parse_quote! {
+            #[cosmos(database = "shop", container = "orders", lease = "l")]
+            #[partition_key(path = "/id2")]
+            #[chatter(name = "orders.create", destination = "orders-in")]
+            struct CreateOrder { id2: String }
+        })
+        .unwrap();
+        assert_eq!(checked.command_name, "orders.create");
+        assert_eq!(checked.destination, "orders-in");
+    }
+
+    #[test]
+    fn nested_path_reads_the_nested_value() {
+        let checked = run(parse_quote! {
+            #[cosmos(database = "d", container = "c", lease = "l")]
+            #[partition_key(path = "/customer/id")]
+            struct OpenAccount { customer: Customer }
+        })
+        .unwrap();
+        assert_eq!(checked.partition_key_sources, ["/customer/id"]);
+    }
+
+    #[test]
+    fn field_marker_supplies_a_differently_named_path() {
+        let checked = run(parse_quote! {
+            #[cosmos(database = "d", container = "c", lease = "l")]
+            #[partition_key(path = "/tenant/id", path = "/region")]
+            struct S {
+                #[partition_key(path = "/tenant/id")]
+                #[serde(rename = "tenant~x")]
+                tenant: String,
+                region: String,
+            }
+        })
+        .unwrap();
+        // RFC 6901 escapes `~` in the pointer.
+        assert_eq!(checked.partition_key_sources, ["/tenant~0x", "/region"]);
+        assert_eq!(checked.partition_key_fields, ["tenant", "region"]);
+    }
+
+    #[test]
+    fn declared_identities_are_kept_as_a_pair() {
+        let checked = run(parse_quote! {
+            #[cosmos(database = "d", container = "c", lease = "l", monitored_source = "m", lease_source = "ls")]
+            #[partition_key(path = "/k")]
+            struct S { k: String }
+        })
+        .unwrap();
+        assert_eq!(checked.declared_source_identity, Some(("m".into(), "ls".into())));
+    }
+
+    #[test]
+    fn every_error_is_reported_at_once() {
+        let errors = run(parse_quote! {
+            #[cosmos(database = " ", container = "orders")]
+            #[partition_key(path = "orderId")]
+            #[chatter(destination = "")]
+            struct S { order_id: String }
+        })
+        .unwrap_err();
+        assert_eq!(errors.len(), 4, "{errors:#?}");
+        assert!(errors.iter().any(|e| e.contains("must start with `/`")));
+        assert!(errors.iter().any(|e| e.contains("missing `lease")));
+    }
+
+    #[test]
+    fn reserved_roots_are_rejected_but_case_differs_is_allowed() {
+        for root in RESERVED_ROOTS {
+            let path = format!("/{root}");
+            let input: DeriveInput = parse_quote! {
+                #[cosmos(database = "d", container = "c", lease = "l")]
+                #[partition_key(path = #path)]
+                struct S { x: String }
+            };
+            let errors = run(input).unwrap_err();
+            assert!(errors[0].contains("a field chatter owns"), "{root}: {errors:?}");
+        }
+        // `/Ttl` is not `/ttl`: Cosmos paths are case-sensitive (catalog Top 15, item 14).
+        assert!(run(parse_quote! {
+            #[cosmos(database = "d", container = "c", lease = "l")]
+            #[partition_key(path = "/Ttl")]
+            struct S { #[serde(rename = "Ttl")] ttl: u32 }
+        })
+        .is_ok());
+    }
+
+    #[test]
+    fn unknown_root_suggests_the_closest_serialized_name() {
+        let errors = run(parse_quote! {
+            #[cosmos(database = "d", container = "c", lease = "l")]
+            #[partition_key(path = "/orderid")]
+            #[serde(rename_all = "camelCase")]
+            struct S { order_id: String }
+        })
+        .unwrap_err();
+        assert!(errors[0].contains("did you mean `/orderId`?"), "{errors:?}");
+    }
+
+    #[test]
+    fn syntax_errors_do_not_cascade_into_missing_key_errors() {
+        let errors = run(parse_quote! {
+            #[cosmos(databse = "d", container = "c", lease = "l")]
+            #[partition_key(path = "/k")]
+            struct S { k: String }
+        })
+        .unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].contains("Did you mean `database`?"), "{errors:?}");
+    }
+
+    #[test]
+    fn edit_distance_counts_single_edits() {
+        assert_eq!(edit_distance("orderid", "orderid"), 0);
+        assert_eq!(edit_distance("orderld", "orderid"), 1);
+        assert_eq!(edit_distance("", "abc"), 3);
+    }
 }
