@@ -5,10 +5,12 @@ pub mod document;
 pub mod message;
 pub mod pipeline;
 pub mod registry;
+mod runtime;
 
 pub use chatter_macros::{DocumentReliable, handler};
 pub use pipeline::HandlerContext;
 pub use registry::{BoxError, DocumentReliable};
+pub use runtime::{Builder, DispatchError, Runtime, StartError, start};
 
 #[doc(hidden)]
 pub mod __private {

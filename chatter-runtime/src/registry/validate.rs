@@ -213,3 +213,115 @@ fn container_conflicts(
     }
     problems
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::{SourceIdentityDeclaration, SourceLocation};
+
+    struct A;
+    struct B;
+
+    const fn at(line: u32) -> SourceLocation {
+        SourceLocation { module_path: "tests", file: "commands.rs", line }
+    }
+
+    const fn reg(
+        name: &'static str,
+        destination: &'static str,
+        type_id: fn() -> TypeId,
+        container: &'static str,
+        declared: Option<SourceIdentityDeclaration>,
+        line: u32,
+    ) -> CommandRegistration {
+        CommandRegistration {
+            command_name: name,
+            destination,
+            type_name: || "T",
+            type_id,
+            database: "shop",
+            container,
+            lease: "leases",
+            partition_key_paths: &["/k"],
+            partition_key_sources: &["/k"],
+            declared_source_identity: declared,
+            location: at(line),
+        }
+    }
+
+    fn handler_for(command: fn() -> &'static CommandRegistration, line: u32) -> HandlerRegistration {
+        HandlerRegistration {
+            command,
+            handler_name: "h",
+            invoke: |_, _| Ok(Box::pin(async { Ok(()) })),
+            location: at(line),
+        }
+    }
+
+    fn leak<T>(t: T) -> &'static T {
+        Box::leak(Box::new(t))
+    }
+
+    #[test]
+    fn two_commands_on_one_destination_are_rejected() {
+        static RA: CommandRegistration = reg("A", "orders", TypeId::of::<A>, "c1", None, 1);
+        static RB: CommandRegistration = reg("B", "orders", TypeId::of::<B>, "c2", None, 2);
+        let handlers = [leak(handler_for(|| &RA, 10)), leak(handler_for(|| &RB, 11))];
+        let err = Registry::build([&RA, &RB], handlers).unwrap_err();
+        assert_eq!(
+            err.problems,
+            [RegistrationProblem::DuplicateDestination {
+                destination: "orders",
+                first_name: "A",
+                first: at(1),
+                second_name: "B",
+                second: at(2),
+            }]
+        );
+    }
+
+    #[test]
+    fn one_declared_identity_over_two_containers_is_rejected() {
+        const ID: Option<SourceIdentityDeclaration> =
+            Some(SourceIdentityDeclaration { monitored: "m", lease: "l" });
+        static RA: CommandRegistration = reg("A", "a", TypeId::of::<A>, "c1", ID, 1);
+        static RB: CommandRegistration = reg("B", "b", TypeId::of::<B>, "c2", ID, 2);
+        let handlers = [leak(handler_for(|| &RA, 10)), leak(handler_for(|| &RB, 11))];
+        let err = Registry::build([&RA, &RB], handlers).unwrap_err();
+        assert!(matches!(
+            err.problems.as_slice(),
+            [RegistrationProblem::ConflictingSourceIdentity { monitored: "m", lease: "l", .. }]
+        ));
+        assert!(err.to_string().contains("DISTINCT"));
+    }
+
+    #[test]
+    fn same_declared_identity_over_the_same_containers_is_one_source() {
+        const ID: Option<SourceIdentityDeclaration> =
+            Some(SourceIdentityDeclaration { monitored: "m", lease: "l" });
+        static RA: CommandRegistration = reg("A", "a", TypeId::of::<A>, "c1", ID, 1);
+        static RB: CommandRegistration = reg("B", "b", TypeId::of::<B>, "c1", ID, 2);
+        let handlers = [leak(handler_for(|| &RA, 10)), leak(handler_for(|| &RB, 11))];
+        let registry = Registry::build([&RA, &RB], handlers).unwrap();
+        assert_eq!(registry.commands().len(), 2);
+        assert_eq!(registry.get::<B>().unwrap().registration.command_name, "B");
+        assert_eq!(registry.get_by_destination("a").unwrap().registration.command_name, "A");
+    }
+
+    #[test]
+    fn a_handler_for_a_command_not_given_is_rejected() {
+        static RA: CommandRegistration = reg("A", "a", TypeId::of::<A>, "c1", None, 1);
+        let err = Registry::build([], [leak(handler_for(|| &RA, 10))]).unwrap_err();
+        assert!(matches!(
+            err.problems.as_slice(),
+            [RegistrationProblem::HandlerForUnregisteredCommand { command: "A", .. }]
+        ));
+    }
+
+    #[test]
+    fn an_empty_registry_is_valid() {
+        let registry = Registry::build([], []).unwrap();
+        assert!(registry.commands().is_empty());
+        assert!(registry.get::<A>().is_none());
+    }
+}
