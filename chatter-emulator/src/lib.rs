@@ -1,0 +1,382 @@
+//! Serves the Azure Cosmos DB SDK's in-memory emulator over plain HTTP on a loopback address.
+//!
+//! The SDK's in-memory emulator (`azure_data_cosmos_driver::in_memory_emulator`) normally lives
+//! inside one process, as the HTTP transport of one client. This crate puts a small hyper server
+//! in front of [`InMemoryEmulatorHttpClient::execute_request`], so several processes (a relay
+//! that is killed and restarted, several instances sharing leases, a Python script) can share
+//! one store that outlives each of them. Data lives in the server's memory only: it is lost
+//! when the server stops.
+//!
+//! Any Cosmos client that accepts an `http://` loopback endpoint works against it: the Rust SDK
+//! (`azure_data_cosmos` treats loopback hosts as emulator hosts) and Python `azure-cosmos`.
+//! Authentication headers are accepted and not verified.
+//!
+//! ```no_run
+//! # async fn demo() -> std::io::Result<()> {
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let server = chatter_emulator::EmulatorServer::from_listener(listener)?;
+//! println!("serving on {}", server.endpoint());
+//! let running = server.spawn();
+//! // ... connect clients to running.endpoint() ...
+//! drop(running); // stops the server
+//! # Ok(())
+//! # }
+//! ```
+
+use std::convert::Infallible;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+use azure_core::http::headers::{HeaderName, HeaderValue};
+use azure_core::http::{Method, Request, Url};
+use azure_data_cosmos_driver::in_memory_emulator::{
+    ConsistencyLevel, EmulatorStore, InMemoryEmulatorHttpClient, VirtualAccountConfig,
+    VirtualRegion,
+};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// The port the Azure Cosmos DB emulator listens on by default; `chatter-emulator` uses it too.
+pub const DEFAULT_PORT: u16 = 8081;
+
+/// The name of the single virtual region the served account has.
+pub const REGION_NAME: &str = "East US";
+
+/// An in-memory Cosmos account bound to a TCP listener, ready to serve.
+///
+/// The account has one region whose gateway URL is [`EmulatorServer::endpoint`]: the account
+/// document the server returns names that URL, and clients then dial it for every request.
+pub struct EmulatorServer {
+    listener: TcpListener,
+    endpoint: Url,
+    emulator: Arc<InMemoryEmulatorHttpClient>,
+    counts: Arc<RequestCounts>,
+}
+
+/// Requests served so far, per HTTP method (bounded: one counter per method).
+#[derive(Debug, Default)]
+struct RequestCounts(std::sync::Mutex<std::collections::BTreeMap<String, u64>>);
+
+impl RequestCounts {
+    fn record(&self, method: &str) {
+        let mut counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        *counts.entry(method.to_ascii_uppercase()).or_default() += 1;
+    }
+
+    fn get(&self, method: &str) -> u64 {
+        let counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        counts
+            .get(&method.to_ascii_uppercase())
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+impl EmulatorServer {
+    /// Binds `addr` and prepares an empty in-memory account behind it.
+    pub async fn bind(addr: SocketAddr) -> io::Result<Self> {
+        Self::from_listener(TcpListener::bind(addr).await?)
+    }
+
+    /// Prepares an empty in-memory account served on an already bound listener (bind port 0 to
+    /// let the OS pick a free port, then read [`EmulatorServer::endpoint`]).
+    pub fn from_listener(listener: TcpListener) -> io::Result<Self> {
+        let endpoint = endpoint_for(listener.local_addr()?);
+        let config =
+            VirtualAccountConfig::new(vec![VirtualRegion::new(REGION_NAME, endpoint.clone())])
+                .map_err(|e| io::Error::other(format!("invalid in-memory emulator account: {e}")))?
+                .with_consistency(ConsistencyLevel::Session);
+        let emulator = InMemoryEmulatorHttpClient::try_new(config)
+            .map_err(|e| io::Error::other(format!("cannot start the in-memory emulator: {e}")))?;
+        Ok(Self {
+            listener,
+            endpoint,
+            emulator: Arc::new(emulator),
+            counts: Arc::default(),
+        })
+    }
+
+    /// The account endpoint clients connect to, e.g. `http://127.0.0.1:8081/`.
+    pub fn endpoint(&self) -> &str {
+        self.endpoint.as_str()
+    }
+
+    /// The emulator's store, for inspection in tests.
+    pub fn store(&self) -> Arc<EmulatorStore> {
+        self.emulator.store()
+    }
+
+    /// How many requests with HTTP `method` (e.g. `"PATCH"`) this server has answered.
+    pub fn request_count(&self, method: &str) -> u64 {
+        self.counts.get(method)
+    }
+
+    /// Serves requests until the returned future is dropped or accepting connections fails
+    /// persistently. Each connection is served on its own task.
+    pub async fn run(self) -> io::Result<()> {
+        let Self {
+            listener,
+            endpoint,
+            emulator,
+            counts,
+        } = self;
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) if is_transient_accept_error(&e) => {
+                    tracing::warn!(error = %e, "chatter-emulator: accept failed; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let emulator = Arc::clone(&emulator);
+            let endpoint = endpoint.clone();
+            let counts = Arc::clone(&counts);
+            tokio::spawn(async move {
+                let service = service_fn(move |request: hyper::Request<Incoming>| {
+                    let emulator = Arc::clone(&emulator);
+                    let endpoint = endpoint.clone();
+                    counts.record(request.method().as_str());
+                    async move { Ok::<_, Infallible>(handle(&emulator, &endpoint, request).await) }
+                });
+                // HTTP/1.1 (Python azure-cosmos, curl) and HTTP/2 with prior knowledge (the
+                // Rust SDK's default) on the same port.
+                if let Err(e) = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+                {
+                    tracing::debug!(%peer, error = %e, "chatter-emulator: connection ended with an error");
+                }
+            });
+        }
+    }
+
+    /// Serves on a background task; the server stops when the returned handle is dropped.
+    pub fn spawn(self) -> RunningEmulator {
+        let endpoint = self.endpoint.to_string();
+        let store = self.store();
+        let counts = Arc::clone(&self.counts);
+        let task = tokio::spawn(self.run());
+        RunningEmulator {
+            endpoint,
+            store,
+            counts,
+            task,
+        }
+    }
+}
+
+/// A server started with [`EmulatorServer::spawn`]; dropping it stops the server (the data is
+/// lost).
+pub struct RunningEmulator {
+    endpoint: String,
+    store: Arc<EmulatorStore>,
+    counts: Arc<RequestCounts>,
+    task: JoinHandle<io::Result<()>>,
+}
+
+impl RunningEmulator {
+    /// The account endpoint clients connect to, e.g. `http://127.0.0.1:41234/`.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The emulator's store, for inspection in tests.
+    pub fn store(&self) -> Arc<EmulatorStore> {
+        Arc::clone(&self.store)
+    }
+
+    /// How many requests with HTTP `method` (e.g. `"PATCH"`) this server has answered.
+    pub fn request_count(&self, method: &str) -> u64 {
+        self.counts.get(method)
+    }
+}
+
+impl Drop for RunningEmulator {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl std::fmt::Debug for RunningEmulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningEmulator")
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for EmulatorServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmulatorServer")
+            .field("endpoint", &self.endpoint.as_str())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Serves a fresh in-memory account on `listener` until the future is dropped.
+pub async fn serve(listener: TcpListener) -> io::Result<()> {
+    EmulatorServer::from_listener(listener)?.run().await
+}
+
+/// The URL clients dial for a listener bound to `addr` (an unspecified address is served on
+/// loopback).
+fn endpoint_for(addr: SocketAddr) -> Url {
+    let ip = match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    let text = format!("http://{}/", SocketAddr::new(ip, addr.port()));
+    Url::parse(&text).expect("a socket address always forms a valid URL")
+}
+
+fn is_transient_accept_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+    ) || e
+        .raw_os_error()
+        .is_some_and(|code| code == 23 || code == 24) // ENFILE, EMFILE
+}
+
+/// Translates one hyper request into an emulator request and the emulator's answer back.
+async fn handle(
+    emulator: &InMemoryEmulatorHttpClient,
+    endpoint: &Url,
+    request: hyper::Request<Incoming>,
+) -> hyper::Response<Full<Bytes>> {
+    let (parts, body) = request.into_parts();
+
+    let Ok(method) = parts.method.as_str().parse::<Method>() else {
+        return error_response(405, "MethodNotAllowed", "unsupported HTTP method");
+    };
+
+    // Always address the configured region, whatever host name the client dialled
+    // (`localhost` vs `127.0.0.1`): the emulator routes by the region's gateway URL.
+    let mut url = endpoint.clone();
+    let path = parts.uri.path();
+    let trimmed = path.trim_end_matches('/');
+    url.set_path(if trimmed.is_empty() { "/" } else { trimmed });
+    url.set_query(parts.uri.query());
+
+    let mut emulator_request = Request::new(url, method);
+    for (name, value) in &parts.headers {
+        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+        emulator_request.headers_mut().insert(
+            HeaderName::from(name.as_str().to_owned()),
+            HeaderValue::from(value),
+        );
+    }
+    let body = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => {
+            return error_response(400, "BadRequest", &format!("cannot read request body: {e}"));
+        }
+    };
+    if !body.is_empty() {
+        emulator_request.set_body(body.to_vec());
+    }
+
+    let response = match emulator.execute_request(&emulator_request).await {
+        Ok(response) => response,
+        Err(e) => {
+            let status = u16::from(e.status().status_code());
+            let status = if (100..=599).contains(&status) {
+                status
+            } else {
+                500
+            };
+            return error_response(status, "EmulatorError", &e.to_string());
+        }
+    };
+    let raw = match response.try_into_raw_response().await {
+        Ok(raw) => raw,
+        Err(e) => {
+            return error_response(
+                500,
+                "InternalServerError",
+                &format!("cannot read emulator response: {e}"),
+            );
+        }
+    };
+
+    let mut builder = hyper::Response::builder().status(u16::from(raw.status()));
+    for (name, value) in raw.headers().iter() {
+        let name = name.as_str();
+        if name.eq_ignore_ascii_case("content-length")
+            || name.eq_ignore_ascii_case("transfer-encoding")
+        {
+            continue;
+        }
+        builder = builder.header(name, value.as_str());
+    }
+    let body = Bytes::copy_from_slice(raw.body().as_ref());
+    builder.body(Full::new(body)).unwrap_or_else(|e| {
+        error_response(
+            500,
+            "InternalServerError",
+            &format!("cannot encode emulator response: {e}"),
+        )
+    })
+}
+
+fn error_response(status: u16, code: &str, message: &str) -> hyper::Response<Full<Bytes>> {
+    let body = format!(
+        "{{\"code\":{},\"message\":{}}}",
+        json_string(code),
+        json_string(message)
+    );
+    let mut response = hyper::Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() =
+        hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unspecified_listen_address_is_served_on_loopback() {
+        let addr: SocketAddr = "0.0.0.0:8081".parse().unwrap();
+        assert_eq!(endpoint_for(addr).as_str(), "http://127.0.0.1:8081/");
+        let addr: SocketAddr = "[::]:9000".parse().unwrap();
+        assert_eq!(endpoint_for(addr).as_str(), "http://[::1]:9000/");
+    }
+
+    #[test]
+    fn error_bodies_are_valid_json_strings() {
+        assert_eq!(json_string("a\"b\\c\n"), "\"a\\\"b\\\\c\\u000a\"");
+    }
+}

@@ -1,0 +1,299 @@
+//! [`CosmosConnection`]: the SDK client, its account endpoint, and the container-handle cache.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use azure_data_cosmos::clients::ContainerClient;
+use azure_data_cosmos::{
+    AccountEndpoint, AccountReference, CosmosClient, CosmosClientBuilder, RoutingStrategy,
+};
+use tokio::sync::OnceCell;
+
+use super::error::{CosmosStoreError, ENDPOINT_ENV, KEY_ENV};
+
+/// The Azure Cosmos DB emulator's well-known account key, used for loopback endpoints when no
+/// key is given (the Cosmos emulator, `chatter-emulator`).
+pub const EMULATOR_KEY: &str =
+    "C2y6yDjf5/R+ob0N8A7Cgv30VRDJIWEHLM+4QDU5DE2nQ9nDuVTqobD4b8mGGyPMbIZnqyMsEcaGQy67XIw/Jw==";
+
+/// Account endpoint of the embedded in-memory store (never dialled: no network I/O happens).
+#[cfg(feature = "embedded")]
+pub const EMBEDDED_ENDPOINT: &str = "https://chatter-embedded.emulator.local/";
+
+/// Cache key of a derived container handle: the `(database, container)` pair, compared
+/// ordinally (a tuple, so no joined-string collisions).
+type ContainerKey = (String, String);
+
+/// A connection to one Cosmos DB account: the SDK client, the account endpoint it was made
+/// for, and a cache of container handles.
+///
+/// Cheap to clone (an `Arc` inside); clones share the client and the cache.
+///
+/// Container handles are *derived*, never provisioned (catalog R1.40–R1.43): [`container`]
+/// resolves an existing container's metadata once per `(database, container)` pair and hands
+/// out the same handle afterwards. Creating containers is left to the application (or to
+/// [`provision`](super::provision) in development and tests).
+///
+/// [`container`]: CosmosConnection::container
+#[derive(Clone)]
+pub struct CosmosConnection {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: CosmosClient,
+    endpoint: String,
+    embedded: bool,
+    containers: Mutex<HashMap<ContainerKey, Arc<OnceCell<Arc<ContainerClient>>>>>,
+    derivations: AtomicUsize,
+}
+
+impl std::fmt::Debug for CosmosConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CosmosConnection")
+            .field("endpoint", &self.inner.endpoint)
+            .field("embedded", &self.inner.embedded)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CosmosConnection {
+    /// Connects to a Cosmos DB account (or an emulator) at `endpoint` with an account key.
+    ///
+    /// When `key` is `None` and the endpoint's host is loopback (`127.0.0.1`, `localhost`,
+    /// `[::1]`), the Cosmos emulator's well-known key ([`EMULATOR_KEY`]) is used; any other
+    /// endpoint needs a key. Plain `http://` is accepted for loopback endpoints only (the
+    /// SDK's rule). The SDK reads the account's properties here, so an unreachable endpoint
+    /// fails now rather than at the first request.
+    pub async fn connect(endpoint: &str, key: Option<&str>) -> Result<Self, CosmosStoreError> {
+        let parsed: AccountEndpoint = endpoint.trim().parse().map_err(|e| {
+            CosmosStoreError::Configuration(format!("invalid Cosmos endpoint '{endpoint}': {e}"))
+        })?;
+        let key = match key.map(str::trim).filter(|k| !k.is_empty()) {
+            Some(key) => key.to_owned(),
+            None if is_loopback(&parsed) => EMULATOR_KEY.to_owned(),
+            None => {
+                return Err(CosmosStoreError::Configuration(format!(
+                    "no account key given for Cosmos endpoint '{endpoint}' (set {KEY_ENV}); \
+                     only loopback emulator endpoints default to the emulator's well-known key"
+                )));
+            }
+        };
+        let endpoint = parsed.to_string();
+        let account = AccountReference::with_authentication_key(parsed, key);
+        let client = CosmosClientBuilder::new()
+            .build(account, RoutingStrategy::PreferredRegions(Vec::new()))
+            .await
+            .map_err(|e| CosmosStoreError::request("connect", e))?;
+        Ok(Self::from_parts(client, endpoint, false))
+    }
+
+    /// Connects to the account named by the environment: [`ENDPOINT_ENV`]
+    /// (`CHATTER_COSMOS_ENDPOINT`) and, optionally, [`KEY_ENV`] (`CHATTER_COSMOS_KEY`).
+    ///
+    /// Returns `Ok(None)` when no endpoint is set (or it is blank).
+    pub async fn from_env() -> Result<Option<Self>, CosmosStoreError> {
+        let Some(endpoint) = env_value(ENDPOINT_ENV) else {
+            return Ok(None);
+        };
+        let key = env_value(KEY_ENV);
+        Self::connect(&endpoint, key.as_deref()).await.map(Some)
+    }
+
+    /// A fresh, empty in-process store: the SDK's in-memory emulator behind a real SDK client
+    /// (the whole SDK pipeline runs; only the HTTP I/O is replaced).
+    ///
+    /// Nothing is persisted: the data lives as long as this connection and its clones, and
+    /// every call creates a separate store (clone the connection to share one). The emulator
+    /// purges no TTL'd documents. Logs a warning saying so.
+    #[cfg(feature = "embedded")]
+    pub async fn embedded() -> Result<Self, CosmosStoreError> {
+        use azure_data_cosmos::CosmosRuntimeBuilder;
+        use azure_data_cosmos_driver::in_memory_emulator::{
+            ConsistencyLevel, InMemoryEmulatorHttpClient, VirtualAccountConfig, VirtualRegion,
+        };
+
+        let endpoint: AccountEndpoint = EMBEDDED_ENDPOINT
+            .parse()
+            .map_err(|e| CosmosStoreError::request("embedded", e))?;
+        let config =
+            VirtualAccountConfig::new(vec![VirtualRegion::new("East US", endpoint.url().clone())])
+                .map_err(|e| CosmosStoreError::request("embedded", e))?
+                .with_consistency(ConsistencyLevel::Session);
+        let emulator = Arc::new(
+            InMemoryEmulatorHttpClient::try_new(config)
+                .map_err(|e| CosmosStoreError::request("embedded", e))?,
+        );
+        let runtime = CosmosRuntimeBuilder::from(emulator.runtime_builder())
+            .build()
+            .await
+            .map_err(|e| CosmosStoreError::request("embedded", e))?;
+        let account = AccountReference::with_authentication_key(endpoint, EMULATOR_KEY);
+        let client = CosmosClientBuilder::new()
+            .with_runtime(runtime)
+            .build(
+                account,
+                RoutingStrategy::ProximityTo(azure_data_cosmos::options::Region::EAST_US),
+            )
+            .await
+            .map_err(|e| CosmosStoreError::request("embedded", e))?;
+        tracing::warn!(
+            endpoint = EMBEDDED_ENDPOINT,
+            "chatter is using the embedded in-memory Cosmos store: data is NOT persisted and is \
+             lost when the process exits (set {ENDPOINT_ENV} to use a real account or an emulator)"
+        );
+        Ok(Self::from_parts(client, EMBEDDED_ENDPOINT.to_owned(), true))
+    }
+
+    /// The connection chatter uses by default: the account named by the environment
+    /// ([`from_env`](Self::from_env)); otherwise the embedded in-memory store when the
+    /// `embedded` feature is on; otherwise an error naming the environment variables.
+    pub async fn resolve() -> Result<Self, CosmosStoreError> {
+        if let Some(connection) = Self::from_env().await? {
+            return Ok(connection);
+        }
+        #[cfg(feature = "embedded")]
+        {
+            Self::embedded().await
+        }
+        #[cfg(not(feature = "embedded"))]
+        {
+            Err(CosmosStoreError::Configuration(format!(
+                "no Cosmos DB account configured: set {ENDPOINT_ENV} (and {KEY_ENV} unless it \
+                 is a loopback emulator endpoint), or enable chatter-runtime's `embedded` feature \
+                 for an in-memory store"
+            )))
+        }
+    }
+
+    /// Wraps an SDK client built by the application. `endpoint` is the account endpoint the
+    /// client was built for (it identifies the change-feed source).
+    pub fn from_client(client: CosmosClient, endpoint: impl Into<String>) -> Self {
+        Self::from_parts(client, endpoint.into(), false)
+    }
+
+    fn from_parts(client: CosmosClient, endpoint: String, embedded: bool) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                endpoint,
+                embedded,
+                containers: Mutex::new(HashMap::new()),
+                derivations: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// The SDK client.
+    pub fn client(&self) -> &CosmosClient {
+        &self.inner.client
+    }
+
+    /// The account endpoint this connection was made for, e.g.
+    /// `https://myaccount.documents.azure.com:443/` (part of a change-feed source identity).
+    pub fn endpoint(&self) -> &str {
+        &self.inner.endpoint
+    }
+
+    /// Whether this is the embedded in-memory store.
+    pub fn is_embedded(&self) -> bool {
+        self.inner.embedded
+    }
+
+    /// The handle of an existing container, derived once per `(database, container)` pair and
+    /// cached: later calls return the same `Arc`. Never creates anything; a missing database
+    /// or container is an error (404). A failed derivation is not cached.
+    pub async fn container(
+        &self,
+        database: &str,
+        container: &str,
+    ) -> Result<Arc<ContainerClient>, CosmosStoreError> {
+        let cell = {
+            let mut containers = self
+                .inner
+                .containers
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            Arc::clone(
+                containers
+                    .entry((database.to_owned(), container.to_owned()))
+                    .or_default(),
+            )
+        };
+        cell.get_or_try_init(|| async {
+            let handle = self
+                .inner
+                .client
+                .database_client(database)
+                .container_client(container, None)
+                .await
+                .map_err(|e| CosmosStoreError::request("get_container", e))?;
+            self.inner.derivations.fetch_add(1, Ordering::Relaxed);
+            Ok(Arc::new(handle))
+        })
+        .await
+        .cloned()
+    }
+
+    /// How many container handles this connection has derived (resolved from the service)
+    /// so far; cache hits do not count.
+    pub fn container_derivations(&self) -> usize {
+        self.inner.derivations.load(Ordering::Relaxed)
+    }
+
+    /// Forgets the cached handle of one container (e.g. after it was deleted and recreated).
+    pub fn forget_container(&self, database: &str, container: &str) {
+        self.inner
+            .containers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&(database.to_owned(), container.to_owned()));
+    }
+}
+
+fn env_value(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .map(|value| value.trim().to_owned())
+        .filter(|value| !value.is_empty())
+}
+
+/// Whether the endpoint's host is a loopback address or `localhost`.
+fn is_loopback(endpoint: &AccountEndpoint) -> bool {
+    let Some(host) = endpoint.url().host_str() else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(text: &str) -> AccountEndpoint {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn loopback_hosts_are_recognised() {
+        assert!(is_loopback(&endpoint("http://127.0.0.1:8081/")));
+        assert!(is_loopback(&endpoint("http://localhost:8081")));
+        assert!(is_loopback(&endpoint("http://LOCALHOST:8081")));
+        assert!(is_loopback(&endpoint("http://[::1]:8081/")));
+        assert!(!is_loopback(&endpoint("https://acct.documents.azure.com/")));
+        assert!(!is_loopback(&endpoint("http://10.0.0.1:8081/")));
+    }
+
+    #[tokio::test]
+    async fn a_remote_endpoint_without_key_is_a_configuration_error() {
+        let err = CosmosConnection::connect("https://acct.documents.azure.com/", None)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, CosmosStoreError::Configuration(_)), "{err}");
+        assert!(err.to_string().contains(KEY_ENV), "{err}");
+    }
+}

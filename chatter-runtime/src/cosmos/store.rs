@@ -1,0 +1,456 @@
+//! Thin, concrete item operations over the SDK's [`ContainerClient`], in the shapes the
+//! pipeline and the relay need: raw JSON documents, partition keys built from JSON values,
+//! transactional batches with per-operation status codes, set-only patches, container
+//! properties.
+//!
+//! Every failure keeps the HTTP status code (see [`CosmosStoreError::status`]).
+
+use azure_data_cosmos::TransactionalBatch;
+use azure_data_cosmos::clients::ContainerClient;
+use azure_data_cosmos::models::{
+    PartitionKey, PartitionKeyValue, PatchInstructions, PatchOperation, TimeToLive,
+};
+use azure_data_cosmos::options::{ItemWriteOptions, PatchItemOptions, PatchStrategy, Precondition};
+use serde_json::Value;
+
+use super::error::CosmosStoreError;
+
+/// HTTP status of a transactional-batch operation that was not applied because another
+/// operation of the same batch failed.
+pub const FAILED_DEPENDENCY: u16 = 424;
+
+/// Builds a partition key from the JSON values found at a container's partition-key paths,
+/// in path order: one value for a single path, two or three for a hierarchical key.
+///
+/// Strings, numbers, booleans and `null` keep their JSON kind; arrays and objects are errors.
+pub fn partition_key(values: &[Value]) -> Result<PartitionKey, CosmosStoreError> {
+    if values.is_empty() || values.len() > 3 {
+        return Err(CosmosStoreError::PartitionKeyArity {
+            count: values.len(),
+        });
+    }
+    let components = values
+        .iter()
+        .enumerate()
+        .map(|(index, value)| partition_key_value(index, value))
+        .collect::<Result<Vec<_>, _>>()?;
+    PartitionKey::try_from(components).map_err(|_| CosmosStoreError::PartitionKeyArity {
+        count: values.len(),
+    })
+}
+
+fn partition_key_value(index: usize, value: &Value) -> Result<PartitionKeyValue, CosmosStoreError> {
+    match value {
+        Value::String(text) => Ok(PartitionKeyValue::from(text.clone())),
+        Value::Bool(flag) => Ok(PartitionKeyValue::from(*flag)),
+        Value::Null => Ok(PartitionKeyValue::NULL),
+        Value::Number(number) => number
+            .as_f64()
+            .and_then(|n| PartitionKeyValue::try_from(n).ok())
+            .ok_or(CosmosStoreError::NonFinitePartitionKeyNumber { index }),
+        Value::Array(_) => Err(CosmosStoreError::InvalidPartitionKeyValue {
+            index,
+            kind: "array",
+        }),
+        Value::Object(_) => Err(CosmosStoreError::InvalidPartitionKeyValue {
+            index,
+            kind: "object",
+        }),
+    }
+}
+
+/// One operation of a transactional batch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BatchOperation {
+    /// Create the document (409 if its id exists in the partition).
+    Create(Value),
+    /// Create or replace the document.
+    Upsert(Value),
+    /// Replace the document `id` (404 if missing).
+    Replace {
+        /// Id of the document to replace.
+        id: String,
+        /// The new document.
+        doc: Value,
+    },
+    /// Delete the document `id` (404 if missing).
+    Delete {
+        /// Id of the document to delete.
+        id: String,
+    },
+}
+
+/// The result of one operation of a transactional batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchOperationOutcome {
+    /// HTTP status of the operation: 2xx when applied, the failing operation's own status
+    /// (e.g. 409), and [`FAILED_DEPENDENCY`] (424) for the operations rolled back with it.
+    pub status: u16,
+    /// Cosmos sub-status, when given.
+    pub sub_status: Option<u32>,
+    /// ETag of the written document, when given.
+    pub etag: Option<String>,
+}
+
+/// The result of a transactional batch the service answered.
+///
+/// A batch is all-or-nothing: when one operation fails the service rolls back the others and
+/// answers with a non-2xx batch status (HTTP 207 Multi-Status for an operation failure such as
+/// a conflict) and per-operation codes such as `[409, 424, 424]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// HTTP status of the batch request.
+    pub status: u16,
+    /// One outcome per operation, in the order the operations were given.
+    pub operations: Vec<BatchOperationOutcome>,
+}
+
+impl BatchOutcome {
+    /// Whether the batch committed (every operation applied).
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+            && self.status != 207
+            && self
+                .operations
+                .iter()
+                .all(|op| (200..300).contains(&op.status))
+    }
+
+    /// The per-operation status codes, in operation order.
+    pub fn status_codes(&self) -> Vec<u16> {
+        self.operations.iter().map(|op| op.status).collect()
+    }
+
+    /// The operation that made the batch fail: the first one whose status is neither 2xx nor
+    /// [`FAILED_DEPENDENCY`], with its index.
+    pub fn failed_operation(&self) -> Option<(usize, &BatchOperationOutcome)> {
+        self.operations
+            .iter()
+            .enumerate()
+            .find(|(_, op)| !(200..300).contains(&op.status) && op.status != FAILED_DEPENDENCY)
+    }
+}
+
+/// Executes `operations` as one transactional batch in partition `partition_key`.
+///
+/// A batch the service answered comes back `Ok`, also when it failed and was rolled back
+/// (inspect [`BatchOutcome::is_success`] and the per-operation codes). `Err` means no
+/// per-operation answer exists (the request was rejected as a whole or not answered).
+pub async fn execute_batch(
+    container: &ContainerClient,
+    partition_key: PartitionKey,
+    operations: Vec<BatchOperation>,
+) -> Result<BatchOutcome, CosmosStoreError> {
+    const OPERATION: &str = "execute_batch";
+    let mut batch = TransactionalBatch::new(partition_key);
+    for operation in operations {
+        batch = match operation {
+            BatchOperation::Create(doc) => batch.create_item(doc),
+            BatchOperation::Upsert(doc) => batch.upsert_item(doc, None),
+            BatchOperation::Replace { id, doc } => batch.replace_item(id, doc, None),
+            BatchOperation::Delete { id } => Ok(batch.delete_item(id, None)),
+        }
+        .map_err(|e| CosmosStoreError::codec(OPERATION, e))?;
+    }
+    let response = container
+        .execute_transactional_batch(batch, None)
+        .await
+        .map_err(|e| CosmosStoreError::request(OPERATION, e))?;
+    let status = u16::from(response.status().status_code());
+    let results = response
+        .into_model()
+        .map_err(|e| CosmosStoreError::codec(OPERATION, e))?;
+    let operations = results
+        .results()
+        .iter()
+        .map(|result| BatchOperationOutcome {
+            status: result.status_code(),
+            sub_status: result.substatus_code(),
+            etag: result.etag().map(str::to_owned),
+        })
+        .collect();
+    Ok(BatchOutcome { status, operations })
+}
+
+/// The result of a point read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReadOutcome {
+    /// 200: the document, as stored (system properties `_rid`, `_etag`, `_ts`... included).
+    Found {
+        /// The document.
+        document: Value,
+        /// Its ETag.
+        etag: Option<String>,
+    },
+    /// 404: no document with that id in that partition.
+    NotFound,
+}
+
+impl ReadOutcome {
+    /// The HTTP status of the read: 200 or 404.
+    pub fn status(&self) -> u16 {
+        match self {
+            Self::Found { .. } => 200,
+            Self::NotFound => 404,
+        }
+    }
+
+    /// The document, if found.
+    pub fn into_document(self) -> Option<Value> {
+        match self {
+            Self::Found { document, .. } => Some(document),
+            Self::NotFound => None,
+        }
+    }
+}
+
+/// Reads document `id` in `partition_key`. A 404 is [`ReadOutcome::NotFound`]; any other
+/// failure is an error carrying its status.
+pub async fn read_item(
+    container: &ContainerClient,
+    partition_key: PartitionKey,
+    id: &str,
+) -> Result<ReadOutcome, CosmosStoreError> {
+    const OPERATION: &str = "read_item";
+    match container.read_item(partition_key, id, None).await {
+        Ok(response) => {
+            let etag = response.headers().etag().map(ToString::to_string);
+            let document = response
+                .into_model::<Value>()
+                .map_err(|e| CosmosStoreError::codec(OPERATION, e))?;
+            Ok(ReadOutcome::Found { document, etag })
+        }
+        Err(e) => {
+            let error = CosmosStoreError::request(OPERATION, e);
+            if error.is_status(404) {
+                Ok(ReadOutcome::NotFound)
+            } else {
+                Err(error)
+            }
+        }
+    }
+}
+
+/// The result of a successful write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteOutcome {
+    /// HTTP status (201 created, 200 replaced/patched).
+    pub status: u16,
+    /// ETag of the written document, when given.
+    pub etag: Option<String>,
+}
+
+fn write_outcome(response: &azure_data_cosmos::models::ItemResponse) -> WriteOutcome {
+    WriteOutcome {
+        status: u16::from(response.status().status_code()),
+        etag: response.headers().etag().map(ToString::to_string),
+    }
+}
+
+fn document_id<'a>(operation: &'static str, doc: &'a Value) -> Result<&'a str, CosmosStoreError> {
+    doc.get("id")
+        .and_then(Value::as_str)
+        .ok_or(CosmosStoreError::MissingDocumentId { operation })
+}
+
+/// Creates `doc` (its `id` field names it) in `partition_key`; 409 if it exists.
+pub async fn create_item(
+    container: &ContainerClient,
+    partition_key: PartitionKey,
+    doc: &Value,
+) -> Result<WriteOutcome, CosmosStoreError> {
+    const OPERATION: &str = "create_item";
+    let id = document_id(OPERATION, doc)?;
+    container
+        .create_item(partition_key, id, doc, None)
+        .await
+        .map(|response| write_outcome(&response))
+        .map_err(|e| CosmosStoreError::request(OPERATION, e))
+}
+
+/// Creates or replaces `doc` (its `id` field names it) in `partition_key`.
+pub async fn upsert_item(
+    container: &ContainerClient,
+    partition_key: PartitionKey,
+    doc: &Value,
+) -> Result<WriteOutcome, CosmosStoreError> {
+    const OPERATION: &str = "upsert_item";
+    let id = document_id(OPERATION, doc)?;
+    container
+        .upsert_item(partition_key, id, doc, None)
+        .await
+        .map(|response| write_outcome(&response))
+        .map_err(|e| CosmosStoreError::request(OPERATION, e))
+}
+
+/// Replaces document `id` with `doc`; with `if_match`, only while its ETag is that one
+/// (412 otherwise). 404 if it does not exist.
+pub async fn replace_item(
+    container: &ContainerClient,
+    partition_key: PartitionKey,
+    id: &str,
+    doc: &Value,
+    if_match: Option<&str>,
+) -> Result<WriteOutcome, CosmosStoreError> {
+    const OPERATION: &str = "replace_item";
+    let options = if_match.map(|etag| {
+        ItemWriteOptions::default().with_precondition(Precondition::if_match(etag.to_owned()))
+    });
+    container
+        .replace_item(partition_key, id, doc, options)
+        .await
+        .map(|response| write_outcome(&response))
+        .map_err(|e| CosmosStoreError::request(OPERATION, e))
+}
+
+/// Deletes document `id`; with `if_match`, only while its ETag is that one (412 otherwise).
+/// 404 if it does not exist.
+pub async fn delete_item(
+    container: &ContainerClient,
+    partition_key: PartitionKey,
+    id: &str,
+    if_match: Option<&str>,
+) -> Result<(), CosmosStoreError> {
+    const OPERATION: &str = "delete_item";
+    let options = if_match.map(|etag| {
+        ItemWriteOptions::default().with_precondition(Precondition::if_match(etag.to_owned()))
+    });
+    container
+        .delete_item(partition_key, id, options)
+        .await
+        .map(|_| ())
+        .map_err(|e| CosmosStoreError::request(OPERATION, e))
+}
+
+/// Patches document `id` with one server-side PATCH request made of `Set` operations, applied
+/// in the given order (e.g. `[("/status", "delivered"), ("/ttl", 86400)]`). 404 if the
+/// document does not exist.
+pub async fn patch_item(
+    container: &ContainerClient,
+    partition_key: PartitionKey,
+    id: &str,
+    set_operations: &[(&str, Value)],
+) -> Result<WriteOutcome, CosmosStoreError> {
+    const OPERATION: &str = "patch_item";
+    let instructions =
+        set_operations
+            .iter()
+            .fold(PatchInstructions::new(), |instructions, (path, value)| {
+                instructions.with_operation(PatchOperation::set(path.to_string(), value.clone()))
+            });
+    // Server-side: one PATCH request, no client-side read-modify-write (which would also add
+    // a tracking property to the document).
+    let options = PatchItemOptions::default().with_strategy(PatchStrategy::ServerSide);
+    container
+        .patch_item(partition_key, id, instructions, Some(options))
+        .await
+        .map(|response| write_outcome(&response))
+        .map_err(|e| CosmosStoreError::request(OPERATION, e))
+}
+
+/// The container properties chatter checks (the Monitored Container Contract).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerSettings {
+    /// `defaultTtl`: `None` when TTL is off (absent), `Some(-1)` when on without a default
+    /// expiry, `Some(n)` for a default expiry of `n` seconds.
+    pub default_ttl: Option<i64>,
+    /// The partition-key paths, in order (several for a hierarchical key).
+    pub partition_key_paths: Vec<String>,
+}
+
+/// Reads the container's `defaultTtl` and partition-key paths.
+pub async fn read_container_properties(
+    container: &ContainerClient,
+) -> Result<ContainerSettings, CosmosStoreError> {
+    const OPERATION: &str = "read_container";
+    let properties = container
+        .read(None)
+        .await
+        .map_err(|e| CosmosStoreError::request(OPERATION, e))?
+        .into_model()
+        .map_err(|e| CosmosStoreError::codec(OPERATION, e))?;
+    let default_ttl = match properties.default_ttl {
+        TimeToLive::NoDefault => Some(-1),
+        TimeToLive::Seconds(seconds) => Some(i64::from(seconds)),
+        _ => None,
+    };
+    let partition_key_paths = properties
+        .partition_key
+        .paths()
+        .iter()
+        .map(|path| path.to_string())
+        .collect();
+    Ok(ContainerSettings {
+        default_ttl,
+        partition_key_paths,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn partition_keys_accept_scalars_and_up_to_three_levels() {
+        assert_eq!(partition_key(&[json!("a")]).unwrap().len(), 1);
+        assert_eq!(
+            partition_key(&[json!(1), json!(true), json!(null)])
+                .unwrap()
+                .len(),
+            3
+        );
+        assert!(partition_key(&[json!(1.5)]).is_ok());
+    }
+
+    #[test]
+    fn partition_keys_reject_arrays_objects_and_bad_arity() {
+        let err = partition_key(&[json!("a"), json!([1])]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CosmosStoreError::InvalidPartitionKeyValue {
+                    index: 1,
+                    kind: "array"
+                }
+            ),
+            "{err}"
+        );
+        assert!(matches!(
+            partition_key(&[json!({})]).unwrap_err(),
+            CosmosStoreError::InvalidPartitionKeyValue {
+                index: 0,
+                kind: "object"
+            }
+        ));
+        assert!(matches!(
+            partition_key(&[]).unwrap_err(),
+            CosmosStoreError::PartitionKeyArity { count: 0 }
+        ));
+        assert!(matches!(
+            partition_key(&[json!(1), json!(2), json!(3), json!(4)]).unwrap_err(),
+            CosmosStoreError::PartitionKeyArity { count: 4 }
+        ));
+    }
+
+    #[test]
+    fn the_failed_operation_is_the_first_non_dependency_failure() {
+        let outcome = BatchOutcome {
+            status: 207,
+            operations: [424, 409, 424]
+                .into_iter()
+                .map(|status| BatchOperationOutcome {
+                    status,
+                    sub_status: None,
+                    etag: None,
+                })
+                .collect(),
+        };
+        assert!(!outcome.is_success());
+        assert_eq!(
+            outcome.failed_operation().map(|(i, op)| (i, op.status)),
+            Some((1, 409))
+        );
+        assert_eq!(outcome.status_codes(), vec![424, 409, 424]);
+    }
+}
