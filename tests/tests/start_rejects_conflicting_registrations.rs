@@ -97,15 +97,26 @@ async fn duplicate_command_name_names_both_types_and_locations() {
     let duplicate = problems
         .iter()
         .find_map(|p| match p {
-            RegistrationProblem::DuplicateCommandName { name, first, second, .. } => Some((*name, *first, *second)),
+            RegistrationProblem::DuplicateCommandName {
+                name,
+                first,
+                second,
+                ..
+            } => Some((*name, *first, *second)),
             _ => None,
         })
         .expect("a duplicate-name problem");
     assert_eq!(duplicate.0, "orders.create");
     assert_eq!(duplicate.1.to_string(), here(14));
     assert_eq!(duplicate.2.to_string(), here(24));
-    assert!(message.contains(&here(14)) && message.contains(&here(24)), "{message}");
-    assert!(message.contains("CreateOrderA") && message.contains("CreateOrderB"), "{message}");
+    assert!(
+        message.contains(&here(14)) && message.contains(&here(24)),
+        "{message}"
+    );
+    assert!(
+        message.contains("CreateOrderA") && message.contains("CreateOrderB"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
@@ -117,7 +128,10 @@ async fn second_handler_names_both_handlers_and_locations() {
                 if first.to_string() == here(71) && second.to_string() == here(76))),
         "{message}"
     );
-    assert!(message.contains("capture_first") && message.contains("capture_second"), "{message}");
+    assert!(
+        message.contains("capture_first") && message.contains("capture_second"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
@@ -137,12 +151,23 @@ async fn container_shared_with_another_partition_key_path_and_lease_is_rejected(
     let settings: Vec<&str> = problems
         .iter()
         .filter_map(|p| match p {
-            RegistrationProblem::ConflictingContainer { setting, container: "orders", .. } => Some(*setting),
+            RegistrationProblem::ConflictingContainer {
+                setting,
+                container: "orders",
+                ..
+            } => Some(*setting),
             _ => None,
         })
         .collect();
-    assert_eq!(settings, ["partition-key path", "lease container"], "{message}");
-    assert!(message.contains("[/orderId]") && message.contains("[/customerId]"), "{message}");
+    assert_eq!(
+        settings,
+        ["partition-key path", "lease container"],
+        "{message}"
+    );
+    assert!(
+        message.contains("[/orderId]") && message.contains("[/customerId]"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
@@ -151,5 +176,8 @@ async fn every_problem_is_reported_in_one_error() {
     // duplicate name, duplicate handler, missing handler, two container conflicts; the handler of
     // the rejected duplicate `CreateOrderB` is reported as handling an unregistered command.
     assert_eq!(problems.len(), 6, "{message}");
-    assert!(message.starts_with("chatter found 6 registration problems:"), "{message}");
+    assert!(
+        message.starts_with("chatter found 6 registration problems:"),
+        "{message}"
+    );
 }

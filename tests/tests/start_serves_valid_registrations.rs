@@ -22,7 +22,9 @@ async fn create_order(command: CreateOrder, ctx: &mut HandlerContext) -> Result<
     if command.quantity == 0 {
         return Err("quantity must be positive".into());
     }
-    SEEN.lock().unwrap().push((command, ctx.message_id().to_owned()));
+    SEEN.lock()
+        .unwrap()
+        .push((command, ctx.message_id().to_owned()));
     Ok(())
 }
 
@@ -34,7 +36,9 @@ pub struct NotACommand {
 
 #[tokio::test]
 async fn start_collects_the_registration_with_its_handler() {
-    let runtime = chatter_runtime::start().await.expect("valid registrations start");
+    let runtime = chatter_runtime::start()
+        .await
+        .expect("valid registrations start");
     let commands = runtime.registry().commands();
     assert_eq!(commands.len(), 1);
     assert_eq!(commands[0].registration.command_name, "CreateOrder");
@@ -46,25 +50,51 @@ async fn start_collects_the_registration_with_its_handler() {
 #[tokio::test]
 async fn dispatch_decodes_the_command_and_runs_its_handler() {
     let runtime = chatter_runtime::start().await.unwrap();
-    let command = CreateOrder { order_id: "o-1".into(), quantity: 2 };
+    let command = CreateOrder {
+        order_id: "o-1".into(),
+        quantity: 2,
+    };
     runtime.dispatch(command.clone(), "msg-1").await.unwrap();
-    assert!(SEEN.lock().unwrap().contains(&(command, "msg-1".to_owned())));
+    assert!(
+        SEEN.lock()
+            .unwrap()
+            .contains(&(command, "msg-1".to_owned()))
+    );
 }
 
 #[tokio::test]
 async fn handler_error_surfaces_with_the_command_name() {
     let runtime = chatter_runtime::start().await.unwrap();
     let err = runtime
-        .dispatch(CreateOrder { order_id: "o-2".into(), quantity: 0 }, "msg-2")
+        .dispatch(
+            CreateOrder {
+                order_id: "o-2".into(),
+                quantity: 0,
+            },
+            "msg-2",
+        )
         .await
         .unwrap_err();
-    assert!(matches!(err, DispatchError::Handler { command: "CreateOrder", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            DispatchError::Handler {
+                command: "CreateOrder",
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("quantity must be positive"));
 }
 
 #[test]
 fn partition_key_resolves_from_the_serialized_command() {
-    let json = serde_json::to_value(CreateOrder { order_id: "o-3".into(), quantity: 1 }).unwrap();
+    let json = serde_json::to_value(CreateOrder {
+        order_id: "o-3".into(),
+        quantity: 1,
+    })
+    .unwrap();
     let values = CreateOrder::registration().resolve_partition_key(&json);
     assert_eq!(values, Some(vec![serde_json::json!("o-3")]));
 }

@@ -1,5 +1,6 @@
 //! Why the runtime would not start, and why a dispatch failed.
 
+use crate::cosmos::CosmosStoreError;
 use crate::registry::{BoxError, RegistryError};
 
 /// Why `start()` failed.
@@ -8,13 +9,18 @@ pub enum StartError {
     /// The registrations conflict; every problem is listed.
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    /// The Cosmos connection could not be made.
+    #[error("chatter could not connect to Cosmos DB: {0}")]
+    Cosmos(#[from] CosmosStoreError),
 }
 
 /// Why a dispatched command was not handled.
 #[derive(Debug, thiserror::Error)]
 pub enum DispatchError {
     /// The command type is not registered with this runtime.
-    #[error("command type `{command}` is not registered with this runtime; derive `DocumentReliable` on it and bind a `#[handler]`")]
+    #[error(
+        "command type `{command}` is not registered with this runtime; derive `DocumentReliable` on it and bind a `#[handler]`"
+    )]
     NotRegistered {
         /// The Rust type name.
         command: &'static str,

@@ -49,7 +49,9 @@ impl Builder {
                 "chatter registered command"
             );
         }
-        Ok(Runtime { inner: Arc::new(Inner { registry }) })
+        Ok(Runtime {
+            inner: Arc::new(Inner { registry }),
+        })
     }
 }
 
@@ -85,7 +87,9 @@ impl Runtime {
             .inner
             .registry
             .get::<T>()
-            .ok_or(DispatchError::NotRegistered { command: std::any::type_name::<T>() })?;
+            .ok_or(DispatchError::NotRegistered {
+                command: std::any::type_name::<T>(),
+            })?;
         let json = serde_json::to_value(&command).map_err(DispatchError::Encode)?;
         let mut ctx = HandlerContext::new(message_id.into(), false);
         let future = (registered.handler.invoke)(json, &mut ctx).map_err(DispatchError::Decode)?;
