@@ -95,7 +95,12 @@ pub fn parse(input: &DeriveInput, acc: &mut Accumulator) -> Command {
                     let serialized_name =
                         serde_names::serialized_name(&ident, &serde, rename_all.as_deref());
                     let partition_key = single_attr(&f.attrs, "partition_key", true, acc);
-                    Field { ident, serde, serialized_name, partition_key }
+                    Field {
+                        ident,
+                        serde,
+                        serialized_name,
+                        partition_key,
+                    }
                 })
                 .collect(),
             syn::Fields::Unnamed(unnamed) => {
@@ -165,7 +170,7 @@ fn single_attr<T: FromMeta + Default>(
         if found.is_some() {
             acc.push(
                 syn::Error::new(
-                    attr.span(),
+                    attr.path().span(),
                     format!("duplicate `#[{name}]` attribute: merge its keys into the first `#[{name}(...)]`"),
                 )
                 .into(),
@@ -176,17 +181,25 @@ fn single_attr<T: FromMeta + Default>(
             syn::Meta::Path(_) if word_ok => Ok(T::default()),
             syn::Meta::List(list) if list.tokens.is_empty() && word_ok => Ok(T::default()),
             syn::Meta::Path(_) | syn::Meta::NameValue(_) => Err(syn::Error::new(
-                attr.span(),
+                attr.path().span(),
                 format!("expected `#[{name}(key = \"value\", ...)]`"),
             )
             .into()),
             syn::Meta::List(_) => T::from_meta(&attr.meta).map_err(reword),
         };
         found = Some(match parsed {
-            Ok(args) => Attr { args, span: attr.span(), parsed: true },
+            Ok(args) => Attr {
+                args,
+                span: attr.path().span(),
+                parsed: true,
+            },
             Err(e) => {
                 acc.push(e);
-                Attr { args: T::default(), span: attr.span(), parsed: false }
+                Attr {
+                    args: T::default(),
+                    span: attr.path().span(),
+                    parsed: false,
+                }
             }
         });
     }

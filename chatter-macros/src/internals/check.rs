@@ -57,22 +57,37 @@ fn name(
         if !parsed {
             return None;
         }
-        err(acc, attr_span, format!("`#[cosmos]` is missing `{key} = \"...\"`: {what}"));
+        err(
+            acc,
+            attr_span,
+            format!("`#[cosmos]` is missing `{key} = \"...\"`: {what}"),
+        );
         return None;
     };
     non_blank(acc, value, key, "cosmos")
 }
 
-fn non_blank(acc: &mut Accumulator, value: &SpannedValue<String>, key: &str, attr: &str) -> Option<String> {
+fn non_blank(
+    acc: &mut Accumulator,
+    value: &SpannedValue<String>,
+    key: &str,
+    attr: &str,
+) -> Option<String> {
     if value.trim().is_empty() {
-        err(acc, value.span(), format!("`#[{attr}({key} = ...)]` must not be empty or whitespace"));
+        err(
+            acc,
+            value.span(),
+            format!("`#[{attr}({key} = ...)]` must not be empty or whitespace"),
+        );
         return None;
     }
     if let Some(c) = value.chars().find(|c| matches!(c, '/' | '\\' | '?' | '#')) {
         err(
             acc,
             value.span(),
-            format!("`#[{attr}({key} = ...)]` contains `{c}`, which Cosmos DB does not allow in a resource name"),
+            format!(
+                "`#[{attr}({key} = ...)]` contains `{c}`, which Cosmos DB does not allow in a resource name"
+            ),
         );
         return None;
     }
@@ -91,7 +106,11 @@ fn path_segments(acc: &mut Accumulator, path: &SpannedValue<String>) -> Option<V
         return None;
     }
     if !p.starts_with('/') {
-        err(acc, path.span(), format!("`#[partition_key(path = ...)]` must start with `/`: write `\"/{p}\"`"));
+        err(
+            acc,
+            path.span(),
+            format!("`#[partition_key(path = ...)]` must start with `/`: write `\"/{p}\"`"),
+        );
         return None;
     }
     let segments: Vec<&str> = p[1..].split('/').collect();
@@ -99,7 +118,9 @@ fn path_segments(acc: &mut Accumulator, path: &SpannedValue<String>) -> Option<V
         err(
             acc,
             path.span(),
-            format!("`#[partition_key(path = \"{p}\")]` has an empty segment: remove the doubled or trailing `/`"),
+            format!(
+                "`#[partition_key(path = \"{p}\")]` has an empty segment: remove the doubled or trailing `/`"
+            ),
         );
         return None;
     }
@@ -113,7 +134,9 @@ fn path_segments(acc: &mut Accumulator, path: &SpannedValue<String>) -> Option<V
         err(
             acc,
             path.span(),
-            format!("`#[partition_key(path = \"{p}\")]` is rooted at `{root}`, a field chatter owns: {why}; partition the container by a field of your own"),
+            format!(
+                "`#[partition_key(path = \"{p}\")]` is rooted at `{root}`, a field chatter owns: {why}; partition the container by a field of your own"
+            ),
         );
         return None;
     }
@@ -133,7 +156,11 @@ fn edit_distance(a: &str, b: &str) -> usize {
         row[0] = i + 1;
         for (j, &cb) in b.iter().enumerate() {
             let cur = row[j + 1];
-            row[j + 1] = if ca == cb { prev } else { 1 + prev.min(row[j]).min(cur) };
+            row[j + 1] = if ca == cb {
+                prev
+            } else {
+                1 + prev.min(row[j]).min(cur)
+            };
             prev = cur;
         }
     }
@@ -159,16 +186,39 @@ fn check_all(cmd: &Command, acc: &mut Accumulator) -> Option<Checked> {
             err(
                 acc,
                 ident.span(),
-                format!("`{ident}` is missing `#[cosmos(database = \"...\", container = \"...\", lease = \"...\")]`: it names where the command's documents live"),
+                format!(
+                    "`{ident}` is missing `#[cosmos(database = \"...\", container = \"...\", lease = \"...\")]`: it names where the command's documents live"
+                ),
             );
             None
         }
     };
     let (mut database, mut container, mut lease, mut declared) = (None, None, None, None);
     if let Some(c) = cosmos {
-        database = name(acc, &c.args.database, "database", "the Cosmos database of the command's container", c.span, c.parsed);
-        container = name(acc, &c.args.container, "container", "the container holding the handler's writes and the outbox", c.span, c.parsed);
-        lease = name(acc, &c.args.lease, "lease", "the lease container of the change-feed relay", c.span, c.parsed);
+        database = name(
+            acc,
+            &c.args.database,
+            "database",
+            "the Cosmos database of the command's container",
+            c.span,
+            c.parsed,
+        );
+        container = name(
+            acc,
+            &c.args.container,
+            "container",
+            "the container holding the handler's writes and the outbox",
+            c.span,
+            c.parsed,
+        );
+        lease = name(
+            acc,
+            &c.args.lease,
+            "lease",
+            "the lease container of the change-feed relay",
+            c.span,
+            c.parsed,
+        );
         match (&c.args.monitored_source, &c.args.lease_source) {
             (Some(m), Some(l)) => {
                 let m = non_blank(acc, m, "monitored_source", "cosmos");
@@ -217,32 +267,50 @@ fn check_all(cmd: &Command, acc: &mut Accumulator) -> Option<Checked> {
 }
 
 /// The partition-key paths, where each value is read from, and which field supplies it.
-fn check_partition_key(cmd: &Command, acc: &mut Accumulator) -> (Vec<String>, Vec<String>, Vec<String>) {
+fn check_partition_key(
+    cmd: &Command,
+    acc: &mut Accumulator,
+) -> (Vec<String>, Vec<String>, Vec<String>) {
     let ident = &cmd.ident;
     let mut out = (Vec::new(), Vec::new(), Vec::new());
     let Some(pk) = &cmd.partition_key else {
         err(
             acc,
             ident.span(),
-            format!("`{ident}` is missing `#[partition_key(path = \"/...\")]`: name the container's partition-key path, e.g. `#[partition_key(path = \"/orderId\")]`"),
+            format!(
+                "`{ident}` is missing `#[partition_key(path = \"/...\")]`: name the container's partition-key path, e.g. `#[partition_key(path = \"/orderId\")]`"
+            ),
         );
         return out;
     };
     let paths = &pk.args.path;
     if paths.is_empty() {
-        err(acc, pk.span, "`#[partition_key]` needs `path = \"/...\"`, e.g. `#[partition_key(path = \"/orderId\")]`");
+        err(
+            acc,
+            pk.span,
+            "`#[partition_key]` needs `path = \"/...\"`, e.g. `#[partition_key(path = \"/orderId\")]`",
+        );
         return out;
     }
     if paths.len() > MAX_PARTITION_KEY_PATHS {
         err(
             acc,
             paths[MAX_PARTITION_KEY_PATHS].span(),
-            format!("a hierarchical partition key has at most {MAX_PARTITION_KEY_PATHS} paths in Cosmos DB"),
+            format!(
+                "a hierarchical partition key has at most {MAX_PARTITION_KEY_PATHS} paths in Cosmos DB"
+            ),
         );
     }
     for (i, path) in paths.iter().enumerate() {
-        if paths[..i].iter().any(|earlier| earlier.as_str() == path.as_str()) {
-            err(acc, path.span(), format!("partition-key path `{}` is listed twice", path.as_str()));
+        if paths[..i]
+            .iter()
+            .any(|earlier| earlier.as_str() == path.as_str())
+        {
+            err(
+                acc,
+                path.span(),
+                format!("partition-key path `{}` is listed twice", path.as_str()),
+            );
         }
     }
 
@@ -252,7 +320,9 @@ fn check_partition_key(cmd: &Command, acc: &mut Accumulator) -> (Vec<String>, Ve
     // names no field is not worth a second error.
     let mut marker_failed = false;
     for field in &cmd.fields {
-        let Some(attr) = &field.partition_key else { continue };
+        let Some(attr) = &field.partition_key else {
+            continue;
+        };
         if !attr.parsed {
             marker_failed = true;
             continue;
@@ -266,7 +336,11 @@ fn check_partition_key(cmd: &Command, acc: &mut Accumulator) -> (Vec<String>, Ve
                     err(
                         acc,
                         p.span(),
-                        format!("`{}` is not one of this command's partition-key paths [{}]", p.as_str(), listed.join(", ")),
+                        format!(
+                            "`{}` is not one of this command's partition-key paths [{}]",
+                            p.as_str(),
+                            listed.join(", ")
+                        ),
                     );
                     continue;
                 }
@@ -286,7 +360,10 @@ fn check_partition_key(cmd: &Command, acc: &mut Accumulator) -> (Vec<String>, Ve
             err(
                 acc,
                 attr.span,
-                format!("partition-key path `{target}` is already supplied by field `{}`", first.ident),
+                format!(
+                    "partition-key path `{target}` is already supplied by field `{}`",
+                    first.ident
+                ),
             );
             continue;
         }
@@ -294,9 +371,14 @@ fn check_partition_key(cmd: &Command, acc: &mut Accumulator) -> (Vec<String>, Ve
     }
 
     for path in paths {
-        let Some(segments) = path_segments(acc, path) else { continue };
+        let Some(segments) = path_segments(acc, path) else {
+            continue;
+        };
         let (source, field) = match marked.iter().find(|(t, _)| *t == path.as_str()) {
-            Some((_, field)) => (format!("/{}", pointer_segment(&field.serialized_name)), *field),
+            Some((_, field)) => (
+                format!("/{}", pointer_segment(&field.serialized_name)),
+                *field,
+            ),
             None => {
                 let root = &segments[0];
                 let Some(field) = cmd.fields.iter().find(|f| &f.serialized_name == root) else {
@@ -310,11 +392,19 @@ fn check_partition_key(cmd: &Command, acc: &mut Accumulator) -> (Vec<String>, Ve
             }
         };
         if field.serde.skipped || field.serde.flatten {
-            let why = if field.serde.skipped { "skipped by serde" } else { "flattened by serde" };
+            let why = if field.serde.skipped {
+                "skipped by serde"
+            } else {
+                "flattened by serde"
+            };
             err(
                 acc,
                 field.ident.span(),
-                format!("field `{}` supplies partition-key path `{}` but is {why}, so the value would not be in the command's JSON", field.ident, path.as_str()),
+                format!(
+                    "field `{}` supplies partition-key path `{}` but is {why}, so the value would not be in the command's JSON",
+                    field.ident,
+                    path.as_str()
+                ),
             );
             continue;
         }
@@ -325,8 +415,17 @@ fn check_partition_key(cmd: &Command, acc: &mut Accumulator) -> (Vec<String>, Ve
     out
 }
 
-fn report_unknown_root(acc: &mut Accumulator, cmd: &Command, path: &SpannedValue<String>, root: &str) {
-    let names: Vec<&str> = cmd.fields.iter().map(|f| f.serialized_name.as_str()).collect();
+fn report_unknown_root(
+    acc: &mut Accumulator,
+    cmd: &Command,
+    path: &SpannedValue<String>,
+    root: &str,
+) {
+    let names: Vec<&str> = cmd
+        .fields
+        .iter()
+        .map(|f| f.serialized_name.as_str())
+        .collect();
     let suggestion = names
         .iter()
         .map(|n| (edit_distance(&n.to_lowercase(), &root.to_lowercase()), *n))
@@ -342,7 +441,11 @@ fn report_unknown_root(acc: &mut Accumulator, cmd: &Command, path: &SpannedValue
              (if the value is in a field named differently, mark that field `#[partition_key]`)",
             path.as_str(),
             cmd.ident,
-            names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", "),
+            names
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
         ),
     );
 }
@@ -373,7 +476,10 @@ mod tests {
         .unwrap();
         assert_eq!(checked.command_name, "CreateOrder");
         assert_eq!(checked.destination, "CreateOrder");
-        assert_eq!((checked.database.as_str(), checked.container.as_str()), ("shop", "orders"));
+        assert_eq!(
+            (checked.database.as_str(), checked.container.as_str()),
+            ("shop", "orders")
+        );
         assert_eq!(checked.lease, "orders-leases");
         assert_eq!(checked.partition_key_paths, ["/orderId"]);
         assert_eq!(checked.partition_key_sources, ["/orderId"]);
@@ -431,7 +537,10 @@ mod tests {
             struct S { k: String }
         })
         .unwrap();
-        assert_eq!(checked.declared_source_identity, Some(("m".into(), "ls".into())));
+        assert_eq!(
+            checked.declared_source_identity,
+            Some(("m".into(), "ls".into()))
+        );
     }
 
     #[test]
@@ -458,15 +567,20 @@ mod tests {
                 struct S { x: String }
             };
             let errors = run(input).unwrap_err();
-            assert!(errors[0].contains("a field chatter owns"), "{root}: {errors:?}");
+            assert!(
+                errors[0].contains("a field chatter owns"),
+                "{root}: {errors:?}"
+            );
         }
         // `/Ttl` is not `/ttl`: Cosmos paths are case-sensitive (catalog Top 15, item 14).
-        assert!(run(parse_quote! {
-            #[cosmos(database = "d", container = "c", lease = "l")]
-            #[partition_key(path = "/Ttl")]
-            struct S { #[serde(rename = "Ttl")] ttl: u32 }
-        })
-        .is_ok());
+        assert!(
+            run(parse_quote! {
+                #[cosmos(database = "d", container = "c", lease = "l")]
+                #[partition_key(path = "/Ttl")]
+                struct S { #[serde(rename = "Ttl")] ttl: u32 }
+            })
+            .is_ok()
+        );
     }
 
     #[test]

@@ -15,7 +15,10 @@ pub fn expand(input: &DeriveInput) -> TokenStream {
     match (acc.finish(), checked) {
         (Ok(()), Some(checked)) => expand::registration(&input.ident, &checked),
         (result, _) => {
-            let errors = result.err().map(darling::Error::write_errors).unwrap_or_default();
+            let errors = result
+                .err()
+                .map(darling::Error::write_errors)
+                .unwrap_or_default();
             let stub = if input.generics.params.is_empty() {
                 expand::fallback(&input.ident)
             } else {

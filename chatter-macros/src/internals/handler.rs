@@ -12,7 +12,10 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let function: ItemFn = match syn::parse2(item.clone()) {
         Ok(f) => f,
         Err(e) => {
-            let e = syn::Error::new(e.span(), format!("`#[handler]` goes on an `async fn`: {SHAPE}"));
+            let e = syn::Error::new(
+                e.span(),
+                format!("`#[handler]` goes on an `async fn`: {SHAPE}"),
+            );
             let errors = e.into_compile_error();
             return quote! { #errors #item };
         }
@@ -30,11 +33,17 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
 fn check<'a>(args: &TokenStream, f: &'a ItemFn) -> syn::Result<&'a Type> {
     let mut errors: Vec<syn::Error> = Vec::new();
     if !args.is_empty() {
-        errors.push(syn::Error::new(args.span(), "`#[handler]` takes no arguments: the command type comes from the first parameter"));
+        errors.push(syn::Error::new(
+            args.span(),
+            "`#[handler]` takes no arguments: the command type comes from the first parameter",
+        ));
     }
     let sig = &f.sig;
     if sig.asyncness.is_none() {
-        errors.push(syn::Error::new(sig.fn_token.span(), format!("a chatter handler must be `async`: {SHAPE}")));
+        errors.push(syn::Error::new(
+            sig.fn_token.span(),
+            format!("a chatter handler must be `async`: {SHAPE}"),
+        ));
     }
     if !sig.generics.params.is_empty() {
         errors.push(syn::Error::new(
@@ -57,7 +66,10 @@ fn check<'a>(args: &TokenStream, f: &'a ItemFn) -> syn::Result<&'a Type> {
             )),
             FnArg::Typed(t) => {
                 if matches!(&*t.ty, Type::Reference(_)) {
-                    errors.push(syn::Error::new(t.ty.span(), "take the command by value: the handler owns the decoded command"));
+                    errors.push(syn::Error::new(
+                        t.ty.span(),
+                        "take the command by value: the handler owns the decoded command",
+                    ));
                 } else if !matches!(&*t.pat, Pat::Ident(_) | Pat::Wild(_)) {
                     // Destructuring patterns are fine for serde, but keep the registry's view simple.
                     command = Some(&*t.ty);
@@ -80,7 +92,13 @@ fn check<'a>(args: &TokenStream, f: &'a ItemFn) -> syn::Result<&'a Type> {
 
 fn registration(f: &ItemFn, command: &Type) -> TokenStream {
     let name = &f.sig.ident;
-    let ctx_span = f.sig.inputs.iter().nth(1).map(Spanned::span).unwrap_or_else(|| name.span());
+    let ctx_span = f
+        .sig
+        .inputs
+        .iter()
+        .nth(1)
+        .map(Spanned::span)
+        .unwrap_or_else(|| name.span());
     let call = quote_spanned!(ctx_span=> #name(command, ctx));
     let line = quote_spanned!(name.span()=> ::core::line!());
     quote! {

@@ -1,0 +1,10 @@
+use chatter_runtime::DocumentReliable;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, DocumentReliable)]
+#[partition_key(path = "/order_id")]
+struct CreateOrder {
+    order_id: String,
+}
+
+fn main() {}

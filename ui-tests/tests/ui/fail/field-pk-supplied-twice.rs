@@ -1,0 +1,14 @@
+use chatter_runtime::DocumentReliable;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "shop", container = "orders", lease = "orders-leases")]
+#[partition_key(path = "/tenant")]
+struct CreateOrder {
+    #[partition_key]
+    tenant_id: String,
+    #[partition_key]
+    tenant_code: String,
+}
+
+fn main() {}

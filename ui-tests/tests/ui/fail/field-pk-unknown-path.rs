@@ -1,0 +1,13 @@
+use chatter_runtime::DocumentReliable;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "shop", container = "orders", lease = "orders-leases")]
+#[partition_key(path = "/order_id")]
+struct CreateOrder {
+    order_id: String,
+    #[partition_key(path = "/region")]
+    region_code: String,
+}
+
+fn main() {}

@@ -1,0 +1,21 @@
+use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, handler};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "shop", container = "orders", lease = "orders-leases")]
+#[partition_key(path = "/order_id")]
+struct CreateOrder {
+    order_id: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ShipOrder {
+    order_id: String,
+}
+
+#[handler]
+async fn ship_order(_command: ShipOrder, _ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    Ok(())
+}
+
+fn main() {}

@@ -1,0 +1,10 @@
+use chatter_runtime::DocumentReliable;
+
+#[derive(DocumentReliable)]
+#[cosmos(database = "shop", container = "orders", lease = "orders-leases")]
+#[partition_key(path = "/order_id")]
+struct CreateOrder {
+    order_id: String,
+}
+
+fn main() {}

@@ -1,0 +1,11 @@
+use chatter_runtime::DocumentReliable;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "shop", container = "orders", lease = "orders-leases")]
+#[partition_key(path = "/id")]
+struct CreateOrder {
+    id: String,
+}
+
+fn main() {}
