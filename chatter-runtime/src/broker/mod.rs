@@ -1,1 +1,189 @@
-//! placeholder
+//! The message broker: where the relay publishes Brokered Messages and where inboxes consume them.
+//!
+//! A [`Broker`] publishes a [`BrokeredMessage`] and returns only once the broker has taken
+//! responsibility for it (for RabbitMQ: the publisher confirm arrived). [`Broker::subscribe`]
+//! opens a [`Subscription`] on a destination; each [`Delivery`] it yields must be settled with
+//! [`Delivery::ack`] (done, never delivered again) or [`Delivery::nack`] (delivered again, with
+//! [`Delivery::redelivered`] set). A delivery dropped without being settled counts as a nack:
+//! no message is ever lost because a handler panicked or a task was cancelled.
+//!
+//! Several subscriptions on one destination are competing consumers: each message goes to one
+//! of them.
+//!
+//! | implementation | feature | |
+//! | --- | --- | --- |
+//! | [`InMemoryBroker`] | always | in-process queues, the embedded default |
+//! | `RabbitMqBroker` | `rabbitmq` | RabbitMQ through `lapin`: publisher confirms, durable queues, persistent messages, manual ack |
+
+mod error;
+mod in_memory;
+#[cfg(feature = "rabbitmq")]
+mod rabbitmq;
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::Stream;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+
+pub use error::{BrokerError, TransportError};
+pub use in_memory::InMemoryBroker;
+#[cfg(feature = "rabbitmq")]
+pub use rabbitmq::{CONTEXT_HEADER, RabbitMqBroker};
+
+use crate::message::BrokeredMessage;
+
+/// A message broker the runtime publishes to and consumes from.
+///
+/// Object safe: the runtime holds it as `Arc<dyn Broker>`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a message broker",
+    label = "expected something implementing `chatter_runtime::broker::Broker`",
+    note = "use `chatter_runtime::broker::InMemoryBroker`, `RabbitMqBroker` (feature `rabbitmq`), \
+            or implement `Broker` for `{Self}` (`publish` and `subscribe`, returning boxed futures)"
+)]
+pub trait Broker: Send + Sync + 'static {
+    /// Publish `message` to `message.destination`; resolves only after the broker confirmed it
+    /// (an `Err` means the broker did not take the message and it may be published again).
+    fn publish(&self, message: BrokeredMessage) -> BoxFuture<'_, Result<(), BrokerError>>;
+
+    /// Start consuming `destination`. Messages published to it before anyone subscribed are
+    /// delivered too.
+    fn subscribe<'a>(
+        &'a self,
+        destination: &'a str,
+    ) -> BoxFuture<'a, Result<Subscription, BrokerError>>;
+}
+
+impl<B: Broker + ?Sized> Broker for Arc<B> {
+    fn publish(&self, message: BrokeredMessage) -> BoxFuture<'_, Result<(), BrokerError>> {
+        (**self).publish(message)
+    }
+
+    fn subscribe<'a>(
+        &'a self,
+        destination: &'a str,
+    ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
+        (**self).subscribe(destination)
+    }
+}
+
+/// How a broker implementation settles one [`Delivery`]; [`Delivery`] calls exactly one of these
+/// methods exactly once.
+pub trait Settle: Send + Sync + 'static {
+    /// The message was handled: the broker must not deliver it again.
+    fn ack(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>>;
+    /// The message was not handled: the broker must deliver it again, marked redelivered.
+    fn nack(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>>;
+    /// The delivery was dropped unsettled (synchronously, from `Drop`): the broker must deliver it
+    /// again, as for [`nack`](Settle::nack).
+    fn abandon(self: Box<Self>);
+}
+
+/// One delivery of a message from a [`Subscription`], to be settled with [`ack`](Self::ack) or
+/// [`nack`](Self::nack). Dropping it unsettled has the broker deliver it again.
+pub struct Delivery {
+    /// The message as published.
+    pub message: BrokeredMessage,
+    /// `true` when this message was delivered before and not acked (nacked, dropped unsettled, or
+    /// its consumer went away).
+    pub redelivered: bool,
+    settle: Option<Box<dyn Settle>>,
+}
+
+impl Delivery {
+    /// A delivery of `message`, settled through `settle` (for [`Broker`] implementations).
+    pub fn new(message: BrokeredMessage, redelivered: bool, settle: Box<dyn Settle>) -> Self {
+        Self {
+            message,
+            redelivered,
+            settle: Some(settle),
+        }
+    }
+
+    /// The message was handled: remove it from the broker.
+    pub async fn ack(mut self) -> Result<(), BrokerError> {
+        match self.settle.take() {
+            Some(settle) => settle.ack().await,
+            None => Ok(()),
+        }
+    }
+
+    /// The message was not handled: have the broker deliver it again (with `redelivered` set).
+    pub async fn nack(mut self) -> Result<(), BrokerError> {
+        match self.settle.take() {
+            Some(settle) => settle.nack().await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        if let Some(settle) = self.settle.take() {
+            settle.abandon();
+        }
+    }
+}
+
+impl fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Delivery")
+            .field("message", &self.message)
+            .field("redelivered", &self.redelivered)
+            .field("settled", &self.settle.is_none())
+            .finish()
+    }
+}
+
+/// The deliveries of one destination to one consumer; a [`Stream`] of
+/// `Result<Delivery, BrokerError>`.
+///
+/// An `Err` item does not end the subscription (e.g. [`BrokerError::Undecodable`]); `None` means
+/// the broker ended it (connection closed, consumer cancelled by the server).
+pub struct Subscription {
+    destination: String,
+    deliveries: BoxStream<'static, Result<Delivery, BrokerError>>,
+}
+
+impl Subscription {
+    /// A subscription on `destination` yielding `deliveries` (for [`Broker`] implementations).
+    pub fn new(
+        destination: impl Into<String>,
+        deliveries: BoxStream<'static, Result<Delivery, BrokerError>>,
+    ) -> Self {
+        Self {
+            destination: destination.into(),
+            deliveries,
+        }
+    }
+
+    /// The destination this subscription consumes.
+    pub fn destination(&self) -> &str {
+        &self.destination
+    }
+
+    /// The next delivery; cancel safe (dropping the future loses no message).
+    pub async fn next(&mut self) -> Option<Result<Delivery, BrokerError>> {
+        futures::StreamExt::next(&mut self.deliveries).await
+    }
+}
+
+impl Stream for Subscription {
+    type Item = Result<Delivery, BrokerError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.deliveries.as_mut().poll_next(cx)
+    }
+}
+
+impl fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscription")
+            .field("destination", &self.destination)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,234 @@
+//! The in-process broker: the embedded default, with the same settlement semantics as RabbitMQ.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::pin::pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use futures::future::{self, BoxFuture};
+use futures::{FutureExt, StreamExt};
+use tokio::sync::Notify;
+
+use super::{Broker, BrokerError, Delivery, Settle, Subscription};
+use crate::message::BrokeredMessage;
+
+/// An in-process broker: one FIFO queue per destination, competing consumers, real redelivery.
+///
+/// - [`publish`](Broker::publish) enqueues and returns at once; a message published before anyone
+///   subscribed waits for the first subscriber.
+/// - Each message goes to one subscription of its destination; it stays pending until acked.
+/// - [`Delivery::nack`], or dropping the delivery unsettled, puts the message back at the head of
+///   its queue, and its next delivery has `redelivered == true`.
+///
+/// Clones share the same queues. Nothing survives the process.
+#[derive(Clone, Default)]
+pub struct InMemoryBroker {
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    queues: Mutex<HashMap<String, Queue>>,
+}
+
+struct Queue {
+    /// Messages waiting for a consumer, the next one first.
+    ready: VecDeque<Queued>,
+    /// Delivered and not yet settled.
+    unsettled: usize,
+    /// Every message ever published here.
+    published: usize,
+    /// Wakes a consumer waiting on an empty queue.
+    signal: Arc<Notify>,
+}
+
+struct Queued {
+    message: BrokeredMessage,
+    redelivered: bool,
+}
+
+impl InMemoryBroker {
+    /// A broker with no queues.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many messages were ever published to `destination` (acked ones included).
+    pub fn published_count(&self, destination: &str) -> usize {
+        self.shared
+            .lock()
+            .get(destination)
+            .map_or(0, |queue| queue.published)
+    }
+
+    /// How many messages of `destination` are not acked yet: waiting for a consumer, or delivered
+    /// and not settled.
+    pub fn pending_count(&self, destination: &str) -> usize {
+        self.shared
+            .lock()
+            .get(destination)
+            .map_or(0, |queue| queue.ready.len() + queue.unsettled)
+    }
+}
+
+impl fmt::Debug for InMemoryBroker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let queues = self.shared.lock();
+        let mut map = f.debug_map();
+        for (destination, queue) in queues.iter() {
+            map.entry(
+                destination,
+                &format_args!(
+                    "{{ ready: {}, unsettled: {}, published: {} }}",
+                    queue.ready.len(),
+                    queue.unsettled,
+                    queue.published
+                ),
+            );
+        }
+        map.finish()
+    }
+}
+
+impl Shared {
+    /// The queues; a panic elsewhere while holding the lock leaves them consistent (every
+    /// critical section is a handful of infallible steps), so poisoning is ignored.
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Queue>> {
+        self.queues.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn signal(&self, destination: &str) -> Arc<Notify> {
+        let mut queues = self.lock();
+        queue(&mut queues, destination).signal.clone()
+    }
+
+    fn enqueue(&self, destination: &str, item: Queued, front: bool) {
+        let mut queues = self.lock();
+        let queue = queue(&mut queues, destination);
+        if front {
+            queue.unsettled = queue.unsettled.saturating_sub(1);
+            queue.ready.push_front(item);
+        } else {
+            queue.published += 1;
+            queue.ready.push_back(item);
+        }
+        queue.signal.notify_one();
+    }
+
+    fn take(&self, destination: &str) -> Option<Queued> {
+        let mut queues = self.lock();
+        let queue = queues.get_mut(destination)?;
+        let item = queue.ready.pop_front()?;
+        queue.unsettled += 1;
+        Some(item)
+    }
+
+    fn acked(&self, destination: &str) {
+        if let Some(queue) = self.lock().get_mut(destination) {
+            queue.unsettled = queue.unsettled.saturating_sub(1);
+        }
+    }
+}
+
+fn queue<'q>(queues: &'q mut HashMap<String, Queue>, destination: &str) -> &'q mut Queue {
+    queues
+        .entry(destination.to_owned())
+        .or_insert_with(|| Queue {
+            ready: VecDeque::new(),
+            unsettled: 0,
+            published: 0,
+            signal: Arc::new(Notify::new()),
+        })
+}
+
+fn check_destination(destination: &str) -> Result<(), BrokerError> {
+    if destination.is_empty() {
+        return Err(BrokerError::InvalidDestination {
+            destination: String::new(),
+            reason: "a destination must not be empty".to_owned(),
+        });
+    }
+    Ok(())
+}
+
+impl Broker for InMemoryBroker {
+    fn publish(&self, message: BrokeredMessage) -> BoxFuture<'_, Result<(), BrokerError>> {
+        let result = check_destination(&message.destination).map(|()| {
+            let destination = message.destination.clone();
+            let item = Queued {
+                message,
+                redelivered: false,
+            };
+            self.shared.enqueue(&destination, item, false);
+        });
+        future::ready(result).boxed()
+    }
+
+    fn subscribe<'a>(
+        &'a self,
+        destination: &'a str,
+    ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
+        let result = check_destination(destination).map(|()| {
+            let state = (
+                self.shared.clone(),
+                destination.to_owned(),
+                self.shared.signal(destination),
+            );
+            let deliveries = futures::stream::unfold(state, |(shared, destination, signal)| {
+                async move {
+                    let item = loop {
+                        // Registered before looking at the queue, so an enqueue in between
+                        // still wakes us.
+                        let mut notified = pin!(signal.notified());
+                        notified.as_mut().enable();
+                        if let Some(item) = shared.take(&destination) {
+                            break item;
+                        }
+                        notified.await;
+                    };
+                    let settle = InMemorySettle {
+                        shared: shared.clone(),
+                        destination: destination.clone(),
+                        message: item.message.clone(),
+                    };
+                    let delivery = Delivery::new(item.message, item.redelivered, Box::new(settle));
+                    Some((Ok(delivery), (shared, destination, signal)))
+                }
+            });
+            Subscription::new(destination, deliveries.boxed())
+        });
+        future::ready(result).boxed()
+    }
+}
+
+struct InMemorySettle {
+    shared: Arc<Shared>,
+    destination: String,
+    message: BrokeredMessage,
+}
+
+impl InMemorySettle {
+    fn requeue(self) {
+        let item = Queued {
+            message: self.message,
+            redelivered: true,
+        };
+        self.shared.enqueue(&self.destination, item, true);
+    }
+}
+
+impl Settle for InMemorySettle {
+    fn ack(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {
+        self.shared.acked(&self.destination);
+        future::ready(Ok(())).boxed()
+    }
+
+    fn nack(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {
+        self.requeue();
+        future::ready(Ok(())).boxed()
+    }
+
+    fn abandon(self: Box<Self>) {
+        self.requeue();
+    }
+}

@@ -1,0 +1,595 @@
+//! RabbitMQ through `lapin` (feature `rabbitmq`).
+//!
+//! Mapping of a [`BrokeredMessage`] onto AMQP 0-9-1:
+//!
+//! | Brokered Message | AMQP |
+//! | --- | --- |
+//! | `destination` | a durable queue of that name, published to through the default exchange |
+//! | `message_id` | the `message-id` property |
+//! | `content_type` | the `content-type` property (left unset when empty) |
+//! | `body` | the body, UTF-8 |
+//! | `context` | the [`CONTEXT_HEADER`] header: the context as one JSON object in a long string, so that every JSON value (nested objects, `null`, big numbers) comes back exactly as it went |
+//!
+//! Messages are persistent (`delivery-mode` 2).
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use lapin::message::Delivery as AmqpDelivery;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
+    BasicRejectOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{Acker, BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use serde_json::{Map, Value};
+use tokio::runtime::Handle;
+
+use super::{Broker, BrokerError, Delivery, Settle, Subscription};
+use crate::message::BrokeredMessage;
+
+/// The AMQP header carrying a Brokered Message's `context`, as a JSON object string.
+pub const CONTEXT_HEADER: &str = "chatter-context";
+
+/// The `delivery-mode` of a persistent message.
+const PERSISTENT: u8 = 2;
+
+/// How many unacked deliveries one subscription holds by default.
+const DEFAULT_PREFETCH: u16 = 1;
+
+/// A [`Broker`] on RabbitMQ: publisher confirms, durable queues, persistent messages, manual ack.
+///
+/// - [`publish`](Broker::publish) declares the destination's durable queue (once per broker),
+///   publishes with `mandatory` set and waits for the publisher confirm: a nack is
+///   [`BrokerError::Rejected`]; a message returned as unroutable (its queue was deleted since)
+///   is published once more after declaring the queue again, then is `Rejected` too.
+/// - [`subscribe`](Broker::subscribe) opens a channel of its own with a prefetch of
+///   [`prefetch`](Self::with_prefetch) (1 by default) and consumes with manual ack;
+///   [`Delivery::nack`] and dropping a delivery unsettled are `basic.nack` with `requeue`, and
+///   [`Delivery::redelivered`] is the AMQP `redelivered` flag.
+///
+/// Clones share one connection. There is no automatic reconnection: once the connection is lost
+/// every call fails with [`BrokerError::Transport`] and a new broker must be connected.
+#[derive(Clone)]
+pub struct RabbitMqBroker {
+    inner: Arc<Inner>,
+    prefetch: u16,
+}
+
+struct Inner {
+    connection: Connection,
+    /// The confirm-mode channel publishes go through; replaced when the server closed it.
+    publisher: tokio::sync::Mutex<Option<Channel>>,
+    /// Queues this broker already declared.
+    declared: Mutex<HashSet<String>>,
+}
+
+impl RabbitMqBroker {
+    /// Connect to `uri`, e.g. `amqp://guest:guest@127.0.0.1:5672/%2f` (plain AMQP: this build has
+    /// no TLS backend). Must be called within a Tokio runtime, which then runs the connection.
+    pub async fn connect(uri: &str) -> Result<Self, BrokerError> {
+        if Handle::try_current().is_err() {
+            return Err(BrokerError::transport(
+                "connect",
+                "RabbitMqBroker::connect must be called within a Tokio runtime",
+            ));
+        }
+        let connection = Connection::connect(uri, ConnectionProperties::default())
+            .await
+            .map_err(|e| BrokerError::transport(format!("connect to `{}`", redact(uri)), e))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                connection,
+                publisher: tokio::sync::Mutex::new(None),
+                declared: Mutex::new(HashSet::new()),
+            }),
+            prefetch: DEFAULT_PREFETCH,
+        })
+    }
+
+    /// The same broker, whose new subscriptions hold up to `prefetch` unacked deliveries each
+    /// (AMQP `basic.qos`; 0 means no limit). The default, 1, gives each message to whichever
+    /// competing consumer is free.
+    pub fn with_prefetch(mut self, prefetch: u16) -> Self {
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// Close the connection (shared by all clones) gracefully. Deliveries not settled by then are
+    /// requeued by the server and delivered again; settling them afterwards fails with
+    /// [`BrokerError::SettlementLost`] or [`BrokerError::Transport`].
+    pub async fn close(&self) -> Result<(), BrokerError> {
+        self.inner
+            .connection
+            .close(200, ShortString::from("OK"))
+            .await
+            .map_err(|e| BrokerError::transport("connection.close", e))
+    }
+
+    /// Delete `destination`'s queue and the messages in it; returns how many messages it held.
+    pub async fn delete_queue(&self, destination: &str) -> Result<u32, BrokerError> {
+        let queue = queue_name(destination)?;
+        let channel = self.inner.publisher().await?;
+        let count = channel
+            .queue_delete(queue, QueueDeleteOptions::default())
+            .await
+            .map_err(|e| BrokerError::transport(format!("queue.delete `{destination}`"), e))?;
+        self.inner.forget(destination);
+        Ok(count)
+    }
+}
+
+impl fmt::Debug for RabbitMqBroker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitMqBroker")
+            .field("connected", &self.inner.connection.status().connected())
+            .field("prefetch", &self.prefetch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Inner {
+    /// The confirm-mode publishing channel, opened again if the server closed it (a failed
+    /// declaration closes the channel it ran on).
+    async fn publisher(&self) -> Result<Channel, BrokerError> {
+        let mut publisher = self.publisher.lock().await;
+        if let Some(channel) = publisher.as_ref()
+            && channel.status().connected()
+        {
+            return Ok(channel.clone());
+        }
+        let channel = self
+            .connection
+            .create_channel()
+            .await
+            .map_err(|e| BrokerError::transport("channel.open", e))?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| BrokerError::transport("confirm.select", e))?;
+        *publisher = Some(channel.clone());
+        Ok(channel)
+    }
+
+    async fn declare(
+        &self,
+        channel: &Channel,
+        destination: &str,
+        queue: ShortString,
+    ) -> Result<(), BrokerError> {
+        if self.is_declared(destination) {
+            return Ok(());
+        }
+        let options = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        channel
+            .queue_declare(queue, options, FieldTable::default())
+            .await
+            .map_err(|e| BrokerError::transport(format!("queue.declare `{destination}`"), e))?;
+        self.declared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(destination.to_owned());
+        Ok(())
+    }
+
+    fn is_declared(&self, destination: &str) -> bool {
+        self.declared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(destination)
+    }
+
+    fn forget(&self, destination: &str) {
+        self.declared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(destination);
+    }
+
+    async fn publish(&self, message: BrokeredMessage) -> Result<(), BrokerError> {
+        let queue = queue_name(&message.destination)?;
+        let invalid = |reason: String| BrokerError::InvalidMessage {
+            message_id: message.message_id.clone(),
+            destination: message.destination.clone(),
+            reason,
+        };
+        let message_id = ShortString::try_new(message.message_id.as_str())
+            .map_err(|e| invalid(format!("the message id is not an AMQP short string: {e}")))?;
+        let context = serde_json::to_string(&message.context)
+            .map_err(|e| invalid(format!("the context cannot be rendered as JSON: {e}")))?;
+        let mut headers = FieldTable::default();
+        headers.insert(
+            ShortString::from(CONTEXT_HEADER),
+            AMQPValue::LongString(LongString::from(context)),
+        );
+        let mut properties = BasicProperties::default()
+            .with_message_id(message_id)
+            .with_delivery_mode(PERSISTENT)
+            .with_headers(headers);
+        if !message.content_type.is_empty() {
+            let content_type =
+                ShortString::try_new(message.content_type.as_str()).map_err(|e| {
+                    invalid(format!("the content type is not an AMQP short string: {e}"))
+                })?;
+            properties = properties.with_content_type(content_type);
+        }
+
+        let options = BasicPublishOptions {
+            mandatory: true,
+            immediate: false,
+        };
+        let operation = || format!("basic.publish `{}`", message.message_id);
+        let rejected = |reason: String| BrokerError::Rejected {
+            message_id: message.message_id.clone(),
+            destination: message.destination.clone(),
+            reason,
+        };
+        // A second attempt only after the message came back unroutable: the queue was deleted
+        // since this broker declared it, so it is declared again. A returned message was not
+        // stored anywhere, so publishing it again cannot duplicate it.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let channel = self.publisher().await?;
+            self.declare(&channel, &message.destination, queue.clone())
+                .await?;
+            let confirmation = channel
+                .basic_publish(
+                    ShortString::default(),
+                    queue.clone(),
+                    options,
+                    message.body.as_bytes(),
+                    properties.clone(),
+                )
+                .await
+                .map_err(|e| BrokerError::transport(operation(), e))?
+                .await
+                .map_err(|e| BrokerError::transport(operation(), e))?;
+            return match confirmation {
+                Confirmation::Ack(None) => Ok(()),
+                Confirmation::Ack(Some(returned)) => {
+                    self.forget(&message.destination);
+                    if attempt < 2 {
+                        continue;
+                    }
+                    Err(rejected(format!(
+                        "returned as unroutable ({} {})",
+                        returned.reply_code, returned.reply_text
+                    )))
+                }
+                Confirmation::Nack(_) => Err(rejected("the publisher confirm was a nack".into())),
+                Confirmation::NotRequested => Err(rejected(
+                    "the channel is not in confirm mode, so the broker never confirmed".into(),
+                )),
+            };
+        }
+    }
+
+    async fn subscribe(
+        self: Arc<Self>,
+        destination: &str,
+        prefetch: u16,
+    ) -> Result<Subscription, BrokerError> {
+        let queue = queue_name(destination)?;
+        let channel = self
+            .connection
+            .create_channel()
+            .await
+            .map_err(|e| BrokerError::transport("channel.open", e))?;
+        channel
+            .basic_qos(prefetch, BasicQosOptions::default())
+            .await
+            .map_err(|e| BrokerError::transport("basic.qos", e))?;
+        self.declare(&channel, destination, queue.clone()).await?;
+        let consumer = channel
+            .basic_consume(
+                queue,
+                ShortString::default(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| BrokerError::transport(format!("basic.consume `{destination}`"), e))?;
+
+        let handle = Handle::try_current().ok();
+        let destination = destination.to_owned();
+        let name = destination.clone();
+        let deliveries = consumer.then(move |item| {
+            let inner = self.clone();
+            let channel = channel.clone();
+            let destination = destination.clone();
+            let handle = handle.clone();
+            async move {
+                let delivery = item
+                    .map_err(|e| BrokerError::transport(format!("consume `{destination}`"), e))?;
+                match decode(&destination, &delivery) {
+                    Ok(message) => {
+                        let settle = AmqpSettle {
+                            message_id: message.message_id.clone(),
+                            acker: delivery.acker,
+                            handle,
+                            _channel: channel,
+                            _inner: inner,
+                        };
+                        Ok(Delivery::new(
+                            message,
+                            delivery.redelivered,
+                            Box::new(settle),
+                        ))
+                    }
+                    Err(reason) => Err(reject_undecodable(&destination, &delivery, reason).await),
+                }
+            }
+        });
+        Ok(Subscription::new(name, deliveries.boxed()))
+    }
+}
+
+impl Broker for RabbitMqBroker {
+    fn publish(&self, message: BrokeredMessage) -> BoxFuture<'_, Result<(), BrokerError>> {
+        self.inner.publish(message).boxed()
+    }
+
+    fn subscribe<'a>(
+        &'a self,
+        destination: &'a str,
+    ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
+        self.inner
+            .clone()
+            .subscribe(destination, self.prefetch)
+            .boxed()
+    }
+}
+
+/// `destination` as an AMQP queue name.
+fn queue_name(destination: &str) -> Result<ShortString, BrokerError> {
+    let invalid = |reason: String| BrokerError::InvalidDestination {
+        destination: destination.to_owned(),
+        reason,
+    };
+    if destination.is_empty() {
+        return Err(invalid("a destination must not be empty".into()));
+    }
+    ShortString::try_new(destination).map_err(|e| invalid(format!("not an AMQP queue name: {e}")))
+}
+
+/// The delivery as a Brokered Message of `destination`, or why it is not one.
+fn decode(destination: &str, delivery: &AmqpDelivery) -> Result<BrokeredMessage, String> {
+    let properties = &delivery.properties;
+    let message_id = properties
+        .message_id()
+        .as_ref()
+        .map(|id| id.as_str().to_owned())
+        .ok_or("it has no message-id property")?;
+    let body = String::from_utf8(delivery.data.clone())
+        .map_err(|e| format!("its body is not UTF-8: {e}"))?;
+    let content_type = properties
+        .content_type()
+        .as_ref()
+        .map(|ct| ct.as_str().to_owned())
+        .unwrap_or_default();
+    let context = match properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get(CONTEXT_HEADER))
+    {
+        None => Map::new(),
+        Some(AMQPValue::LongString(json)) => parse_context(json.as_bytes())?,
+        Some(AMQPValue::ShortString(json)) => parse_context(json.as_str().as_bytes())?,
+        Some(other) => {
+            return Err(format!(
+                "its `{CONTEXT_HEADER}` header is not a string but {other:?}"
+            ));
+        }
+    };
+    Ok(BrokeredMessage {
+        message_id,
+        destination: destination.to_owned(),
+        body,
+        content_type,
+        context,
+    })
+}
+
+fn parse_context(json: &[u8]) -> Result<Map<String, Value>, String> {
+    match serde_json::from_slice(json) {
+        Ok(Value::Object(context)) => Ok(context),
+        Ok(other) => Err(format!(
+            "its `{CONTEXT_HEADER}` header is JSON but not an object: {other}"
+        )),
+        Err(e) => Err(format!("its `{CONTEXT_HEADER}` header is not JSON: {e}")),
+    }
+}
+
+/// Reject a delivery that is not a Brokered Message without requeue (requeueing would hand it
+/// back forever), and describe it.
+async fn reject_undecodable(
+    destination: &str,
+    delivery: &AmqpDelivery,
+    reason: String,
+) -> BrokerError {
+    let message_id = delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .map_or_else(|| "<none>".to_owned(), |id| id.as_str().to_owned());
+    tracing::error!(%destination, %message_id, %reason, "rejecting a delivery that is not a Brokered Message");
+    let outcome = delivery
+        .acker
+        .reject(BasicRejectOptions { requeue: false })
+        .await;
+    if let Err(e) = outcome {
+        // The channel is gone: the server requeues it, and it is reported again next time.
+        tracing::warn!(%destination, %message_id, error = %e, "could not reject the delivery");
+    }
+    BrokerError::Undecodable {
+        destination: destination.to_owned(),
+        message_id,
+        reason,
+    }
+}
+
+/// Settles one RabbitMQ delivery; keeps its channel (and connection) open until then.
+struct AmqpSettle {
+    message_id: String,
+    acker: Acker,
+    /// Where `abandon` sends its `basic.nack` from.
+    handle: Option<Handle>,
+    _channel: Channel,
+    _inner: Arc<Inner>,
+}
+
+impl AmqpSettle {
+    async fn nack(self) -> Result<(), BrokerError> {
+        let options = BasicNackOptions {
+            multiple: false,
+            requeue: true,
+        };
+        let sent =
+            self.acker.nack(options).await.map_err(|e| {
+                BrokerError::transport(format!("basic.nack `{}`", self.message_id), e)
+            })?;
+        if !sent {
+            return Err(BrokerError::SettlementLost {
+                message_id: self.message_id,
+                settlement: "nack",
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Settle for AmqpSettle {
+    fn ack(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {
+        async move {
+            let sent = self
+                .acker
+                .ack(BasicAckOptions::default())
+                .await
+                .map_err(|e| {
+                    BrokerError::transport(format!("basic.ack `{}`", self.message_id), e)
+                })?;
+            if !sent {
+                return Err(BrokerError::SettlementLost {
+                    message_id: self.message_id,
+                    settlement: "ack",
+                });
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn nack(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {
+        (*self).nack().boxed()
+    }
+
+    fn abandon(self: Box<Self>) {
+        // Without a runtime to send the nack from, dropping the channel (with `self`) still has
+        // the server requeue the message once the channel closes.
+        if let Some(handle) = self.handle.clone() {
+            handle.spawn(async move {
+                let message_id = self.message_id.clone();
+                if let Err(e) = (*self).nack().await {
+                    tracing::warn!(%message_id, error = %e, "nack of an abandoned delivery failed; the server requeues it when the channel closes");
+                }
+            });
+        }
+    }
+}
+
+/// `uri` without its password, for error messages.
+fn redact(uri: &str) -> String {
+    match (uri.find("://"), uri.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &uri[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{}{user}:***{}", &uri[..scheme + 3], &uri[at..])
+        }
+        _ => uri.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn amqp(body: &[u8], properties: BasicProperties) -> AmqpDelivery {
+        let mut delivery = AmqpDelivery::mock(
+            1,
+            ShortString::default(),
+            ShortString::from("orders"),
+            false,
+            body.to_vec(),
+        );
+        delivery.properties = properties;
+        delivery
+    }
+
+    fn context_header(value: AMQPValue) -> FieldTable {
+        let mut headers = FieldTable::default();
+        headers.insert(ShortString::from(CONTEXT_HEADER), value);
+        headers
+    }
+
+    #[test]
+    fn decode_reads_properties_body_and_the_json_context_header() {
+        let properties = BasicProperties::default()
+            .with_message_id(ShortString::from("m-1"))
+            .with_content_type(ShortString::from("application/json"))
+            .with_headers(context_header(AMQPValue::LongString(LongString::from(
+                r#"{"a":{"b":[1,null]}}"#,
+            ))));
+        let message = decode("orders", &amqp(b"{}", properties)).unwrap();
+        assert_eq!(message.message_id, "m-1");
+        assert_eq!(message.destination, "orders");
+        assert_eq!(message.body, "{}");
+        assert_eq!(message.content_type, "application/json");
+        assert_eq!(message.context["a"], serde_json::json!({ "b": [1, null] }));
+    }
+
+    #[test]
+    fn decode_reports_what_a_foreign_message_lacks() {
+        let with_id = || BasicProperties::default().with_message_id(ShortString::from("m-1"));
+        let no_id = decode("orders", &amqp(b"{}", BasicProperties::default())).unwrap_err();
+        assert!(no_id.contains("message-id"), "{no_id}");
+        let binary = decode("orders", &amqp(&[0xff, 0xfe], with_id())).unwrap_err();
+        assert!(binary.contains("UTF-8"), "{binary}");
+        let not_json =
+            with_id().with_headers(context_header(AMQPValue::LongString(LongString::from("{"))));
+        let error = decode("orders", &amqp(b"{}", not_json)).unwrap_err();
+        assert!(error.contains("not JSON"), "{error}");
+        let not_object = with_id().with_headers(context_header(AMQPValue::LongString(
+            LongString::from("[1]"),
+        )));
+        let error = decode("orders", &amqp(b"{}", not_object)).unwrap_err();
+        assert!(error.contains("not an object"), "{error}");
+        let not_string = with_id().with_headers(context_header(AMQPValue::Boolean(true)));
+        let error = decode("orders", &amqp(b"{}", not_string)).unwrap_err();
+        assert!(error.contains("not a string"), "{error}");
+    }
+
+    #[test]
+    fn decode_without_context_header_or_content_type_gives_empty_ones() {
+        let properties = BasicProperties::default().with_message_id(ShortString::from("m-1"));
+        let message = decode("orders", &amqp(b"x", properties)).unwrap();
+        assert!(message.context.is_empty());
+        assert_eq!(message.content_type, "");
+    }
+
+    #[test]
+    fn redact_hides_the_password_only() {
+        assert_eq!(
+            redact("amqp://guest:secret@host:5672/%2f"),
+            "amqp://guest:***@host:5672/%2f"
+        );
+        assert_eq!(redact("amqp://host:5672"), "amqp://host:5672");
+        assert_eq!(redact("not a uri @ all"), "not a uri @ all");
+    }
+}

@@ -1,0 +1,281 @@
+//! The RabbitMQ broker against the real server at 127.0.0.1:5672 (guest/guest; start it with
+//! `rabbitmq-server -detached`): the same delivery semantics as the in-memory broker, on a queue
+//! of its own per test, deleted at the end.
+#![cfg(feature = "rabbitmq")]
+
+use std::time::Duration;
+
+use chatter_runtime::broker::{Broker, BrokerError, Delivery, RabbitMqBroker, Subscription};
+use chatter_runtime::message::BrokeredMessage;
+use serde_json::json;
+use tokio::time::timeout;
+
+const URI: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// Long enough for any delivery that is coming; bounds every wait so no test hangs.
+const DELIVERY_WAIT: Duration = Duration::from_secs(10);
+/// How long "no further delivery" is watched for.
+const QUIET_WAIT: Duration = Duration::from_millis(500);
+
+async fn connect() -> RabbitMqBroker {
+    timeout(DELIVERY_WAIT, RabbitMqBroker::connect(URI))
+        .await
+        .expect("connecting to RabbitMQ takes less than the bound")
+        .expect("RabbitMQ runs at 127.0.0.1:5672 (`rabbitmq-server -detached`)")
+}
+
+fn queue() -> String {
+    format!("chatter-test-{}", uuid::Uuid::new_v4())
+}
+
+fn message(id: &str, destination: &str) -> BrokeredMessage {
+    let mut message = BrokeredMessage::json(id, destination, format!(r#"{{"id":"{id}"}}"#));
+    message
+        .context
+        .insert("traceparent".into(), json!("00-abc-def-01"));
+    message.context.insert(
+        "nested".into(),
+        json!({ "n": 1, "big": u64::MAX, "f": 1.5, "list": [true, null, "ü"] }),
+    );
+    message
+}
+
+async fn publish(broker: &RabbitMqBroker, message: BrokeredMessage) {
+    timeout(DELIVERY_WAIT, broker.publish(message))
+        .await
+        .expect("the publisher confirm arrives in time")
+        .expect("the broker confirms the message");
+}
+
+async fn subscribe(broker: &RabbitMqBroker, destination: &str) -> Subscription {
+    timeout(DELIVERY_WAIT, broker.subscribe(destination))
+        .await
+        .expect("subscribing takes less than the bound")
+        .expect("the consumer starts")
+}
+
+async fn next(subscription: &mut Subscription) -> Delivery {
+    timeout(DELIVERY_WAIT, subscription.next())
+        .await
+        .expect("a delivery arrives in time")
+        .expect("the subscription is open")
+        .expect("the delivery is a Brokered Message")
+}
+
+async fn assert_quiet(subscription: &mut Subscription) {
+    if let Ok(item) = timeout(QUIET_WAIT, subscription.next()).await {
+        panic!("expected no further delivery, got {item:?}");
+    }
+}
+
+async fn settle(result: impl Future<Output = Result<(), BrokerError>>) {
+    timeout(DELIVERY_WAIT, result)
+        .await
+        .expect("settling takes less than the bound")
+        .expect("the broker takes the settlement");
+}
+
+/// Deletes the queue; returns how many messages were still in it.
+async fn delete(broker: &RabbitMqBroker, destination: &str) -> u32 {
+    timeout(DELIVERY_WAIT, broker.delete_queue(destination))
+        .await
+        .expect("deleting takes less than the bound")
+        .expect("the queue is deleted")
+}
+
+#[tokio::test]
+async fn rabbitmq_publish_then_subscribe_receives_the_message_verbatim() {
+    let broker = connect().await;
+    let destination = queue();
+    let sent = message("m-1", &destination);
+    publish(&broker, sent.clone()).await;
+
+    let mut subscription = subscribe(&broker, &destination).await;
+    let delivery = next(&mut subscription).await;
+    assert_eq!(delivery.message, sent);
+    assert!(!delivery.redelivered);
+    settle(delivery.ack()).await;
+
+    drop(subscription);
+    assert_eq!(delete(&broker, &destination).await, 0);
+}
+
+#[tokio::test]
+async fn rabbitmq_nack_redelivers_with_redelivered_true() {
+    let broker = connect().await;
+    let destination = queue();
+    let mut subscription = subscribe(&broker, &destination).await;
+    let sent = message("m-1", &destination);
+    publish(&broker, sent.clone()).await;
+
+    let first = next(&mut subscription).await;
+    assert!(!first.redelivered);
+    settle(first.nack()).await;
+
+    let again = next(&mut subscription).await;
+    assert!(again.redelivered);
+    assert_eq!(again.message, sent);
+    settle(again.ack()).await;
+
+    drop(subscription);
+    assert_eq!(delete(&broker, &destination).await, 0);
+}
+
+#[tokio::test]
+async fn rabbitmq_dropping_an_unsettled_delivery_redelivers_it() {
+    let broker = connect().await;
+    let destination = queue();
+    let mut subscription = subscribe(&broker, &destination).await;
+    let sent = message("m-1", &destination);
+    publish(&broker, sent.clone()).await;
+
+    drop(next(&mut subscription).await);
+
+    let again = next(&mut subscription).await;
+    assert!(again.redelivered);
+    assert_eq!(again.message, sent);
+    settle(again.ack()).await;
+
+    drop(subscription);
+    assert_eq!(delete(&broker, &destination).await, 0);
+}
+
+#[tokio::test]
+async fn rabbitmq_unsettled_deliveries_of_a_closed_connection_are_redelivered() {
+    let destination = queue();
+    let broker = connect().await;
+    publish(&broker, message("m-1", &destination)).await;
+
+    let gone = connect().await;
+    let mut subscription = subscribe(&gone, &destination).await;
+    let delivery = next(&mut subscription).await;
+    timeout(DELIVERY_WAIT, gone.close())
+        .await
+        .unwrap()
+        .expect("the connection closes");
+    // The ack can no longer reach the server, and says so rather than pretending.
+    let late_ack = timeout(DELIVERY_WAIT, delivery.ack()).await.unwrap();
+    assert!(late_ack.is_err(), "{late_ack:?}");
+
+    let mut subscription = subscribe(&broker, &destination).await;
+    let again = next(&mut subscription).await;
+    assert!(again.redelivered);
+    assert_eq!(again.message.message_id, "m-1");
+    settle(again.ack()).await;
+
+    drop(subscription);
+    assert_eq!(delete(&broker, &destination).await, 0);
+}
+
+#[tokio::test]
+async fn rabbitmq_ack_removes_the_message_for_good() {
+    let broker = connect().await;
+    let destination = queue();
+    let mut subscription = subscribe(&broker, &destination).await;
+    publish(&broker, message("m-1", &destination)).await;
+
+    settle(next(&mut subscription).await.ack()).await;
+
+    assert_quiet(&mut subscription).await;
+    let mut late = subscribe(&broker, &destination).await;
+    assert_quiet(&mut late).await;
+
+    drop((subscription, late));
+    assert_eq!(delete(&broker, &destination).await, 0);
+}
+
+#[tokio::test]
+async fn rabbitmq_two_competing_consumers_each_get_distinct_messages() {
+    let broker = connect().await;
+    let destination = queue();
+    let mut first = subscribe(&broker, &destination).await;
+    let mut second = subscribe(&broker, &destination).await;
+    publish(&broker, message("m-1", &destination)).await;
+    publish(&broker, message("m-2", &destination)).await;
+
+    // Prefetch 1: neither consumer can hold both while it has not settled its first.
+    let a = next(&mut first).await;
+    let b = next(&mut second).await;
+    let mut ids = [a.message.message_id.clone(), b.message.message_id.clone()];
+    ids.sort();
+    assert_eq!(ids, ["m-1", "m-2"]);
+    assert!(!a.redelivered && !b.redelivered);
+    settle(a.ack()).await;
+    settle(b.ack()).await;
+
+    assert_quiet(&mut first).await;
+    assert_quiet(&mut second).await;
+    drop((first, second));
+    assert_eq!(delete(&broker, &destination).await, 0);
+}
+
+#[tokio::test]
+async fn rabbitmq_messages_published_before_subscribe_are_delivered_in_order() {
+    let broker = connect().await;
+    let destination = queue();
+    for i in 0..3 {
+        publish(&broker, message(&format!("m-{i}"), &destination)).await;
+    }
+
+    let mut subscription = subscribe(&broker, &destination).await;
+    for i in 0..3 {
+        let delivery = next(&mut subscription).await;
+        assert_eq!(delivery.message.message_id, format!("m-{i}"));
+        settle(delivery.ack()).await;
+    }
+
+    drop(subscription);
+    assert_eq!(delete(&broker, &destination).await, 0);
+}
+
+#[tokio::test]
+async fn rabbitmq_publishing_to_a_queue_deleted_by_another_client_declares_it_again() {
+    let broker = connect().await;
+    let destination = queue();
+    publish(&broker, message("m-1", &destination)).await;
+    let other = connect().await;
+    assert_eq!(delete(&other, &destination).await, 1);
+
+    // `broker` still believes the queue exists: the message comes back unroutable, and must be
+    // published again into a re-declared queue, not lost.
+    publish(&broker, message("m-2", &destination)).await;
+
+    let mut subscription = subscribe(&broker, &destination).await;
+    let delivery = next(&mut subscription).await;
+    assert_eq!(delivery.message.message_id, "m-2");
+    settle(delivery.ack()).await;
+    assert_quiet(&mut subscription).await;
+
+    drop(subscription);
+    assert_eq!(delete(&broker, &destination).await, 0);
+}
+
+#[tokio::test]
+async fn rabbitmq_invalid_input_is_an_error_not_a_panic() {
+    let broker = connect().await;
+    let destination = queue();
+
+    let error = broker.publish(message("m-1", "")).await.unwrap_err();
+    assert!(
+        matches!(error, BrokerError::InvalidDestination { .. }),
+        "{error}"
+    );
+    let error = broker.subscribe(&"q".repeat(300)).await.unwrap_err();
+    assert!(
+        matches!(error, BrokerError::InvalidDestination { .. }),
+        "{error}"
+    );
+    let error = broker
+        .publish(message(&"i".repeat(300), &destination))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, BrokerError::InvalidMessage { .. }),
+        "{error}"
+    );
+
+    let error = RabbitMqBroker::connect("amqp://guest:secret@127.0.0.1:1/%2f")
+        .await
+        .unwrap_err();
+    assert!(matches!(error, BrokerError::Transport { .. }), "{error}");
+    assert!(!error.to_string().contains("secret"), "{error}");
+}
