@@ -14,11 +14,11 @@ pub use runtime::{Builder, DispatchError, Runtime, StartError, start};
 
 #[doc(hidden)]
 pub mod __private {
-    pub use inventory;
-    pub use serde_json;
     pub use crate::registry::{
         CommandRegistration, HandlerFuture, HandlerRegistration, IntoHandlerResult,
         SourceIdentityDeclaration, SourceLocation,
     };
+    pub use inventory;
+    pub use serde_json;
     pub use std::any::{TypeId, type_name};
 }

@@ -2,7 +2,11 @@
 
 use std::sync::Mutex;
 
-use chatter_runtime::{BoxError, DispatchError, DocumentReliable, HandlerContext, handler};
+use chatter_runtime::cosmos::{CosmosConnection, provision};
+use chatter_runtime::pipeline::{Outcome, PipelineError};
+use chatter_runtime::{
+    BoxError, DispatchError, DocumentReliable, HandlerContext, Runtime, StartError, handler,
+};
 use serde::{Deserialize, Serialize};
 
 /// Places an order.
@@ -34,11 +38,21 @@ pub struct NotACommand {
     pub x: u32,
 }
 
+async fn start() -> Runtime {
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    provision::ensure_container(&cosmos, "shop", "orders", &["/orderId"])
+        .await
+        .unwrap();
+    Runtime::builder()
+        .cosmos(cosmos)
+        .start()
+        .await
+        .expect("valid registrations start")
+}
+
 #[tokio::test]
 async fn start_collects_the_registration_with_its_handler() {
-    let runtime = chatter_runtime::start()
-        .await
-        .expect("valid registrations start");
+    let runtime = start().await;
     let commands = runtime.registry().commands();
     assert_eq!(commands.len(), 1);
     assert_eq!(commands[0].registration.command_name, "CreateOrder");
@@ -49,12 +63,13 @@ async fn start_collects_the_registration_with_its_handler() {
 
 #[tokio::test]
 async fn dispatch_decodes_the_command_and_runs_its_handler() {
-    let runtime = chatter_runtime::start().await.unwrap();
+    let runtime = start().await;
     let command = CreateOrder {
         order_id: "o-1".into(),
         quantity: 2,
     };
-    runtime.dispatch(command.clone(), "msg-1").await.unwrap();
+    let outcome = runtime.dispatch(command.clone(), "msg-1").await.unwrap();
+    assert_eq!(outcome, Outcome::Committed { operations: 1 });
     assert!(
         SEEN.lock()
             .unwrap()
@@ -64,7 +79,7 @@ async fn dispatch_decodes_the_command_and_runs_its_handler() {
 
 #[tokio::test]
 async fn handler_error_surfaces_with_the_command_name() {
-    let runtime = chatter_runtime::start().await.unwrap();
+    let runtime = start().await;
     let err = runtime
         .dispatch(
             CreateOrder {
@@ -78,10 +93,10 @@ async fn handler_error_surfaces_with_the_command_name() {
     assert!(
         matches!(
             err,
-            DispatchError::Handler {
+            DispatchError::Pipeline(PipelineError::Handler {
                 command: "CreateOrder",
                 ..
-            }
+            })
         ),
         "{err}"
     );
@@ -97,4 +112,23 @@ fn partition_key_resolves_from_the_serialized_command() {
     .unwrap();
     let values = CreateOrder::registration().resolve_partition_key(&json);
     assert_eq!(values, Some(vec![serde_json::json!("o-3")]));
+}
+
+#[tokio::test]
+async fn start_fails_naming_a_missing_container() {
+    // chatter never creates containers: an unprovisioned store fails the start.
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    let err = Runtime::builder().cosmos(cosmos).start().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StartError::Container {
+                command: "CreateOrder",
+                container: "orders",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("ensure_container"), "{err}");
 }

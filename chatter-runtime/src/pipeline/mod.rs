@@ -1,5 +1,205 @@
-//! The document tier: the Batch-Lifecycle Behavior around every handler call.
+//! The document tier: the Document-Tier Batch-Lifecycle Behavior around every handler call.
+//!
+//! For a participant delivery: resolve the partition key, require a message id, stage the inbox
+//! marker as op 0, run the handler (which stages its writes and outbox documents), then execute the
+//! one TransactionalBatch exactly once. A 409 on op 0 is only a *candidate* duplicate: it is
+//! acknowledged only after a point-read proves the conflicting document is a genuine inbox marker
+//! for the same message id.
 
 mod context;
+mod error;
 
-pub use context::HandlerContext;
+pub use context::{HandlerContext, MAX_BATCH_OPERATIONS};
+pub use error::{PipelineError, StageError};
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use crate::broker::Broker;
+use crate::cosmos::{self, BatchOperation, CosmosConnection, ReadOutcome};
+use crate::document;
+use crate::registry::RegisteredCommand;
+use context::AtomicWriteHandle;
+
+/// How a delivery ended when it did not fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The batch committed: the inbox marker, the handler's writes and its outbox documents.
+    Committed {
+        /// Operations in the batch, the inbox marker included.
+        operations: usize,
+    },
+    /// The inbox marker already existed for this message id: nothing was committed again.
+    Duplicate,
+    /// The command's partition key did not resolve: the handler ran without a batch.
+    PassedThrough,
+}
+
+/// Runs handlers inside the batch lifecycle.
+#[derive(Clone)]
+pub struct Pipeline {
+    cosmos: CosmosConnection,
+    broker: Arc<dyn Broker>,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("cosmos", &self.cosmos)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pipeline {
+    /// A pipeline writing through `cosmos` and publishing pass-through messages on `broker`.
+    pub fn new(cosmos: CosmosConnection, broker: Arc<dyn Broker>) -> Self {
+        Self { cosmos, broker }
+    }
+
+    /// Handles one delivery of `command` whose body (the command's JSON) is `body`.
+    pub async fn handle(
+        &self,
+        command: &RegisteredCommand,
+        body: Value,
+        message_id: &str,
+        redelivered: bool,
+    ) -> Result<Outcome, PipelineError> {
+        let registration = command.registration;
+        let name = registration.command_name;
+        let Some(partition_key) = registration.resolve_partition_key(&body) else {
+            return self
+                .pass_through(command, body, message_id, redelivered)
+                .await;
+        };
+        if message_id.trim().is_empty() {
+            return Err(PipelineError::MissingMessageId { command: name });
+        }
+        let paths = registration.partition_key_paths;
+        let marker_error = |source| PipelineError::Marker {
+            command: name,
+            message_id: message_id.to_owned(),
+            source,
+        };
+        let marker_id = document::inbox_id(message_id).map_err(marker_error)?;
+        let marker =
+            document::inbox_marker(message_id, paths, &partition_key, OffsetDateTime::now_utc())
+                .map_err(marker_error)?;
+        let handle = AtomicWriteHandle {
+            partition_key_paths: paths,
+            partition_key: partition_key.clone(),
+            writes: Vec::new(),
+            outbox: Vec::new(),
+        };
+        let mut ctx = HandlerContext::new(message_id.to_owned(), redelivered, Some(handle));
+        run_handler(command, body, &mut ctx).await?;
+        let (handle, _) = ctx.into_parts();
+        let handle = handle.expect("a participant context keeps its handle");
+
+        let mut operations = Vec::with_capacity(handle.staged_operation_count());
+        operations.push(BatchOperation::Create(marker));
+        operations.extend(handle.writes);
+        operations.extend(handle.outbox.into_iter().map(BatchOperation::Create));
+        let count = operations.len();
+
+        let cosmos_error = |source| PipelineError::Cosmos {
+            command: name,
+            message_id: message_id.to_owned(),
+            source,
+        };
+        let container = self
+            .cosmos
+            .container(registration.database, registration.container)
+            .await
+            .map_err(cosmos_error)?;
+        let key = cosmos::partition_key(&partition_key).map_err(cosmos_error)?;
+        let outcome = cosmos::execute_batch(&container, key.clone(), operations)
+            .await
+            .map_err(cosmos_error)?;
+        if outcome.is_success() {
+            tracing::debug!(
+                command = name,
+                message_id,
+                operations = count,
+                "chatter batch committed"
+            );
+            return Ok(Outcome::Committed { operations: count });
+        }
+
+        let statuses = outcome.status_codes();
+        let failed = |reason: String| PipelineError::BatchFailed {
+            command: name,
+            message_id: message_id.to_owned(),
+            reason,
+            status: outcome.status,
+            operation_statuses: statuses.clone(),
+        };
+        if statuses.first() != Some(&409) {
+            return Err(failed("Cosmos rejected the batch".to_owned()));
+        }
+        // A candidate duplicate: confirm against the conflicting document itself.
+        match cosmos::read_item(&container, key, &marker_id).await {
+            Ok(ReadOutcome::Found { document, .. })
+                if document::is_genuine_inbox_marker(&document, message_id) =>
+            {
+                tracing::info!(
+                    command = name,
+                    message_id,
+                    "chatter duplicate delivery: inbox marker exists, nothing committed"
+                );
+                Ok(Outcome::Duplicate)
+            }
+            Ok(ReadOutcome::Found { .. }) => Err(failed(format!(
+                "the inbox marker conflicted with document '{marker_id}', which is not the inbox marker of this message id"
+            ))),
+            Ok(ReadOutcome::NotFound) => Err(failed(format!(
+                "the inbox marker conflicted but document '{marker_id}' could not be read back (404)"
+            ))),
+            Err(e) => Err(failed(format!(
+                "the inbox marker conflicted and confirming it failed: {e}"
+            ))),
+        }
+    }
+
+    async fn pass_through(
+        &self,
+        command: &RegisteredCommand,
+        body: Value,
+        message_id: &str,
+        redelivered: bool,
+    ) -> Result<Outcome, PipelineError> {
+        let mut ctx = HandlerContext::new(message_id.to_owned(), redelivered, None);
+        run_handler(command, body, &mut ctx).await?;
+        let (_, direct) = ctx.into_parts();
+        for message in direct {
+            self.broker
+                .publish(message)
+                .await
+                .map_err(|source| PipelineError::Publish {
+                    command: command.registration.command_name,
+                    source,
+                })?;
+        }
+        Ok(Outcome::PassedThrough)
+    }
+}
+
+async fn run_handler(
+    command: &RegisteredCommand,
+    body: Value,
+    ctx: &mut HandlerContext,
+) -> Result<(), PipelineError> {
+    let name = command.registration.command_name;
+    let message_id = ctx.message_id().to_owned();
+    let future = (command.handler.invoke)(body, ctx).map_err(|source| PipelineError::Decode {
+        command: name,
+        message_id: message_id.clone(),
+        source,
+    })?;
+    future.await.map_err(|source| PipelineError::Handler {
+        command: name,
+        message_id,
+        source,
+    })
+}

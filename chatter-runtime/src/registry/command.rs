@@ -67,7 +67,10 @@ impl CommandRegistration {
     ///
     /// `None` when a value is absent: the command then passes through without a batch
     /// (catalog R1.51), exactly like a resolver that returns no key.
-    pub fn resolve_partition_key(&self, command: &serde_json::Value) -> Option<Vec<serde_json::Value>> {
+    pub fn resolve_partition_key(
+        &self,
+        command: &serde_json::Value,
+    ) -> Option<Vec<serde_json::Value>> {
         self.partition_key_sources
             .iter()
             .map(|pointer| command.pointer(pointer).cloned())
@@ -84,7 +87,9 @@ impl CommandRegistration {
     label = "this type has no `#[derive(DocumentReliable)]`",
     note = "add `#[derive(Serialize, Deserialize, DocumentReliable)]` with `#[cosmos(database = \"..\", container = \"..\", lease = \"..\")]` and `#[partition_key(path = \"/..\")]` to `{Self}`"
 )]
-pub trait DocumentReliable: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static {
+pub trait DocumentReliable:
+    serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static
+{
     /// The command's registration.
     fn registration() -> &'static CommandRegistration;
 }

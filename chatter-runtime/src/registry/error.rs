@@ -14,7 +14,11 @@ pub struct RegistryError {
 impl fmt::Display for RegistryError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.problems.len();
-        write!(f, "chatter found {n} registration problem{}:", if n == 1 { "" } else { "s" })?;
+        write!(
+            f,
+            "chatter found {n} registration problem{}:",
+            if n == 1 { "" } else { "s" }
+        )?;
         for problem in &self.problems {
             write!(f, "\n  - {problem}")?;
         }
@@ -90,7 +94,9 @@ pub enum RegistrationProblem {
         location: SourceLocation,
     },
     /// A handler is bound to a command the registry was not given.
-    #[error("handler `{handler}` at {location} handles command `{command}`, which is not registered with this runtime")]
+    #[error(
+        "handler `{handler}` at {location} handles command `{command}`, which is not registered with this runtime"
+    )]
     HandlerForUnregisteredCommand {
         /// The handler.
         handler: &'static str,

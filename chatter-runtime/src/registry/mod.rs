@@ -11,10 +11,12 @@ mod error;
 mod handler;
 mod validate;
 
-pub use command::{CommandRegistration, DocumentReliable, SourceIdentityDeclaration, SourceLocation};
+pub use command::{
+    CommandRegistration, DocumentReliable, SourceIdentityDeclaration, SourceLocation,
+};
 pub use error::{RegistrationProblem, RegistryError};
 pub use handler::{BoxError, HandlerFuture, HandlerRegistration, IntoHandlerResult};
-pub use validate::Registry;
+pub use validate::{RegisteredCommand, Registry};
 
 inventory::collect!(CommandRegistration);
 inventory::collect!(HandlerRegistration);

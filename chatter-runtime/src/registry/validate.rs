@@ -137,8 +137,13 @@ impl Registry {
                 continue;
             };
             registry.by_type.insert(type_id, registry.commands.len());
-            registry.by_destination.insert(command.destination, registry.commands.len());
-            registry.commands.push(RegisteredCommand { registration: command, handler });
+            registry
+                .by_destination
+                .insert(command.destination, registry.commands.len());
+            registry.commands.push(RegisteredCommand {
+                registration: command,
+                handler,
+            });
         }
         if problems.is_empty() {
             Ok(registry)
@@ -164,7 +169,9 @@ impl Registry {
 
     /// The registered command received from `destination`.
     pub fn get_by_destination(&self, destination: &str) -> Option<&RegisteredCommand> {
-        self.by_destination.get(destination).map(|&i| &self.commands[i])
+        self.by_destination
+            .get(destination)
+            .map(|&i| &self.commands[i])
     }
 }
 
@@ -177,16 +184,18 @@ fn container_conflicts(
     first: &'static CommandRegistration,
     second: &'static CommandRegistration,
 ) -> Vec<RegistrationProblem> {
-    let conflict = |setting, first_value: String, second_value: String| RegistrationProblem::ConflictingContainer {
-        database: second.database,
-        container: second.container,
-        setting,
-        first_value,
-        first_name: first.command_name,
-        first: first.location,
-        second_value,
-        second_name: second.command_name,
-        second: second.location,
+    let conflict = |setting, first_value: String, second_value: String| {
+        RegistrationProblem::ConflictingContainer {
+            database: second.database,
+            container: second.container,
+            setting,
+            first_value,
+            first_name: first.command_name,
+            first: first.location,
+            second_value,
+            second_name: second.command_name,
+            second: second.location,
+        }
     };
     let mut problems = Vec::new();
     if first.partition_key_paths != second.partition_key_paths {
@@ -209,7 +218,11 @@ fn container_conflicts(
             Some(d) => format!("(`{}`, `{}`)", d.monitored, d.lease),
             None => "(none declared)".to_owned(),
         };
-        problems.push(conflict("change-feed source identity", render(first), render(second)));
+        problems.push(conflict(
+            "change-feed source identity",
+            render(first),
+            render(second),
+        ));
     }
     problems
 }
@@ -223,7 +236,11 @@ mod tests {
     struct B;
 
     const fn at(line: u32) -> SourceLocation {
-        SourceLocation { module_path: "tests", file: "commands.rs", line }
+        SourceLocation {
+            module_path: "tests",
+            file: "commands.rs",
+            line,
+        }
     }
 
     const fn reg(
@@ -249,7 +266,10 @@ mod tests {
         }
     }
 
-    fn handler_for(command: fn() -> &'static CommandRegistration, line: u32) -> HandlerRegistration {
+    fn handler_for(
+        command: fn() -> &'static CommandRegistration,
+        line: u32,
+    ) -> HandlerRegistration {
         HandlerRegistration {
             command,
             handler_name: "h",
@@ -282,30 +302,45 @@ mod tests {
 
     #[test]
     fn one_declared_identity_over_two_containers_is_rejected() {
-        const ID: Option<SourceIdentityDeclaration> =
-            Some(SourceIdentityDeclaration { monitored: "m", lease: "l" });
+        const ID: Option<SourceIdentityDeclaration> = Some(SourceIdentityDeclaration {
+            monitored: "m",
+            lease: "l",
+        });
         static RA: CommandRegistration = reg("A", "a", TypeId::of::<A>, "c1", ID, 1);
         static RB: CommandRegistration = reg("B", "b", TypeId::of::<B>, "c2", ID, 2);
         let handlers = [leak(handler_for(|| &RA, 10)), leak(handler_for(|| &RB, 11))];
         let err = Registry::build([&RA, &RB], handlers).unwrap_err();
         assert!(matches!(
             err.problems.as_slice(),
-            [RegistrationProblem::ConflictingSourceIdentity { monitored: "m", lease: "l", .. }]
+            [RegistrationProblem::ConflictingSourceIdentity {
+                monitored: "m",
+                lease: "l",
+                ..
+            }]
         ));
         assert!(err.to_string().contains("DISTINCT"));
     }
 
     #[test]
     fn same_declared_identity_over_the_same_containers_is_one_source() {
-        const ID: Option<SourceIdentityDeclaration> =
-            Some(SourceIdentityDeclaration { monitored: "m", lease: "l" });
+        const ID: Option<SourceIdentityDeclaration> = Some(SourceIdentityDeclaration {
+            monitored: "m",
+            lease: "l",
+        });
         static RA: CommandRegistration = reg("A", "a", TypeId::of::<A>, "c1", ID, 1);
         static RB: CommandRegistration = reg("B", "b", TypeId::of::<B>, "c1", ID, 2);
         let handlers = [leak(handler_for(|| &RA, 10)), leak(handler_for(|| &RB, 11))];
         let registry = Registry::build([&RA, &RB], handlers).unwrap();
         assert_eq!(registry.commands().len(), 2);
         assert_eq!(registry.get::<B>().unwrap().registration.command_name, "B");
-        assert_eq!(registry.get_by_destination("a").unwrap().registration.command_name, "A");
+        assert_eq!(
+            registry
+                .get_by_destination("a")
+                .unwrap()
+                .registration
+                .command_name,
+            "A"
+        );
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Why the runtime would not start, and why a dispatch failed.
 
+use crate::broker::BrokerError;
 use crate::cosmos::CosmosStoreError;
-use crate::registry::{BoxError, RegistryError};
+use crate::pipeline::PipelineError;
+use crate::registry::RegistryError;
 
 /// Why `start()` failed.
 #[derive(Debug, thiserror::Error)]
@@ -12,6 +14,31 @@ pub enum StartError {
     /// The Cosmos connection could not be made.
     #[error("chatter could not connect to Cosmos DB: {0}")]
     Cosmos(#[from] CosmosStoreError),
+    /// A command's container could not be reached.
+    #[error(
+        "command `{command}` writes to container `{database}/{container}`, which could not be reached: {source}. \
+         chatter never creates containers: create it (in development, `chatter_runtime::cosmos::provision::ensure_container`)"
+    )]
+    Container {
+        /// The command.
+        command: &'static str,
+        /// The database.
+        database: &'static str,
+        /// The container.
+        container: &'static str,
+        /// The store error.
+        #[source]
+        source: CosmosStoreError,
+    },
+    /// A command's destination could not be consumed.
+    #[error("chatter could not subscribe to destination `{destination}`: {source}")]
+    Subscribe {
+        /// The destination.
+        destination: &'static str,
+        /// The broker error.
+        #[source]
+        source: BrokerError,
+    },
 }
 
 /// Why a dispatched command was not handled.
@@ -28,16 +55,7 @@ pub enum DispatchError {
     /// The command could not be serialized.
     #[error("the command could not be serialized to JSON: {0}")]
     Encode(#[source] serde_json::Error),
-    /// The command's JSON does not decode into the command type.
-    #[error("the message body does not decode into the command: {0}")]
-    Decode(#[source] serde_json::Error),
-    /// The handler returned an error; nothing was committed.
-    #[error("handler of `{command}` failed: {source}")]
-    Handler {
-        /// The command name.
-        command: &'static str,
-        /// The handler's error.
-        #[source]
-        source: BoxError,
-    },
+    /// The document tier failed; nothing was committed.
+    #[error(transparent)]
+    Pipeline(#[from] PipelineError),
 }

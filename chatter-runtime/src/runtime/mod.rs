@@ -1,26 +1,60 @@
-//! `start()`: collect the registrations, validate them, build the pipeline, return a handle.
+//! `start()`: collect the registrations, validate them, connect, build the pipeline, consume.
 
+mod consumer;
 mod error;
 
 pub use error::{DispatchError, StartError};
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::pipeline::HandlerContext;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::broker::{Broker, InMemoryBroker};
+use crate::cosmos::CosmosConnection;
+use crate::pipeline::{Outcome, Pipeline};
 use crate::registry::{DocumentReliable, Registry};
 
 /// Starts chatter from every registration in the binary, with settings from the environment.
 ///
-/// Equivalent to `Runtime::builder().start()`.
+/// Equivalent to `Runtime::builder().start()`: Cosmos from `CHATTER_COSMOS_ENDPOINT` /
+/// `CHATTER_COSMOS_KEY` (or the embedded emulator when unset and the `embedded` feature is on),
+/// and the in-memory broker.
 pub async fn start() -> Result<Runtime, StartError> {
     Runtime::builder().start().await
 }
 
 /// Configures a [`Runtime`] before starting it.
-#[derive(Debug, Default)]
 #[must_use = "a builder does nothing until `.start().await`"]
 pub struct Builder {
     registry: Option<Registry>,
+    cosmos: Option<CosmosConnection>,
+    broker: Option<Arc<dyn Broker>>,
+    consume: bool,
+    redelivery_delay: Duration,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Self {
+            registry: None,
+            cosmos: None,
+            broker: None,
+            consume: true,
+            redelivery_delay: Duration::from_millis(500),
+        }
+    }
+}
+
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Builder")
+            .field("cosmos", &self.cosmos)
+            .field("consume", &self.consume)
+            .field("redelivery_delay", &self.redelivery_delay)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Builder {
@@ -30,15 +64,57 @@ impl Builder {
         self
     }
 
-    /// Validates the registrations and starts the runtime. Every registration problem is reported
-    /// in one [`StartError::Registry`].
+    /// Uses this Cosmos connection instead of resolving one from the environment.
+    pub fn cosmos(mut self, cosmos: CosmosConnection) -> Self {
+        self.cosmos = Some(cosmos);
+        self
+    }
+
+    /// Uses this broker instead of a new [`InMemoryBroker`].
+    pub fn broker(mut self, broker: impl Broker) -> Self {
+        self.broker = Some(Arc::new(broker));
+        self
+    }
+
+    /// Whether to consume each command's destination from the broker (default `true`). With
+    /// `false` commands are only handled through [`Runtime::dispatch`].
+    pub fn consume(mut self, consume: bool) -> Self {
+        self.consume = consume;
+        self
+    }
+
+    /// How long a consumer waits before returning a failed delivery to the broker (default
+    /// 500 ms), so a message that keeps failing does not spin a core.
+    pub fn redelivery_delay(mut self, delay: Duration) -> Self {
+        self.redelivery_delay = delay;
+        self
+    }
+
+    /// Validates the registrations, connects, derives every command's container, subscribes to
+    /// every command's destination and starts consuming.
+    ///
+    /// Every registration problem is reported in one [`StartError::Registry`]; a missing container
+    /// fails the start ([`StartError::Container`]): chatter never creates containers.
     pub async fn start(self) -> Result<Runtime, StartError> {
         let registry = match self.registry {
             Some(registry) => registry,
             None => Registry::from_inventory()?,
         };
+        let cosmos = match self.cosmos {
+            Some(cosmos) => cosmos,
+            None => CosmosConnection::resolve().await?,
+        };
         for command in registry.commands() {
             let r = command.registration;
+            cosmos
+                .container(r.database, r.container)
+                .await
+                .map_err(|source| StartError::Container {
+                    command: r.command_name,
+                    database: r.database,
+                    container: r.container,
+                    source,
+                })?;
             tracing::info!(
                 command = r.command_name,
                 destination = r.destination,
@@ -49,21 +125,67 @@ impl Builder {
                 "chatter registered command"
             );
         }
+        let broker: Arc<dyn Broker> = match self.broker {
+            Some(broker) => broker,
+            None => Arc::new(InMemoryBroker::new()),
+        };
+        let pipeline = Pipeline::new(cosmos.clone(), broker.clone());
+        let cancel = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        if self.consume {
+            for command in registry.commands() {
+                let destination = command.registration.destination;
+                let subscription = broker.subscribe(destination).await.map_err(|source| {
+                    StartError::Subscribe {
+                        destination,
+                        source,
+                    }
+                })?;
+                tracker.spawn(consumer::run(
+                    *command,
+                    subscription,
+                    pipeline.clone(),
+                    cancel.clone(),
+                    self.redelivery_delay,
+                ));
+            }
+        }
         Ok(Runtime {
-            inner: Arc::new(Inner { registry }),
+            inner: Arc::new(Inner {
+                registry,
+                cosmos,
+                broker,
+                pipeline,
+                cancel,
+                tracker,
+            }),
         })
     }
 }
 
-/// A started chatter runtime: dispatch commands, then shut it down.
+/// A started chatter runtime: consumes its commands' destinations, dispatches in process, shuts
+/// down gracefully.
 #[derive(Debug, Clone)]
 pub struct Runtime {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
 struct Inner {
     registry: Registry,
+    cosmos: CosmosConnection,
+    broker: Arc<dyn Broker>,
+    pipeline: Pipeline,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("commands", &self.registry.commands().len())
+            .field("cosmos", &self.cosmos)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Runtime {
@@ -77,12 +199,23 @@ impl Runtime {
         &self.inner.registry
     }
 
-    /// Handles `command` in process under the caller-supplied message id.
+    /// The Cosmos connection.
+    pub fn cosmos(&self) -> &CosmosConnection {
+        &self.inner.cosmos
+    }
+
+    /// The broker.
+    pub fn broker(&self) -> &Arc<dyn Broker> {
+        &self.inner.broker
+    }
+
+    /// Handles `command` in process under the caller-supplied message id, through the same batch
+    /// lifecycle as a brokered delivery.
     pub async fn dispatch<T: DocumentReliable>(
         &self,
         command: T,
         message_id: impl Into<String>,
-    ) -> Result<(), DispatchError> {
+    ) -> Result<Outcome, DispatchError> {
         let registered = self
             .inner
             .registry
@@ -91,14 +224,18 @@ impl Runtime {
                 command: std::any::type_name::<T>(),
             })?;
         let json = serde_json::to_value(&command).map_err(DispatchError::Encode)?;
-        let mut ctx = HandlerContext::new(message_id.into(), false);
-        let future = (registered.handler.invoke)(json, &mut ctx).map_err(DispatchError::Decode)?;
-        future.await.map_err(|source| DispatchError::Handler {
-            command: registered.registration.command_name,
-            source,
-        })
+        Ok(self
+            .inner
+            .pipeline
+            .handle(registered, json, &message_id.into(), false)
+            .await?)
     }
 
-    /// Stops the runtime.
-    pub async fn shutdown(self) {}
+    /// Stops consuming and waits for deliveries in progress to settle.
+    pub async fn shutdown(self) {
+        self.inner.cancel.cancel();
+        self.inner.tracker.close();
+        self.inner.tracker.wait().await;
+        tracing::info!("chatter runtime stopped");
+    }
 }

@@ -1,0 +1,128 @@
+//! Errors of the document tier: staging (returned to the handler) and the batch lifecycle.
+
+use crate::cosmos::CosmosStoreError;
+use crate::document::DocumentError;
+use crate::registry::BoxError;
+
+/// A write or message the Atomic-Write Handle refused; nothing was staged.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    /// No batch is active: the command is not a participant, or its partition key did not resolve.
+    #[error(
+        "no Cosmos batch is active for this delivery: the command is not document-reliable or its partition key did not resolve, so writes cannot be staged"
+    )]
+    NoActiveBatch,
+    /// The batch would exceed Cosmos's operation limit.
+    #[error(
+        "a Cosmos TransactionalBatch holds at most {limit} operations (the inbox marker included); this write would exceed it"
+    )]
+    TooManyOperations {
+        /// The limit.
+        limit: usize,
+    },
+    /// The document is not a JSON object.
+    #[error("a staged document must serialize to a JSON object")]
+    NotAnObject,
+    /// The document's partition-key value differs from the batch's.
+    #[error(
+        "the document's partition-key value at [{paths}] is {found}, but this delivery's batch is for {expected}: a TransactionalBatch writes one logical partition"
+    )]
+    PartitionKeyMismatch {
+        /// The container's paths.
+        paths: String,
+        /// The batch's values.
+        expected: String,
+        /// The document's values.
+        found: String,
+    },
+    /// The document could not be serialized.
+    #[error("the document could not be serialized to JSON: {0}")]
+    Encode(#[source] serde_json::Error),
+    /// A reserved id, an over-long id, or an outbox document that cannot be built.
+    #[error(transparent)]
+    Document(#[from] DocumentError),
+}
+
+/// Why a delivery was not handled; the message is not acknowledged and will be redelivered.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// A participant arrived without a message id (catalog R2.05).
+    #[error(
+        "Document-tier reliability participant '{command}' requires a non-empty MessageId: the once-only guarantee cannot be honored without a message identity to dedup by."
+    )]
+    MissingMessageId {
+        /// The command name.
+        command: &'static str,
+    },
+    /// The message body is not JSON or does not decode into the command.
+    #[error("the body of `{command}` message '{message_id}' does not decode: {source}")]
+    Decode {
+        /// The command name.
+        command: &'static str,
+        /// The message id.
+        message_id: String,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The inbox marker could not be built (e.g. the message id makes an over-long item id).
+    #[error("the inbox marker of `{command}` message '{message_id}' could not be built: {source}")]
+    Marker {
+        /// The command name.
+        command: &'static str,
+        /// The message id.
+        message_id: String,
+        /// Why.
+        #[source]
+        source: DocumentError,
+    },
+    /// The handler failed; nothing was committed.
+    #[error(
+        "handler of `{command}` failed on message '{message_id}'; nothing was committed: {source}"
+    )]
+    Handler {
+        /// The command name.
+        command: &'static str,
+        /// The message id.
+        message_id: String,
+        /// The handler's error.
+        #[source]
+        source: BoxError,
+    },
+    /// Cosmos refused the batch, or a 409 on the inbox marker could not be confirmed as a duplicate.
+    #[error(
+        "the batch of `{command}` message '{message_id}' did not commit: {reason} (batch status {status}, per-operation status codes {operation_statuses:?})"
+    )]
+    BatchFailed {
+        /// The command name.
+        command: &'static str,
+        /// The message id.
+        message_id: String,
+        /// What went wrong.
+        reason: String,
+        /// The batch's HTTP status.
+        status: u16,
+        /// Per-operation status codes, op 0 being the inbox marker.
+        operation_statuses: Vec<u16>,
+    },
+    /// A Cosmos call failed.
+    #[error("Cosmos call for `{command}` message '{message_id}' failed: {source}")]
+    Cosmos {
+        /// The command name.
+        command: &'static str,
+        /// The message id.
+        message_id: String,
+        /// The store error.
+        #[source]
+        source: CosmosStoreError,
+    },
+    /// A pass-through delivery's message could not be published.
+    #[error("publishing a message sent by the handler of `{command}` failed: {source}")]
+    Publish {
+        /// The command name.
+        command: &'static str,
+        /// The broker error.
+        #[source]
+        source: crate::broker::BrokerError,
+    },
+}
