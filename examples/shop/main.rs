@@ -1,9 +1,21 @@
 //! The shop example: `cargo run -p chatter-examples --bin shop`.
 //!
-//! Registers one command, `CreateOrder`, and handles it.
+//! Receives `CreateOrder` commands through the broker; the handler writes the order and sends an
+//! `OrderCreated` message through the outbox, and both commit in one Cosmos TransactionalBatch with
+//! the inbox marker. One command is delivered twice: the second delivery is deduplicated.
+//!
+//! Uses the embedded in-memory Cosmos emulator, or the store named by `CHATTER_COSMOS_ENDPOINT`
+//! (e.g. a `chatter-emulator` started with `cargo run -p chatter-emulator`). Exits by itself.
 
-use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, handler};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use chatter_runtime::broker::{Broker, InMemoryBroker};
+use chatter_runtime::cosmos::{self, CosmosConnection, ReadOutcome, provision};
+use chatter_runtime::message::BrokeredMessage;
+use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 
 /// Places an order for a quantity of one product.
 #[derive(Debug, Serialize, Deserialize, DocumentReliable)]
@@ -17,36 +29,160 @@ pub struct CreateOrder {
     pub quantity: u32,
 }
 
+/// The event the handler emits through the outbox.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct OrderCreated<'a> {
+    order_id: &'a str,
+    quantity: u32,
+}
+
+static HANDLER_RUNS: AtomicUsize = AtomicUsize::new(0);
+
 #[handler]
 async fn create_order(command: CreateOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    HANDLER_RUNS.fetch_add(1, Ordering::SeqCst);
     println!(
-        "handled CreateOrder {} (quantity {}) under message id {}",
+        "  handler: CreateOrder {} x{} (message {}{})",
         command.order_id,
         command.quantity,
-        ctx.message_id()
+        ctx.message_id(),
+        if ctx.redelivered() {
+            ", redelivered"
+        } else {
+            ""
+        }
     );
+    // Staged, not written: the order and the event commit together after the handler returns.
+    ctx.upsert(json!({
+        "id": command.order_id,
+        "orderId": command.order_id,
+        "quantity": command.quantity,
+        "state": "placed",
+    }))?;
+    let event = OrderCreated {
+        order_id: &command.order_id,
+        quantity: command.quantity,
+    };
+    ctx.send_json(
+        "order-events",
+        &format!("{}:OrderCreated", ctx.message_id()),
+        &event,
+    )?;
     Ok(())
 }
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let runtime = chatter_runtime::start().await?;
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(std::io::stderr)
+        .init();
+
+    let cosmos = CosmosConnection::resolve().await?;
+    println!(
+        "store: {}",
+        if cosmos.is_embedded() {
+            "embedded in-memory emulator".to_owned()
+        } else {
+            cosmos.endpoint().to_owned()
+        }
+    );
+    // Containers are the application's; in development the provisioning helper creates them.
+    provision::ensure_container(&cosmos, "shop", "orders", &["/orderId"]).await?;
+    provision::ensure_lease_container(&cosmos, "shop", "orders-leases").await?;
+
+    let broker = InMemoryBroker::new();
+    let runtime = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .broker(broker.clone())
+        .start()
+        .await?;
     for command in runtime.registry().commands() {
         let r = command.registration;
         println!(
-            "registered {} -> {}/{} (lease {}), partition key {:?}",
-            r.command_name, r.database, r.container, r.lease, r.partition_key_paths
+            "registered {} <- destination `{}`, container {}/{} (lease {}), partition key {:?}",
+            r.command_name, r.destination, r.database, r.container, r.lease, r.partition_key_paths
         );
     }
-    runtime
-        .dispatch(
-            CreateOrder {
-                order_id: "order-1".into(),
-                quantity: 3,
-            },
-            "msg-order-1",
-        )
+
+    // A run id keeps message ids unique when the store outlives this process.
+    let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+    let orders = [(format!("order-{run}-1"), 3), (format!("order-{run}-2"), 1)];
+    println!(
+        "publishing {} CreateOrder commands, the first one twice",
+        orders.len()
+    );
+    for (order_id, quantity) in &orders {
+        let body = serde_json::to_string(&CreateOrder {
+            order_id: order_id.clone(),
+            quantity: *quantity,
+        })?;
+        broker
+            .publish(BrokeredMessage::json(
+                format!("{order_id}:create"),
+                "CreateOrder",
+                body,
+            ))
+            .await?;
+    }
+    let (first_id, first_quantity) = &orders[0];
+    let duplicate = serde_json::to_string(&CreateOrder {
+        order_id: first_id.clone(),
+        quantity: *first_quantity,
+    })?;
+    broker
+        .publish(BrokeredMessage::json(
+            format!("{first_id}:create"),
+            "CreateOrder",
+            duplicate,
+        ))
         .await?;
+
+    // Wait until every delivery is settled (acked).
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while broker.pending_count("CreateOrder") > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .map_err(|_| "the deliveries were not settled within 60 s")?;
+
+    let container = cosmos.container("shop", "orders").await?;
+    let mut committed = 0;
+    for (order_id, _) in &orders {
+        let key = || cosmos::partition_key(&[json!(order_id)]);
+        let message_id = format!("{order_id}:create");
+        let ids = [
+            order_id.clone(),
+            chatter_runtime::document::inbox_id(&message_id)?,
+            chatter_runtime::document::outbox_id(&format!("{message_id}:OrderCreated"))?,
+        ];
+        for id in ids {
+            match cosmos::read_item(&container, key()?, &id).await? {
+                ReadOutcome::Found { document, .. } => {
+                    committed += 1;
+                    let kind = document
+                        .get("_chatterType")
+                        .and_then(|t| t.as_str())
+                        .unwrap_or("order");
+                    println!("  stored {kind:<6} {id}");
+                }
+                ReadOutcome::NotFound => println!("  MISSING {id}"),
+            }
+        }
+    }
+    let runs = HANDLER_RUNS.load(Ordering::SeqCst);
+    println!(
+        "handler ran {runs} times for 3 deliveries; the store holds {committed} documents \
+         (2 orders, 2 inbox markers, 2 pending OrderCreated outbox documents): the duplicate committed nothing"
+    );
     runtime.shutdown().await;
+    if committed != 6 || runs != 3 {
+        return Err(format!(
+            "expected 6 documents and 3 handler runs, found {committed} and {runs}"
+        )
+        .into());
+    }
     Ok(())
 }
