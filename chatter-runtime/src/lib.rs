@@ -5,6 +5,7 @@ pub mod document;
 pub mod message;
 pub mod pipeline;
 pub mod registry;
+pub mod relay;
 mod runtime;
 
 pub use chatter_macros::{DocumentReliable, handler};

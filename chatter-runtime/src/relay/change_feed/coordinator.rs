@@ -1,0 +1,286 @@
+//! The acquire loop of one instance: keeps a lease per feed range, takes its fair share of
+//! them, replaces split ranges' leases by their children's, and runs a worker per owned lease.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use azure_data_cosmos::clients::ContainerClient;
+use azure_data_cosmos::feed::FeedRange;
+use azure_data_cosmos::options::ReadFeedRangesOptions;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::balance::{self, LeaseView, Take};
+use super::lease::{LeaseDocument, LeaseStore, LeaseWrite, now_millis};
+use super::worker::{self, LeaseSlot, StopReason, WorkerContext};
+use crate::cosmos::CosmosStoreError;
+
+/// `(min, max)` of a feed range, for exact comparisons.
+fn bounds(range: &FeedRange) -> (String, String) {
+    (
+        range.min_inclusive().to_string(),
+        range.max_exclusive().to_string(),
+    )
+}
+
+/// Reads the monitored container's feed ranges (physical partitions), bypassing the SDK's
+/// cache when `refresh` so that splits are seen.
+pub(crate) async fn read_ranges(
+    monitored: &ContainerClient,
+    refresh: bool,
+) -> Result<Vec<FeedRange>, CosmosStoreError> {
+    let options = ReadFeedRangesOptions::default().with_force_refresh(refresh);
+    monitored
+        .read_feed_ranges(Some(options))
+        .await
+        .map_err(|e| CosmosStoreError::request("read_feed_ranges", e))
+}
+
+/// Creates a free lease for every feed range no lease of the processor overlaps (a new
+/// processor, or a container that gained ranges). A range inside an existing lease's range (a
+/// split not yet handled) or spanning several leases (a merge) is covered already. Returns how
+/// many leases were created.
+pub(crate) async fn create_missing_leases(
+    store: &LeaseStore,
+    leases: &[LeaseDocument],
+    ranges: &[FeedRange],
+) -> Result<usize, CosmosStoreError> {
+    let existing: Vec<FeedRange> = leases.iter().filter_map(LeaseDocument::range).collect();
+    let mut created = 0;
+    for range in ranges {
+        if existing.iter().any(|lease| lease.overlaps(range)) {
+            continue;
+        }
+        let lease = LeaseDocument::new(&store.processor, range);
+        if store.create(&lease).await? {
+            tracing::info!(processor = %store.processor, lease = %lease.lease_token, "lease created");
+            created += 1;
+        }
+    }
+    Ok(created)
+}
+
+struct Running {
+    slot: Arc<LeaseSlot>,
+    poller: JoinHandle<()>,
+    renewer: JoinHandle<()>,
+}
+
+pub(crate) struct Coordinator {
+    pub(crate) ctx: WorkerContext,
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) tracker: TaskTracker,
+    running: HashMap<String, Running>,
+}
+
+impl Coordinator {
+    pub(crate) fn new(
+        ctx: WorkerContext,
+        shutdown: CancellationToken,
+        tracker: TaskTracker,
+    ) -> Self {
+        Self {
+            ctx,
+            shutdown,
+            tracker,
+            running: HashMap::new(),
+        }
+    }
+
+    /// Runs acquire cycles until shutdown. Workers stop (and release) through their own
+    /// child tokens.
+    pub(crate) async fn run(mut self) {
+        let wake = Arc::clone(&self.ctx.wake);
+        loop {
+            if self.shutdown.is_cancelled() {
+                break;
+            }
+            self.cycle().await;
+            tokio::select! {
+                () = tokio::time::sleep(self.ctx.options.lease_acquire_interval) => {}
+                () = wake.notified() => {}
+                () = self.shutdown.cancelled() => break,
+            }
+        }
+        tracing::debug!(processor = %self.ctx.store.processor, instance = %self.ctx.instance, "acquire loop stopped");
+    }
+
+    async fn cycle(&mut self) {
+        let processor = self.ctx.store.processor.clone();
+        self.running
+            .retain(|_, running| !running.poller.is_finished() && !running.slot.is_stopping());
+
+        let ranges = match read_ranges(&self.ctx.monitored, true).await {
+            Ok(ranges) => Some(ranges),
+            Err(error) => {
+                tracing::warn!(%processor, %error, "could not read the monitored container's feed ranges");
+                None
+            }
+        };
+        let mut leases = match self.ctx.store.list().await {
+            Ok(leases) => leases,
+            Err(error) => {
+                tracing::warn!(%processor, %error, "could not list the leases; retrying later");
+                return;
+            }
+        };
+        if let Some(ranges) = &ranges {
+            match create_missing_leases(&self.ctx.store, &leases, ranges).await {
+                Ok(0) => {}
+                Ok(_) => match self.ctx.store.list().await {
+                    Ok(listed) => leases = listed,
+                    Err(error) => {
+                        tracing::warn!(%processor, %error, "could not list the leases; retrying later");
+                        return;
+                    }
+                },
+                Err(error) => tracing::warn!(%processor, %error, "could not create leases"),
+            }
+        }
+
+        self.balance(&leases).await;
+        if let Some(ranges) = &ranges {
+            self.split_leases(ranges).await;
+        }
+    }
+
+    async fn balance(&mut self, leases: &[LeaseDocument]) {
+        let now = now_millis();
+        let expiry = self.ctx.options.lease_expiry;
+        let views: Vec<LeaseView> = leases
+            .iter()
+            .filter(|l| l.range().is_some())
+            .map(|l| LeaseView {
+                id: l.id.clone(),
+                live_owner: l.live_owner(expiry, now).map(str::to_owned),
+            })
+            .collect();
+        let running: BTreeSet<String> = self.running.keys().cloned().collect();
+        for take in balance::plan(&views, &self.ctx.instance, &running) {
+            let (id, stolen_from) = match take {
+                Take::Available(id) => (id, None),
+                Take::Steal { id, from } => (id, Some(from)),
+            };
+            if self.shutdown.is_cancelled() {
+                return;
+            }
+            if let Some(lease) = leases.iter().find(|l| l.id == id) {
+                self.acquire(lease, stolen_from, now).await;
+            }
+        }
+    }
+
+    async fn acquire(&mut self, lease: &LeaseDocument, stolen_from: Option<String>, now: i64) {
+        let processor = self.ctx.store.processor.as_str();
+        let instance = self.ctx.instance.as_str();
+        let Some(range) = lease.range() else { return };
+        let previous = lease.owner.clone().filter(|o| !o.is_empty());
+        let mut updated = lease.clone();
+        updated.owner = Some(instance.to_owned());
+        updated.timestamp = now_millis();
+        match self.ctx.store.replace(&updated).await {
+            LeaseWrite::Written(etag) => updated.etag = etag,
+            LeaseWrite::Conflict => {
+                tracing::debug!(processor, instance, lease = %lease.lease_token, "another instance took the lease first");
+                return;
+            }
+            LeaseWrite::Failed(error) => {
+                tracing::warn!(processor, instance, lease = %lease.lease_token, %error, "could not acquire the lease");
+                return;
+            }
+        }
+        match (stolen_from, previous) {
+            (Some(from), _) => tracing::info!(
+                processor, instance, lease = %lease.lease_token, from = %from,
+                "lease stolen from an over-loaded instance"
+            ),
+            (None, Some(previous)) if previous != instance => {
+                let idle_ms = now.saturating_sub(lease.timestamp);
+                tracing::info!(
+                    processor, instance, lease = %lease.lease_token, previous_owner = %previous, idle_ms,
+                    "expired lease stolen"
+                );
+            }
+            _ => tracing::info!(processor, instance, lease = %lease.lease_token, "lease acquired"),
+        }
+        let slot = Arc::new(LeaseSlot::new(updated, range, &self.shutdown));
+        let poller = self
+            .tracker
+            .spawn(worker::poll(self.ctx.clone(), Arc::clone(&slot)));
+        let renewer = self
+            .tracker
+            .spawn(worker::renew(self.ctx.clone(), Arc::clone(&slot)));
+        self.running.insert(
+            slot.id.clone(),
+            Running {
+                slot,
+                poller,
+                renewer,
+            },
+        );
+    }
+
+    /// Replaces each owned lease whose feed range split by one lease per child range, each
+    /// starting from the parent's checkpoint (the SDK resumes a parent's continuation within a
+    /// child range), then deletes the parent. Nothing is skipped: children begin where the
+    /// parent's last successful batch ended.
+    async fn split_leases(&mut self, ranges: &[FeedRange]) {
+        let current: BTreeSet<(String, String)> = ranges.iter().map(bounds).collect();
+        let split: Vec<(String, Vec<FeedRange>)> = self
+            .running
+            .iter()
+            .filter(|(_, running)| !current.contains(&bounds(&running.slot.range)))
+            .filter_map(|(id, running)| {
+                let children: Vec<FeedRange> = ranges
+                    .iter()
+                    .filter(|r| r.is_subset_of(&running.slot.range))
+                    .cloned()
+                    .collect();
+                (!children.is_empty()).then(|| (id.clone(), children))
+            })
+            .collect();
+        for (id, children) in split {
+            if let Some(running) = self.running.remove(&id) {
+                self.split(running, children).await;
+            }
+        }
+    }
+
+    async fn split(&mut self, running: Running, children: Vec<FeedRange>) {
+        let processor = self.ctx.store.processor.clone();
+        running.slot.stop(StopReason::Split);
+        // Wait for the in-flight batch (if any) to be handed over and checkpointed.
+        let _ = running.poller.await;
+        let _ = running.renewer.await;
+        let parent = running.slot.lease.lock().await.clone();
+        let mut child_tokens = Vec::new();
+        for child in &children {
+            let mut lease = LeaseDocument::new(&processor, child);
+            lease.continuation_token = parent.continuation_token.clone();
+            child_tokens.push(lease.lease_token.clone());
+            if let Err(error) = self.ctx.store.create(&lease).await {
+                tracing::warn!(
+                    %processor, parent = %parent.lease_token, child = %lease.lease_token, %error,
+                    "could not create a child lease after a split; retrying next cycle"
+                );
+                return;
+            }
+        }
+        match self.ctx.store.delete(&parent).await {
+            LeaseWrite::Written(_) => tracing::info!(
+                %processor, instance = %self.ctx.instance, parent = %parent.lease_token,
+                children = ?child_tokens, "feed range split: lease replaced by child leases"
+            ),
+            LeaseWrite::Conflict => tracing::warn!(
+                %processor, parent = %parent.lease_token,
+                "the split lease changed hands before it could be deleted; its new owner splits it"
+            ),
+            LeaseWrite::Failed(error) => tracing::warn!(
+                %processor, parent = %parent.lease_token, %error,
+                "could not delete the split lease; retrying next cycle"
+            ),
+        }
+        self.ctx.wake.notify_one();
+    }
+}

@@ -1,0 +1,286 @@
+//! Lease documents: one per (processor, feed range) in the lease container, and the
+//! ETag-guarded operations on them.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use azure_data_cosmos::clients::ContainerClient;
+use azure_data_cosmos::feed::{FeedRange, FeedScope, Query};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::cosmos::store::{create_item, delete_item, replace_item};
+use crate::cosmos::{CosmosStoreError, PartitionKey, partition_key};
+
+/// The bounds of a lease's feed range: hex effective-partition-key values, `min` inclusive,
+/// `max` exclusive (`""` and `"FF"` are the ends of the key space).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseFeedRange {
+    /// Inclusive lower bound.
+    pub min: String,
+    /// Exclusive upper bound.
+    pub max: String,
+}
+
+/// A lease document, as stored in the lease container (partition key `/id`).
+///
+/// ```json
+/// {
+///   "id": "orders-relay..10000000000000000000000000000000-20000000000000000000000000000000",
+///   "processorName": "orders-relay",
+///   "leaseToken": "10000000000000000000000000000000-20000000000000000000000000000000",
+///   "feedRange": { "min": "1000…", "max": "2000…" },
+///   "feedRangeToken": "eyJSYW5nZSI6…",
+///   "owner": "relay-host-1",
+///   "continuationToken": "c1.eyJvcCI6…",
+///   "timestamp": 1767225600000
+/// }
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseDocument {
+    /// `{processor name}..{lease token}` (characters Cosmos forbids in ids are %-escaped).
+    pub id: String,
+    /// The processor this lease belongs to (a lease container may serve several).
+    pub processor_name: String,
+    /// The feed range as `{min}-{max}`; handed to the batch handler.
+    pub lease_token: String,
+    /// The feed range's bounds.
+    pub feed_range: LeaseFeedRange,
+    /// The SDK's serialized form of the feed range (`FeedRange`'s `Display`/`FromStr`).
+    pub feed_range_token: String,
+    /// The instance owning the lease; `None` when free (released or never taken).
+    #[serde(default)]
+    pub owner: Option<String>,
+    /// The SDK change-feed continuation to resume from; `None` before the first checkpoint.
+    #[serde(default)]
+    pub continuation_token: Option<String>,
+    /// When the owner last wrote the lease (acquire, renew, checkpoint, release), in
+    /// milliseconds since the Unix epoch (UTC). The basis of expiry.
+    #[serde(default)]
+    pub timestamp: i64,
+    /// The stored document's ETag (read only; never written back).
+    #[serde(rename = "_etag", default, skip_serializing)]
+    pub etag: Option<String>,
+}
+
+impl LeaseDocument {
+    /// A free lease (no owner, no checkpoint) of `processor` for `range`.
+    pub(crate) fn new(processor: &str, range: &FeedRange) -> Self {
+        let feed_range = LeaseFeedRange {
+            min: range.min_inclusive().to_string(),
+            max: range.max_exclusive().to_string(),
+        };
+        let lease_token = lease_token(&feed_range);
+        Self {
+            id: lease_id(processor, &lease_token),
+            processor_name: processor.to_owned(),
+            lease_token,
+            feed_range,
+            feed_range_token: range.to_string(),
+            owner: None,
+            continuation_token: None,
+            timestamp: now_millis(),
+            etag: None,
+        }
+    }
+
+    /// The feed range, parsed back from its SDK form.
+    pub(crate) fn range(&self) -> Option<FeedRange> {
+        self.feed_range_token.parse().ok()
+    }
+
+    /// Whether the lease is free or its owner stopped renewing it more than `expiry` ago.
+    pub(crate) fn is_expired(&self, expiry: Duration, now_ms: i64) -> bool {
+        let expiry_ms = i64::try_from(expiry.as_millis()).unwrap_or(i64::MAX);
+        self.owner.as_deref().is_none_or(str::is_empty)
+            || self.timestamp.saturating_add(expiry_ms) < now_ms
+    }
+
+    /// The owner, when the lease is owned and not expired.
+    pub(crate) fn live_owner(&self, expiry: Duration, now_ms: i64) -> Option<&str> {
+        if self.is_expired(expiry, now_ms) {
+            None
+        } else {
+            self.owner.as_deref()
+        }
+    }
+}
+
+/// `{min}-{max}` of a feed range.
+pub(crate) fn lease_token(range: &LeaseFeedRange) -> String {
+    format!("{}-{}", range.min, range.max)
+}
+
+/// The lease document id of `processor`'s lease for the feed range `lease_token`.
+///
+/// Cosmos ids may not contain `/`, `\`, `?` or `#`; those (and `%`) are %-escaped so distinct
+/// processor names never map to the same id.
+pub fn lease_id(processor: &str, lease_token: &str) -> String {
+    let mut id = String::with_capacity(processor.len() + lease_token.len() + 2);
+    for c in processor.chars() {
+        match c {
+            '/' | '\\' | '?' | '#' | '%' => id.push_str(&format!("%{:02X}", u32::from(c))),
+            _ => id.push(c),
+        }
+    }
+    id.push_str("..");
+    id.push_str(lease_token);
+    id
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub(crate) fn now_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn pk(id: &str) -> Result<PartitionKey, CosmosStoreError> {
+    partition_key(&[Value::String(id.to_owned())])
+}
+
+/// Every lease document of `processor_name` in the lease container `leases` (e.g. to see who
+/// owns what, or how far each feed range has been checkpointed).
+pub async fn read_leases(
+    leases: &std::sync::Arc<ContainerClient>,
+    processor_name: &str,
+) -> Result<Vec<LeaseDocument>, CosmosStoreError> {
+    LeaseStore {
+        container: std::sync::Arc::clone(leases),
+        processor: processor_name.to_owned(),
+    }
+    .list()
+    .await
+}
+
+/// The outcome of an ETag-guarded lease write.
+#[derive(Debug)]
+pub(crate) enum LeaseWrite {
+    /// Written; the new ETag.
+    Written(Option<String>),
+    /// 412 or 404: someone else wrote (or deleted) the lease since we read it.
+    Conflict,
+    /// Any other failure (the lease may or may not still be ours).
+    Failed(CosmosStoreError),
+}
+
+/// The lease store of one processor: its documents in the lease container.
+#[derive(Clone)]
+pub(crate) struct LeaseStore {
+    pub(crate) container: std::sync::Arc<ContainerClient>,
+    pub(crate) processor: String,
+}
+
+impl LeaseStore {
+    /// Every lease document of this processor.
+    pub(crate) async fn list(&self) -> Result<Vec<LeaseDocument>, CosmosStoreError> {
+        const OPERATION: &str = "query_leases";
+        let query = Query::from("SELECT * FROM c WHERE c.processorName = @processor")
+            .with_parameter("@processor", &self.processor)
+            .map_err(|e| CosmosStoreError::codec(OPERATION, e))?;
+        let mut items = self
+            .container
+            .query_items::<Value>(query, FeedScope::full_container(), None)
+            .await
+            .map_err(|e| CosmosStoreError::request(OPERATION, e))?;
+        let mut leases = Vec::new();
+        while let Some(item) = items.next().await {
+            let item = item.map_err(|e| CosmosStoreError::request(OPERATION, e))?;
+            match serde_json::from_value::<LeaseDocument>(item.clone()) {
+                Ok(lease) if lease.processor_name == self.processor => leases.push(lease),
+                Ok(_) => {}
+                Err(error) => tracing::warn!(
+                    processor = %self.processor,
+                    id = item.get("id").and_then(serde_json::Value::as_str).unwrap_or("?"),
+                    %error,
+                    "ignoring a malformed lease document"
+                ),
+            }
+        }
+        Ok(leases)
+    }
+
+    /// Creates `lease` unless a document with its id exists. `Ok(true)` when created.
+    pub(crate) async fn create(&self, lease: &LeaseDocument) -> Result<bool, CosmosStoreError> {
+        let doc =
+            serde_json::to_value(lease).map_err(|e| CosmosStoreError::codec("create_lease", e))?;
+        match create_item(&self.container, pk(&lease.id)?, &doc).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_status(409) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Replaces the lease while its ETag is still `lease.etag`.
+    pub(crate) async fn replace(&self, lease: &LeaseDocument) -> LeaseWrite {
+        let doc = match serde_json::to_value(lease) {
+            Ok(doc) => doc,
+            Err(e) => return LeaseWrite::Failed(CosmosStoreError::codec("replace_lease", e)),
+        };
+        let key = match pk(&lease.id) {
+            Ok(key) => key,
+            Err(e) => return LeaseWrite::Failed(e),
+        };
+        match replace_item(&self.container, key, &lease.id, &doc, lease.etag.as_deref()).await {
+            Ok(outcome) => LeaseWrite::Written(outcome.etag),
+            Err(e) if e.is_status(412) || e.is_status(404) => LeaseWrite::Conflict,
+            Err(e) => LeaseWrite::Failed(e),
+        }
+    }
+
+    /// Deletes the lease while its ETag is still `lease.etag`.
+    pub(crate) async fn delete(&self, lease: &LeaseDocument) -> LeaseWrite {
+        let key = match pk(&lease.id) {
+            Ok(key) => key,
+            Err(e) => return LeaseWrite::Failed(e),
+        };
+        match delete_item(&self.container, key, &lease.id, lease.etag.as_deref()).await {
+            Ok(()) => LeaseWrite::Written(None),
+            Err(e) if e.is_status(412) || e.is_status(404) => LeaseWrite::Conflict,
+            Err(e) => LeaseWrite::Failed(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_ids_escape_characters_cosmos_forbids() {
+        assert_eq!(
+            lease_id("a/b?c#d\\e%f", "-FF"),
+            "a%2Fb%3Fc%23d%5Ce%25f..-FF"
+        );
+        assert_ne!(lease_id("a/b", "x"), lease_id("a%2Fb", "x"));
+    }
+
+    #[test]
+    fn a_lease_is_expired_when_free_or_not_renewed_within_the_expiry() {
+        let mut lease = LeaseDocument::new("p", &FeedRange::full());
+        let expiry = Duration::from_secs(30);
+        assert!(lease.is_expired(expiry, lease.timestamp), "a free lease");
+        lease.owner = Some("a".into());
+        assert!(!lease.is_expired(expiry, lease.timestamp + 30_000));
+        assert!(lease.is_expired(expiry, lease.timestamp + 30_001));
+        lease.owner = Some(String::new());
+        assert!(lease.is_expired(expiry, lease.timestamp));
+    }
+
+    #[test]
+    fn the_lease_document_round_trips_its_feed_range() {
+        let lease = LeaseDocument::new("p", &FeedRange::full());
+        assert_eq!(lease.lease_token, "-FF");
+        assert_eq!(lease.id, "p..-FF");
+        let json = serde_json::to_value(&lease).unwrap();
+        assert!(json.get("_etag").is_none());
+        assert_eq!(json["processorName"], "p");
+        let back: LeaseDocument = serde_json::from_value(json).unwrap();
+        assert_eq!(
+            back.range().map(|r| r.to_string()),
+            Some(FeedRange::full().to_string())
+        );
+    }
+}

@@ -1,0 +1,284 @@
+//! A change-feed processor: reads a monitored container's change feed, one lease per feed
+//! range, shared by any number of instances, and hands each page of documents to an async
+//! batch handler with at-least-once delivery.
+//!
+//! There is no Rust change-feed processor in the Azure SDK; this one follows the .NET
+//! processor's model:
+//!
+//! - **Leases.** One [`LeaseDocument`] per (processor name, feed range) in the lease container
+//!   (partition key `/id`; several processors may share it). Every lease write is guarded by
+//!   the ETag read before it (`if-match`): a 412 means another instance got there first.
+//! - **Ownership.** Each instance (a unique `instance_name` per live process) renews the
+//!   leases it owns every [`lease_renew_interval`](ChangeFeedProcessorOptions::lease_renew_interval).
+//!   A lease not renewed for [`lease_expiry`](ChangeFeedProcessorOptions::lease_expiry) is
+//!   expired: its owner is presumed dead and any instance may take it. Graceful
+//!   [`shutdown`](RunningProcessor::shutdown) clears the owner (keeping the checkpoint) so
+//!   others take over at their next acquire cycle instead of after the expiry.
+//! - **Balancing.** Every [`lease_acquire_interval`](ChangeFeedProcessorOptions::lease_acquire_interval)
+//!   an instance takes free and expired leases up to its fair share, `ceil(leases / live
+//!   owners)`, and below it steals from an owner holding at least two more leases than itself.
+//! - **Polling and checkpoints.** Per owned lease, one page at a time is read from the lease's
+//!   continuation and handed to the handler as a [`ChangeFeedBatch`]. The new continuation is
+//!   written to the lease only after the handler returned `Ok`; an error (or a panic) is
+//!   logged and the same documents are read again after the poll interval. A full page is
+//!   followed by the next read at once. Delivery is therefore at least once: a batch can be
+//!   handed over again after a handler error, a failed checkpoint, or a lease changing hands
+//!   mid-batch; the handler (chatter's relay gate) must tolerate repeats.
+//! - **Splits.** When a lease's feed range is no longer one of the container's feed ranges
+//!   but contains several of them, its owner stops polling it, creates one lease per child
+//!   range carrying the parent's checkpoint, and deletes the parent lease. (Until then the SDK
+//!   keeps serving the parent range across the split, so nothing stops.) A range spanning
+//!   several leases (a merge) keeps those leases.
+//!
+//! The change feed is read in "latest version" mode: a document changed several times
+//! between two reads is handed over once, in its latest state.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use chatter_runtime::cosmos::CosmosConnection;
+//! use chatter_runtime::relay::change_feed::{ChangeFeedBatch, ChangeFeedProcessor};
+//! use futures::FutureExt;
+//!
+//! let connection = CosmosConnection::resolve().await?;
+//! let orders = connection.container("shop", "orders").await?;
+//! let leases = connection.container("shop", "orders-leases").await?;
+//! let processor = ChangeFeedProcessor::builder("orders-relay", "host-1", orders, leases)
+//!     .start(|batch: ChangeFeedBatch| {
+//!         async move {
+//!             println!("{} documents from {}", batch.documents.len(), batch.lease_token);
+//!             Ok(())
+//!         }
+//!         .boxed()
+//!     })
+//!     .await?;
+//! // ...
+//! processor.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+
+mod balance;
+mod coordinator;
+mod error;
+mod lease;
+mod options;
+mod worker;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use azure_data_cosmos::clients::ContainerClient;
+use futures::future::BoxFuture;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use error::ChangeFeedError;
+pub use lease::{LeaseDocument, LeaseFeedRange, lease_id, read_leases};
+pub use options::{ChangeFeedProcessorOptions, StartFrom};
+
+use crate::registry::BoxError;
+use coordinator::{Coordinator, create_missing_leases, read_ranges};
+use lease::LeaseStore;
+use worker::WorkerContext;
+
+/// One page of changed documents from one feed range, handed to the batch handler.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct ChangeFeedBatch {
+    /// The changed documents, in change-feed order, as stored (system properties included).
+    /// Never empty.
+    pub documents: Vec<Value>,
+    /// The lease token: the feed range the documents come from, as `{min}-{max}`
+    /// (hex effective-partition-key bounds).
+    pub lease_token: String,
+}
+
+/// The future a batch handler returns.
+pub type BatchFuture = BoxFuture<'static, Result<(), BoxError>>;
+
+pub(crate) type BatchHandler = Arc<dyn Fn(ChangeFeedBatch) -> BatchFuture + Send + Sync>;
+
+/// The change-feed processor. Start one with [`ChangeFeedProcessor::builder`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct ChangeFeedProcessor;
+
+impl ChangeFeedProcessor {
+    /// Prepares a processor named `processor_name` (shared by every instance that splits the
+    /// work; the lease ids derive from it) running as `instance_name` (unique per live
+    /// instance), reading `monitored`'s change feed and keeping its leases in `leases`
+    /// (partition key `/id`, e.g. made by
+    /// [`ensure_lease_container`](crate::cosmos::provision::ensure_lease_container)).
+    pub fn builder(
+        processor_name: impl Into<String>,
+        instance_name: impl Into<String>,
+        monitored: Arc<ContainerClient>,
+        leases: Arc<ContainerClient>,
+    ) -> ChangeFeedProcessorBuilder {
+        ChangeFeedProcessorBuilder {
+            processor_name: processor_name.into(),
+            instance_name: instance_name.into(),
+            monitored,
+            leases,
+            options: ChangeFeedProcessorOptions::default(),
+        }
+    }
+}
+
+/// Configures and starts a [`ChangeFeedProcessor`].
+pub struct ChangeFeedProcessorBuilder {
+    processor_name: String,
+    instance_name: String,
+    monitored: Arc<ContainerClient>,
+    leases: Arc<ContainerClient>,
+    options: ChangeFeedProcessorOptions,
+}
+
+impl std::fmt::Debug for ChangeFeedProcessorBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChangeFeedProcessorBuilder")
+            .field("processor_name", &self.processor_name)
+            .field("instance_name", &self.instance_name)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChangeFeedProcessorBuilder {
+    /// Replaces the options (defaults: [`ChangeFeedProcessorOptions::default`]).
+    pub fn options(mut self, options: ChangeFeedProcessorOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Starts the processor: checks the names and options, reads the monitored container's
+    /// feed ranges, creates the missing leases, then runs in the background (the current
+    /// tokio runtime) until [`RunningProcessor::shutdown`].
+    ///
+    /// `handler` receives every non-empty page; `Ok` checkpoints it, `Err` has the same
+    /// documents handed over again after the poll interval.
+    pub async fn start<H>(self, handler: H) -> Result<RunningProcessor, ChangeFeedError>
+    where
+        H: Fn(ChangeFeedBatch) -> BatchFuture + Send + Sync + 'static,
+    {
+        let processor = self.processor_name.trim().to_owned();
+        let instance = self.instance_name.trim().to_owned();
+        if processor.is_empty() {
+            return Err(ChangeFeedError::EmptyName {
+                what: "processor name",
+            });
+        }
+        if instance.is_empty() {
+            return Err(ChangeFeedError::EmptyName {
+                what: "instance name",
+            });
+        }
+        self.options.validate()?;
+        let store_error = |action| {
+            let processor = processor.clone();
+            move |source| ChangeFeedError::Store {
+                processor,
+                action,
+                source: Box::new(source),
+            }
+        };
+
+        let store = LeaseStore {
+            container: self.leases,
+            processor: processor.clone(),
+        };
+        let ranges = read_ranges(&self.monitored, false)
+            .await
+            .map_err(store_error(
+                "read the feed ranges of the monitored container",
+            ))?;
+        let existing = store
+            .list()
+            .await
+            .map_err(store_error("list its leases in the lease container"))?;
+        create_missing_leases(&store, &existing, &ranges)
+            .await
+            .map_err(store_error("create its leases in the lease container"))?;
+
+        let owned = Arc::new(Mutex::new(BTreeSet::new()));
+        let ctx = WorkerContext {
+            monitored: self.monitored,
+            store,
+            instance: instance.clone(),
+            options: self.options,
+            handler: Arc::new(handler),
+            owned: Arc::clone(&owned),
+            wake: Arc::new(tokio::sync::Notify::new()),
+        };
+        let shutdown = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        tracker.spawn(Coordinator::new(ctx, shutdown.clone(), tracker.clone()).run());
+        tracing::info!(
+            processor = %processor,
+            instance = %instance,
+            feed_ranges = ranges.len(),
+            "change-feed processor started"
+        );
+        Ok(RunningProcessor {
+            processor,
+            instance,
+            shutdown,
+            tracker,
+            owned,
+        })
+    }
+}
+
+/// A started change-feed processor instance. Dropping it stops the processor without
+/// waiting; prefer [`shutdown`](Self::shutdown).
+#[derive(Debug)]
+pub struct RunningProcessor {
+    processor: String,
+    instance: String,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+    owned: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl RunningProcessor {
+    /// The processor name.
+    pub fn processor_name(&self) -> &str {
+        &self.processor
+    }
+
+    /// This instance's name (the `owner` of its leases).
+    pub fn instance_name(&self) -> &str {
+        &self.instance
+    }
+
+    /// The lease tokens (feed ranges, `{min}-{max}`) this instance is polling now.
+    pub fn owned_leases(&self) -> Vec<String> {
+        self.owned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Stops acquiring and polling, lets in-flight batches finish (and checkpoint), releases
+    /// every owned lease (owner cleared, checkpoint kept), and returns when all of that is
+    /// done.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+        tracing::info!(
+            processor = %self.processor,
+            instance = %self.instance,
+            "change-feed processor stopped"
+        );
+    }
+}
+
+impl Drop for RunningProcessor {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}

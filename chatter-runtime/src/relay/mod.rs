@@ -1,0 +1,2 @@
+//! The relay side of chatter: reading the monitored containers' change feeds.
+pub mod change_feed;

@@ -1,0 +1,495 @@
+//! The change-feed processor (`chatter_runtime::relay::change_feed`) against the SDK's
+//! in-memory emulator: delivery, checkpoints, lease balancing, hand-over, expiry, splits.
+//!
+//! No timed assertions: every wait is a bounded poll with a generous timeout.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chatter_runtime::cosmos::provision::{ensure_container, ensure_lease_container};
+use chatter_runtime::cosmos::store::upsert_item;
+use chatter_runtime::cosmos::{ContainerClient, CosmosConnection, partition_key};
+use chatter_runtime::relay::change_feed::{
+    BatchFuture, ChangeFeedBatch, ChangeFeedProcessor, ChangeFeedProcessorOptions, LeaseDocument,
+    RunningProcessor, read_leases,
+};
+use serde_json::json;
+
+const DB: &str = "cfp";
+const MONITORED: &str = "orders";
+const LEASES: &str = "orders-leases";
+/// Generous bound for anything the processor should do "soon".
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Short timings so hand-overs happen within seconds.
+fn fast_options() -> ChangeFeedProcessorOptions {
+    ChangeFeedProcessorOptions::default()
+        .with_poll_interval(Duration::from_millis(50))
+        .with_lease_renew_interval(Duration::from_millis(300))
+        .with_lease_expiry(Duration::from_secs(3))
+        .with_lease_acquire_interval(Duration::from_millis(200))
+}
+
+struct Store {
+    monitored: Arc<ContainerClient>,
+    leases: Arc<ContainerClient>,
+}
+
+async fn store_on(connection: &CosmosConnection) -> Store {
+    ensure_container(connection, DB, MONITORED, &["/orderId"])
+        .await
+        .unwrap();
+    ensure_lease_container(connection, DB, LEASES)
+        .await
+        .unwrap();
+    Store {
+        monitored: connection.container(DB, MONITORED).await.unwrap(),
+        leases: connection.container(DB, LEASES).await.unwrap(),
+    }
+}
+
+async fn embedded_store() -> Store {
+    let connection = CosmosConnection::embedded().await.unwrap();
+    store_on(&connection).await
+}
+
+async fn write_orders(store: &Store, range: std::ops::Range<usize>, version: u32) {
+    for i in range {
+        let order = format!("order-{i}");
+        upsert_item(
+            &store.monitored,
+            partition_key(&[json!(order)]).unwrap(),
+            &json!({ "id": order, "orderId": order, "version": version }),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+fn order_ids(range: std::ops::Range<usize>) -> BTreeSet<String> {
+    range.map(|i| format!("order-{i}")).collect()
+}
+
+/// Every delivered document id (with how often), across every processor sharing it.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<BTreeMap<String, usize>>>);
+
+impl Seen {
+    fn record(&self, batch: &ChangeFeedBatch) {
+        let mut seen = self.0.lock().unwrap();
+        for doc in &batch.documents {
+            if let Some(id) = doc.get("id").and_then(|v| v.as_str()) {
+                *seen.entry(id.to_owned()).or_default() += 1;
+            }
+        }
+    }
+
+    fn ids(&self) -> BTreeSet<String> {
+        self.0.lock().unwrap().keys().cloned().collect()
+    }
+
+    fn handler(&self) -> impl Fn(ChangeFeedBatch) -> BatchFuture + Send + Sync + 'static {
+        let seen = self.clone();
+        move |batch| {
+            seen.record(&batch);
+            Box::pin(async { Ok(()) })
+        }
+    }
+}
+
+async fn start(
+    store: &Store,
+    processor: &str,
+    instance: &str,
+    handler: impl Fn(ChangeFeedBatch) -> BatchFuture + Send + Sync + 'static,
+) -> RunningProcessor {
+    ChangeFeedProcessor::builder(
+        processor,
+        instance,
+        Arc::clone(&store.monitored),
+        Arc::clone(&store.leases),
+    )
+    .options(fast_options())
+    .start(handler)
+    .await
+    .unwrap()
+}
+
+/// Polls `condition` until it holds, panicking with `what` after [`WAIT`].
+async fn eventually<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !condition().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One handed-over batch: its lease token and document ids.
+type Attempt = (String, Vec<String>);
+
+async fn leases_of(store: &Store, processor: &str) -> Vec<LeaseDocument> {
+    read_leases(&store.leases, processor).await.unwrap()
+}
+
+async fn feed_range_count(store: &Store) -> usize {
+    store.monitored.read_feed_ranges(None).await.unwrap().len()
+}
+
+#[tokio::test]
+async fn every_written_document_is_handed_to_the_handler_at_least_once() {
+    let store = embedded_store().await;
+    write_orders(&store, 0..40, 1).await;
+    let seen = Seen::default();
+    let processor = start(&store, "relay", "host-1", seen.handler()).await;
+
+    // Documents written before and after the start.
+    write_orders(&store, 40..80, 1).await;
+    eventually("every document was handed over", || async {
+        seen.ids().is_superset(&order_ids(0..80))
+    })
+    .await;
+
+    // A change to a delivered document is handed over again (latest version).
+    write_orders(&store, 0..1, 2).await;
+    eventually("the changed document was handed over again", || async {
+        seen.0.lock().unwrap().get("order-0").copied().unwrap_or(0) >= 2
+    })
+    .await;
+    processor.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_handler_error_hands_the_same_documents_again_without_advancing_the_continuation() {
+    let store = embedded_store().await;
+    write_orders(&store, 0..1, 1).await;
+
+    let failing = Arc::new(AtomicBool::new(true));
+    let failures = Arc::new(AtomicUsize::new(0));
+    let batches: Arc<Mutex<Vec<Attempt>>> = Arc::default();
+    let handler = {
+        let (failing, failures, batches) = (
+            Arc::clone(&failing),
+            Arc::clone(&failures),
+            Arc::clone(&batches),
+        );
+        move |batch: ChangeFeedBatch| -> BatchFuture {
+            let ids = batch
+                .documents
+                .iter()
+                .filter_map(|d| d["id"].as_str().map(str::to_owned))
+                .collect();
+            batches
+                .lock()
+                .unwrap()
+                .push((batch.lease_token.clone(), ids));
+            if failing.load(Ordering::SeqCst) {
+                failures.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async { Err("broker unavailable".into()) })
+            } else {
+                Box::pin(async { Ok(()) })
+            }
+        }
+    };
+    let processor = start(&store, "relay", "host-1", handler).await;
+
+    eventually("the handler failed three times", || async {
+        failures.load(Ordering::SeqCst) >= 3
+    })
+    .await;
+    let (lease_token, _) = batches.lock().unwrap()[0].clone();
+    {
+        let batches = batches.lock().unwrap();
+        assert!(
+            batches
+                .iter()
+                .all(|(token, ids)| *token == lease_token && *ids == vec!["order-0".to_owned()]),
+            "every attempt carries the same documents from the same lease: {batches:?}"
+        );
+    }
+    let lease = leases_of(&store, "relay")
+        .await
+        .into_iter()
+        .find(|l| l.lease_token == lease_token)
+        .expect("the lease exists");
+    assert_eq!(
+        lease.continuation_token, None,
+        "a failed batch is not checkpointed"
+    );
+    assert_eq!(lease.owner.as_deref(), Some("host-1"));
+
+    failing.store(false, Ordering::SeqCst);
+    eventually("the batch was checkpointed after it succeeded", || async {
+        leases_of(&store, "relay")
+            .await
+            .iter()
+            .any(|l| l.lease_token == lease_token && l.continuation_token.is_some())
+    })
+    .await;
+    let delivered = batches.lock().unwrap().len();
+    let after_success = delivered;
+    // Quiet now: the checkpointed batch is not handed over again.
+    write_orders(&store, 1..40, 1).await;
+    eventually("later documents were handed over", || async {
+        let ids: BTreeSet<String> = batches
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|(_, ids)| ids.clone())
+            .collect();
+        ids.is_superset(&order_ids(0..40))
+    })
+    .await;
+    let redelivered_order_0 = batches.lock().unwrap()[after_success..]
+        .iter()
+        .any(|(_, ids)| ids.contains(&"order-0".to_owned()));
+    assert!(
+        !redelivered_order_0,
+        "a checkpointed document is not handed over again"
+    );
+    processor.shutdown().await;
+}
+
+#[tokio::test]
+async fn two_processors_with_the_same_name_split_the_leases_and_together_see_every_document() {
+    let store = embedded_store().await;
+    let ranges = feed_range_count(&store).await;
+    assert!(
+        ranges >= 2,
+        "the emulator gives a container several feed ranges ({ranges})"
+    );
+    let seen = Seen::default();
+    let a = start(&store, "relay", "host-a", seen.handler()).await;
+    let b = start(&store, "relay", "host-b", seen.handler()).await;
+
+    eventually(
+        "both instances own leases and every lease is owned",
+        || async {
+            let (owned_a, owned_b) = (a.owned_leases(), b.owned_leases());
+            !owned_a.is_empty() && !owned_b.is_empty() && owned_a.len() + owned_b.len() == ranges
+        },
+    )
+    .await;
+    let (owned_a, owned_b) = (a.owned_leases(), b.owned_leases());
+    assert!(
+        owned_a.iter().all(|l| !owned_b.contains(l)),
+        "no lease is polled twice: {owned_a:?} / {owned_b:?}"
+    );
+    assert!(
+        owned_a.len().abs_diff(owned_b.len()) <= 1,
+        "{owned_a:?} / {owned_b:?}"
+    );
+
+    write_orders(&store, 0..60, 1).await;
+    eventually("together they saw every document", || async {
+        seen.ids().is_superset(&order_ids(0..60))
+    })
+    .await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutting_one_processor_down_releases_its_leases_and_the_other_takes_them_over() {
+    let store = embedded_store().await;
+    let ranges = feed_range_count(&store).await;
+    let seen = Seen::default();
+    let a = start(&store, "relay", "host-a", seen.handler()).await;
+    let b = start(&store, "relay", "host-b", seen.handler()).await;
+    eventually("both instances own leases", || async {
+        !a.owned_leases().is_empty()
+            && !b.owned_leases().is_empty()
+            && a.owned_leases().len() + b.owned_leases().len() == ranges
+    })
+    .await;
+
+    let released = a.owned_leases();
+    a.shutdown().await;
+    let leases = leases_of(&store, "relay").await;
+    for token in &released {
+        let lease = leases.iter().find(|l| &l.lease_token == token).unwrap();
+        assert_ne!(
+            lease.owner.as_deref(),
+            Some("host-a"),
+            "a shut-down instance owns nothing: {lease:?}"
+        );
+    }
+
+    eventually("the remaining instance owns every lease", || async {
+        b.owned_leases().len() == ranges
+    })
+    .await;
+    write_orders(&store, 0..40, 1).await;
+    eventually("the remaining instance saw every document", || async {
+        seen.ids().is_superset(&order_ids(0..40))
+    })
+    .await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_expired_lease_of_a_dead_instance_is_stolen() {
+    let store = embedded_store().await;
+    write_orders(&store, 0..30, 1).await;
+    // A dead instance, "ghost", owns every lease and last renewed them long ago.
+    let ranges = store.monitored.read_feed_ranges(None).await.unwrap();
+    for range in &ranges {
+        let (min, max) = (
+            range.min_inclusive().to_string(),
+            range.max_exclusive().to_string(),
+        );
+        let token = format!("{min}-{max}");
+        let id = chatter_runtime::relay::change_feed::lease_id("relay", &token);
+        upsert_item(
+            &store.leases,
+            partition_key(&[json!(id)]).unwrap(),
+            &json!({
+                "id": id,
+                "processorName": "relay",
+                "leaseToken": token,
+                "feedRange": { "min": min, "max": max },
+                "feedRangeToken": range.to_string(),
+                "owner": "ghost",
+                "continuationToken": null,
+                "timestamp": 1_000
+            }),
+        )
+        .await
+        .unwrap();
+    }
+
+    let seen = Seen::default();
+    let processor = start(&store, "relay", "host-1", seen.handler()).await;
+    eventually("the live instance owns every lease", || async {
+        processor.owned_leases().len() == ranges.len()
+    })
+    .await;
+    let leases = leases_of(&store, "relay").await;
+    assert_eq!(
+        leases.len(),
+        ranges.len(),
+        "no duplicate leases: {leases:?}"
+    );
+    assert!(
+        leases.iter().all(|l| l.owner.as_deref() == Some("host-1")),
+        "{leases:?}"
+    );
+    eventually("the ghost's documents were handed over", || async {
+        seen.ids().is_superset(&order_ids(0..30))
+    })
+    .await;
+    processor.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_live_owner_keeps_its_lease_while_renewing_it() {
+    let store = embedded_store().await;
+    let ranges = feed_range_count(&store).await;
+    let first = start(&store, "relay", "host-1", Seen::default().handler()).await;
+    eventually("the first instance owns every lease", || async {
+        first.owned_leases().len() == ranges
+    })
+    .await;
+    // A second processor under another name shares the lease container without touching
+    // the first one's leases.
+    let other = start(&store, "audit", "host-2", Seen::default().handler()).await;
+    eventually("the other processor owns its own leases", || async {
+        other.owned_leases().len() == ranges
+    })
+    .await;
+    assert_eq!(first.owned_leases().len(), ranges);
+    assert_eq!(leases_of(&store, "relay").await.len(), ranges);
+    assert_eq!(leases_of(&store, "audit").await.len(), ranges);
+    first.shutdown().await;
+    other.shutdown().await;
+}
+
+#[tokio::test]
+async fn graceful_shutdown_leaves_every_lease_unowned_with_its_checkpoint() {
+    let store = embedded_store().await;
+    write_orders(&store, 0..30, 1).await;
+    let seen = Seen::default();
+    let processor = start(&store, "relay", "host-1", seen.handler()).await;
+    eventually("every document was handed over", || async {
+        seen.ids().is_superset(&order_ids(0..30))
+    })
+    .await;
+    processor.shutdown().await;
+
+    let leases = leases_of(&store, "relay").await;
+    assert_eq!(leases.len(), feed_range_count(&store).await);
+    assert!(leases.iter().all(|l| l.owner.is_none()), "{leases:?}");
+    assert!(
+        leases.iter().all(|l| l.continuation_token.is_some()),
+        "checkpoints are kept: {leases:?}"
+    );
+
+    // A restart resumes from the checkpoints: nothing already delivered comes again.
+    let again = Seen::default();
+    let restarted = start(&store, "relay", "host-2", again.handler()).await;
+    write_orders(&store, 30..31, 1).await;
+    eventually("the new document was handed over", || async {
+        again.ids().contains("order-30")
+    })
+    .await;
+    assert_eq!(again.ids(), order_ids(30..31));
+    restarted.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_feed_range_split_replaces_the_parent_lease_by_child_leases_without_losing_documents() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let emulator = chatter_emulator::EmulatorServer::from_listener(listener)
+        .unwrap()
+        .spawn();
+    let connection = CosmosConnection::connect(emulator.endpoint(), None)
+        .await
+        .unwrap();
+    let store = store_on(&connection).await;
+    let ranges_before = feed_range_count(&store).await;
+    write_orders(&store, 0..40, 1).await;
+
+    let seen = Seen::default();
+    let processor = start(&store, "relay", "host-1", seen.handler()).await;
+    eventually("every document was handed over", || async {
+        seen.ids().is_superset(&order_ids(0..40))
+    })
+    .await;
+
+    // Split the first physical partition, then change every document again.
+    emulator
+        .store()
+        .split_partition(DB, MONITORED, 0, Duration::from_millis(10));
+    // Changes made while the split completes and before the processor noticed it.
+    write_orders(&store, 0..40, 2).await;
+    eventually(
+        "the parent lease was replaced by two child leases",
+        || async {
+            leases_of(&store, "relay").await.len() == ranges_before + 1
+                && processor.owned_leases().len() == ranges_before + 1
+        },
+    )
+    .await;
+    write_orders(&store, 40..60, 1).await;
+    eventually("every change after the split was handed over", || async {
+        let seen = seen.0.lock().unwrap();
+        (0..40).all(|i| seen.get(&format!("order-{i}")).copied().unwrap_or(0) >= 2)
+            && (40..60).all(|i| seen.contains_key(&format!("order-{i}")))
+    })
+    .await;
+    let leases = leases_of(&store, "relay").await;
+    assert!(
+        leases.iter().all(|l| l.continuation_token.is_some()),
+        "child leases start from the parent's checkpoint: {leases:?}"
+    );
+    processor.shutdown().await;
+}
