@@ -1,0 +1,192 @@
+//! The relay's drain against the in-memory emulator (catalog 3.1-3.2): only genuine pending Outbox
+//! Documents are published, verbatim; each is stamped delivered + ttl in one patch after the broker
+//! confirmed; a failed publish stamps nothing.
+
+use std::sync::Arc;
+
+use chatter_runtime::broker::{Broker, BrokerError, InMemoryBroker, Subscription};
+use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection, provision};
+use chatter_runtime::document::OutboxDocument;
+use chatter_runtime::message::BrokeredMessage;
+use chatter_runtime::relay::drain::{DeliverySettings, Drain, DrainError, DrainReport};
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+
+const PATHS: &[&str] = &["/tenantId"];
+
+async fn container() -> Arc<ContainerClient> {
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    provision::ensure_container(&cosmos, "shop", "orders", PATHS).await.unwrap();
+    cosmos.container("shop", "orders").await.unwrap()
+}
+
+fn message(id: &str) -> BrokeredMessage {
+    BrokeredMessage {
+        message_id: id.into(),
+        destination: "orders".into(),
+        body: r#"{"OrderId":7,"Sku":"abc"}"#.into(),
+        content_type: "application/json".into(),
+        context: serde_json::Map::from_iter([("Chatter.Infrastructure.Type".to_owned(), json!("test-infra"))]),
+    }
+}
+
+/// Writes `doc` and returns it as the change feed would hand it over.
+async fn stored(c: &ContainerClient, doc: Value) -> Value {
+    let key = cosmos::partition_key(&[doc["tenantId"].clone()]).unwrap();
+    cosmos::store::create_item(c, key.clone(), &doc).await.unwrap();
+    read(c, doc["id"].as_str().unwrap(), &doc["tenantId"]).await
+}
+
+async fn read(c: &ContainerClient, id: &str, tenant: &Value) -> Value {
+    let key = cosmos::partition_key(std::slice::from_ref(tenant)).unwrap();
+    cosmos::read_item(c, key, id).await.unwrap().into_document().unwrap()
+}
+
+fn pending(id: &str, tenant: &str) -> Value {
+    OutboxDocument::build(&message(id), PATHS, &[json!(tenant)]).unwrap()
+}
+
+async fn next(sub: &mut Subscription) -> BrokeredMessage {
+    let delivery = tokio::time::timeout(std::time::Duration::from_secs(10), sub.next()).await.unwrap().unwrap().unwrap();
+    let message = delivery.message.clone();
+    delivery.ack().await.unwrap();
+    message
+}
+
+#[tokio::test]
+async fn a_genuine_pending_document_is_published_verbatim_and_stamped_delivered_with_ttl() {
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let mut sub = broker.subscribe("orders").await.unwrap();
+    let doc = stored(&c, pending("msg-42", "tenant-1")).await;
+    let drain = Drain::new(Arc::new(broker.clone()), c.clone(), PATHS, DeliverySettings::default());
+
+    // R3.20: exactly one publish, one stamp.
+    let report = drain.drain(std::slice::from_ref(&doc)).await.unwrap();
+    assert_eq!(report, DrainReport { published: 1, skipped: 0, undeliverable: 0 });
+    // R3.23: the message reconstructed verbatim.
+    assert_eq!(next(&mut sub).await, message("msg-42"));
+    assert_eq!(broker.published_count("orders"), 1);
+    // R3.25/R3.26: status delivered and ttl 86400 (an int), keyed by the recovered partition key.
+    let after = read(&c, doc["id"].as_str().unwrap(), &json!("tenant-1")).await;
+    assert_eq!(after["status"], "delivered");
+    assert_eq!(after["ttl"], json!(86400));
+    // R3.33: the stamped document coming back through the change feed is not published again.
+    assert_eq!(drain.drain(&[after]).await.unwrap(), DrainReport { published: 0, skipped: 1, undeliverable: 0 });
+    assert_eq!(broker.published_count("orders"), 1);
+}
+
+#[tokio::test]
+async fn custom_delivery_settings_are_stamped() {
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let doc = stored(&c, pending("msg-43", "tenant-1")).await;
+    let settings = DeliverySettings { delivered_status: "done".into(), delivered_ttl_seconds: 999 };
+    // R3.27.
+    Drain::new(Arc::new(broker), c.clone(), PATHS, settings).drain(&[doc]).await.unwrap();
+    let after = read(&c, "outbox:bXNnLTQz", &json!("tenant-1")).await;
+    assert_eq!((after["status"].clone(), after["ttl"].clone()), (json!("done"), json!(999)));
+}
+
+#[tokio::test]
+async fn documents_that_are_not_pending_outbox_documents_are_never_published_or_touched() {
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let genuine = pending("msg-1", "t");
+    let mut variants = vec![
+        json!({ "id": "order-1", "tenantId": "t", "quantity": 1 }),
+        json!({ "id": "inbox:bXNnLTE", "_chatterType": "inbox", "MessageId": "msg-1", "tenantId": "t" }),
+    ];
+    // R3.02: other discriminators; R3.03: other statuses; R3.04/R3.05: ids not minted for the message.
+    for (key, value) in [
+        ("_chatterType", json!("aggregate")),
+        ("status", json!("delivered")),
+        ("status", json!("undeliverable")),
+        ("status", json!("")),
+        ("status", json!("Pending")),
+        ("id", json!("app-authored-id")),
+        ("id", json!("outbox:c29tZS1vdGhlci1tZXNzYWdl")),
+    ] {
+        let mut doc = genuine.clone();
+        doc[key] = value;
+        if key != "id" {
+            doc["id"] = json!(format!("outbox:{}", variants.len()));
+        }
+        variants.push(doc);
+    }
+    let mut without_status = genuine.clone();
+    without_status.as_object_mut().unwrap().shift_remove("status");
+    without_status["id"] = json!("outbox:no-status");
+    variants.push(without_status);
+
+    let mut stored_docs = Vec::new();
+    for doc in variants {
+        stored_docs.push(stored(&c, doc).await);
+    }
+    let drain = Drain::new(Arc::new(broker.clone()), c.clone(), PATHS, DeliverySettings::default());
+    let report = drain.drain(&stored_docs).await.unwrap();
+    // R3.21/R3.22: nothing published, nothing patched (app data never mutated).
+    assert_eq!(report, DrainReport { published: 0, skipped: stored_docs.len(), undeliverable: 0 });
+    assert_eq!(broker.published_count("orders"), 0);
+    for doc in &stored_docs {
+        let now = read(&c, doc["id"].as_str().unwrap(), &json!("t")).await;
+        assert_eq!(now["_etag"], doc["_etag"], "{} untouched", doc["id"]);
+    }
+}
+
+/// Test double: a broker that refuses every publish. The in-memory broker cannot be made to fail
+/// a publish on demand, and R3.28 is about exactly that fault.
+struct RefusingBroker;
+
+impl Broker for RefusingBroker {
+    fn publish(&self, message: BrokeredMessage) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(async move {
+            Err(BrokerError::Rejected {
+                message_id: message.message_id,
+                destination: message.destination,
+                reason: "refused by the test double".into(),
+            })
+        })
+    }
+
+    fn subscribe<'a>(&'a self, destination: &'a str) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
+        Box::pin(async move {
+            Err(BrokerError::InvalidDestination {
+                destination: destination.to_owned(),
+                reason: "the test double only refuses publishes".into(),
+            })
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_failed_publish_stamps_nothing_and_fails_the_page() {
+    let c = container().await;
+    let first = stored(&c, pending("msg-a", "t")).await;
+    let second = stored(&c, pending("msg-b", "t")).await;
+    let drain = Drain::new(Arc::new(RefusingBroker), c.clone(), PATHS, DeliverySettings::default());
+    // R3.28: the error propagates, the document stays pending, and the page stops there.
+    let err = drain.drain(&[first.clone(), second.clone()]).await.unwrap_err();
+    assert!(matches!(&err, DrainError::Publish { message_id, .. } if message_id == "msg-a"), "{err}");
+    for doc in [first, second] {
+        let now = read(&c, doc["id"].as_str().unwrap(), &json!("t")).await;
+        assert_eq!(now["status"], "pending");
+        assert!(now.get("ttl").is_none());
+    }
+}
+
+#[tokio::test]
+async fn a_pending_document_that_cannot_be_reconstructed_is_stamped_undeliverable_without_ttl() {
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let mut doc = pending("msg-bad", "t");
+    doc.as_object_mut().unwrap().shift_remove("Destination");
+    let doc = stored(&c, doc).await;
+    let drain = Drain::new(Arc::new(broker.clone()), c.clone(), PATHS, DeliverySettings::default());
+    let report = drain.drain(&[doc]).await.unwrap();
+    assert_eq!(report, DrainReport { published: 0, skipped: 0, undeliverable: 1 });
+    let now = read(&c, "outbox:bXNnLWJhZA", &json!("t")).await;
+    assert_eq!(now["status"], "undeliverable");
+    assert!(now.get("ttl").is_none(), "undeliverable documents keep no ttl: they wait for a person");
+    assert_eq!(broker.published_count("orders"), 0);
+}
