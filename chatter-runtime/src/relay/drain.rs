@@ -39,11 +39,17 @@ impl DeliverySettings {
     /// Rejects settings that would never purge or would look pending again.
     pub fn validate(&self) -> Result<(), String> {
         if self.delivered_ttl_seconds <= 0 {
-            return Err(format!("the delivered ttl must be positive seconds, got {}", self.delivered_ttl_seconds));
+            return Err(format!(
+                "the delivered ttl must be positive seconds, got {}",
+                self.delivered_ttl_seconds
+            ));
         }
         let status = self.delivered_status.trim();
         if status.is_empty() || status == outbox::STATUS_PENDING {
-            return Err(format!("the delivered status must be non-blank and not `pending`, got {:?}", self.delivered_status));
+            return Err(format!(
+                "the delivered status must be non-blank and not `pending`, got {:?}",
+                self.delivered_status
+            ));
         }
         Ok(())
     }
@@ -64,7 +70,9 @@ pub struct DrainReport {
 #[derive(Debug, thiserror::Error)]
 pub enum DrainError {
     /// The broker did not confirm; the document stays pending.
-    #[error("publishing outbox message '{message_id}' to `{destination}` failed; it stays pending and is published again: {source}")]
+    #[error(
+        "publishing outbox message '{message_id}' to `{destination}` failed; it stays pending and is published again: {source}"
+    )]
     Publish {
         /// The message id.
         message_id: String,
@@ -75,7 +83,9 @@ pub enum DrainError {
         source: BrokerError,
     },
     /// Published, but the delivered stamp failed: it will be published again (consumers dedup).
-    #[error("outbox message '{message_id}' was published but stamping it delivered failed; it stays pending and is published again: {source}")]
+    #[error(
+        "outbox message '{message_id}' was published but stamping it delivered failed; it stays pending and is published again: {source}"
+    )]
     Confirmation {
         /// The message id.
         message_id: String,
@@ -84,7 +94,9 @@ pub enum DrainError {
         source: CosmosStoreError,
     },
     /// An undeliverable document could not be stamped.
-    #[error("outbox document '{id}' is undeliverable ({reason}) and stamping it so failed: {source}")]
+    #[error(
+        "outbox document '{id}' is undeliverable ({reason}) and stamping it so failed: {source}"
+    )]
     UndeliverableStamp {
         /// The document id.
         id: String,
@@ -126,7 +138,12 @@ impl Drain {
         partition_key_paths: &'static [&'static str],
         settings: DeliverySettings,
     ) -> Self {
-        Self { broker, container, partition_key_paths, settings }
+        Self {
+            broker,
+            container,
+            partition_key_paths,
+            settings,
+        }
     }
 
     /// Drains one page in order; stops at the first document that could not be published and
@@ -138,55 +155,96 @@ impl Drain {
                 report.skipped += 1;
                 continue;
             }
-            let id = doc.get(outbox::ID_FIELD).and_then(Value::as_str).ok_or(DrainError::MissingId)?;
+            let id = doc
+                .get(outbox::ID_FIELD)
+                .and_then(Value::as_str)
+                .ok_or(DrainError::MissingId)?;
             let message = match OutboxDocument::from_json(doc).and_then(|d| d.to_message()) {
                 Ok(message) => message,
                 Err(reason) => {
-                    self.stamp_undeliverable(doc, id, reason.to_string()).await?;
+                    self.stamp_undeliverable(doc, id, reason.to_string())
+                        .await?;
                     report.undeliverable += 1;
                     continue;
                 }
             };
             let message_id = message.message_id.clone();
             let destination = message.destination.clone();
-            self.broker.publish(message).await.map_err(|source| DrainError::Publish {
-                message_id: message_id.clone(),
-                destination: destination.clone(),
-                source,
-            })?;
+            self.broker
+                .publish(message)
+                .await
+                .map_err(|source| DrainError::Publish {
+                    message_id: message_id.clone(),
+                    destination: destination.clone(),
+                    source,
+                })?;
             let stamp = [
-                ("/status", Value::from(self.settings.delivered_status.as_str())),
+                (
+                    "/status",
+                    Value::from(self.settings.delivered_status.as_str()),
+                ),
                 ("/ttl", Value::from(self.settings.delivered_ttl_seconds)),
             ];
             self.patch(doc, id, &stamp)
                 .await
-                .map_err(|source| DrainError::Confirmation { message_id: message_id.clone(), source })?;
-            tracing::debug!(message_id, destination, "chatter relay published outbox message");
+                .map_err(|source| DrainError::Confirmation {
+                    message_id: message_id.clone(),
+                    source,
+                })?;
+            tracing::debug!(
+                message_id,
+                destination,
+                "chatter relay published outbox message"
+            );
             report.published += 1;
         }
         Ok(report)
     }
 
-    async fn stamp_undeliverable(&self, doc: &Value, id: &str, reason: String) -> Result<(), DrainError> {
+    async fn stamp_undeliverable(
+        &self,
+        doc: &Value,
+        id: &str,
+        reason: String,
+    ) -> Result<(), DrainError> {
         let stamp = [("/status", Value::from(outbox::STATUS_UNDELIVERABLE))];
         match self.patch(doc, id, &stamp).await {
             Ok(()) => {
-                tracing::error!(id, reason, "chatter relay stamped an outbox document undeliverable; it will not be published");
+                tracing::error!(
+                    id,
+                    reason,
+                    "chatter relay stamped an outbox document undeliverable; it will not be published"
+                );
                 Ok(())
             }
-            Err(source) => Err(DrainError::UndeliverableStamp { id: id.to_owned(), reason, source }),
+            Err(source) => Err(DrainError::UndeliverableStamp {
+                id: id.to_owned(),
+                reason,
+                source,
+            }),
         }
     }
 
     /// One patch keyed by the document's id and the partition key recovered from the document at
     /// the declared path(s) (R3.31: a missing value is a JSON `null` component).
-    async fn patch(&self, doc: &Value, id: &str, ops: &[(&str, Value)]) -> Result<(), CosmosStoreError> {
+    async fn patch(
+        &self,
+        doc: &Value,
+        id: &str,
+        ops: &[(&str, Value)],
+    ) -> Result<(), CosmosStoreError> {
         let values: Vec<Value> = self
             .partition_key_paths
             .iter()
-            .map(|path| document::values_at_paths(doc, &[path]).and_then(|mut v| v.pop()).unwrap_or(Value::Null))
+            .map(|path| {
+                document::values_at_paths(doc, &[path])
+                    .and_then(|mut v| v.pop())
+                    .unwrap_or(Value::Null)
+            })
             .collect();
         let key = cosmos::partition_key(&values)?;
-        cosmos::patch_item(&self.container, key, id, ops).await.map(|_| ())
+        cosmos::patch_item(&self.container, key, id, ops)
+            .await
+            .map(|_| ())
     }
 }
