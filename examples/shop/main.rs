@@ -2,10 +2,15 @@
 //!
 //! Receives `CreateOrder` commands through the broker; the handler writes the order and sends an
 //! `OrderCreated` message through the outbox, and both commit in one Cosmos TransactionalBatch with
-//! the inbox marker. One command is delivered twice: the second delivery is deduplicated.
+//! the inbox marker. One command is delivered twice: the second delivery is deduplicated. The
+//! change-feed relay then publishes each `OrderCreated` to the `order-events` destination, where a
+//! consumer receives it, and stamps the outbox document delivered with a one-day TTL.
 //!
 //! Uses the embedded in-memory Cosmos emulator, or the store named by `CHATTER_COSMOS_ENDPOINT`
-//! (e.g. a `chatter-emulator` started with `cargo run -p chatter-emulator`). Exits by itself.
+//! (e.g. a `chatter-emulator` started with `cargo run -p chatter-emulator`). Exits by itself once
+//! every outbox document it wrote is stamped delivered; with `--serve` it keeps receiving and
+//! relaying (outbox documents other writers put in its container too) until Ctrl-C or SIGTERM,
+//! then shuts down gracefully, releasing its leases.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -92,7 +97,27 @@ async fn main() -> Result<(), BoxError> {
     provision::ensure_container(&cosmos, "shop", "orders", &["/orderId"]).await?;
     provision::ensure_lease_container(&cosmos, "shop", "orders-leases").await?;
 
+    let serve = std::env::args().any(|a| a == "--serve");
     let broker = InMemoryBroker::new();
+    // A downstream service: consumes the events the relay publishes.
+    let mut events = broker.subscribe("order-events").await?;
+    let received = std::sync::Arc::new(AtomicUsize::new(0));
+    let consumer_count = received.clone();
+    tokio::spawn(async move {
+        while let Some(delivery) = events.next().await {
+            match delivery {
+                Ok(delivery) => {
+                    println!(
+                        "  consumer: {} {}",
+                        delivery.message.message_id, delivery.message.body
+                    );
+                    consumer_count.fetch_add(1, Ordering::SeqCst);
+                    let _ = delivery.ack().await;
+                }
+                Err(error) => eprintln!("  consumer: undeliverable message: {error}"),
+            }
+        }
+    });
     let runtime = Runtime::builder()
         .cosmos(cosmos.clone())
         .broker(broker.clone())
@@ -150,16 +175,18 @@ async fn main() -> Result<(), BoxError> {
 
     let container = cosmos.container("shop", "orders").await?;
     let mut committed = 0;
+    let mut outbox_ids = Vec::new();
     for (order_id, _) in &orders {
-        let key = || cosmos::partition_key(&[json!(order_id)]);
         let message_id = format!("{order_id}:create");
         let ids = [
             order_id.clone(),
             chatter_runtime::document::inbox_id(&message_id)?,
             chatter_runtime::document::outbox_id(&format!("{message_id}:OrderCreated"))?,
         ];
-        for id in ids {
-            match cosmos::read_item(&container, key()?, &id).await? {
+        for id in &ids {
+            match cosmos::read_item(&container, cosmos::partition_key(&[json!(order_id)])?, id)
+                .await?
+            {
                 ReadOutcome::Found { document, .. } => {
                     committed += 1;
                     let kind = document
@@ -171,18 +198,84 @@ async fn main() -> Result<(), BoxError> {
                 ReadOutcome::NotFound => println!("  MISSING {id}"),
             }
         }
+        outbox_ids.push((order_id.clone(), ids[2].clone()));
     }
     let runs = HANDLER_RUNS.load(Ordering::SeqCst);
     println!(
         "handler ran {runs} times for 3 deliveries; the store holds {committed} documents \
-         (2 orders, 2 inbox markers, 2 pending OrderCreated outbox documents): the duplicate committed nothing"
+         (2 orders, 2 inbox markers, 2 OrderCreated outbox documents): the duplicate committed nothing"
     );
+
+    // The relay publishes each outbox document, then stamps it delivered.
+    println!("waiting for the relay to publish and stamp every outbox document");
+    tokio::time::timeout(Duration::from_secs(60), async {
+        for (order_id, id) in &outbox_ids {
+            loop {
+                let key = cosmos::partition_key(&[json!(order_id)])?;
+                let doc = cosmos::read_item(&container, key, id)
+                    .await?
+                    .into_document();
+                if let Some(doc) = doc.filter(|d| d["status"] == "delivered") {
+                    println!(
+                        "  outbox {id}: status {}, ttl {}",
+                        doc["status"], doc["ttl"]
+                    );
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok::<_, BoxError>(())
+    })
+    .await
+    .map_err(|_| "the relay did not stamp every outbox document within 60 s")??;
+    // Publish happens before the stamp; the consumer may still be printing.
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        while received.load(Ordering::SeqCst) < outbox_ids.len() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let events = received.load(Ordering::SeqCst);
+    println!("the consumer received {events} OrderCreated events");
+
+    if serve {
+        println!(
+            "serving until Ctrl-C or SIGTERM (publish to `CreateOrder`; outbox documents in shop/orders are relayed)"
+        );
+        shutdown_signal().await;
+        println!("shutting down: finishing deliveries in flight and releasing leases");
+    }
     runtime.shutdown().await;
-    if committed != 6 || runs != 3 {
+    if committed != 6 || runs != 3 || events < outbox_ids.len() {
         return Err(format!(
-            "expected 6 documents and 3 handler runs, found {committed} and {runs}"
+            "expected 6 documents, 3 handler runs and {} events; found {committed}, {runs} and {events}",
+            outbox_ids.len()
         )
         .into());
     }
     Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

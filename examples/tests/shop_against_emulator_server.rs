@@ -81,6 +81,7 @@ async fn a_second_process_reads_the_examples_documents_in_the_exact_shapes() {
             .unwrap()
             .into_document()
             .unwrap();
+        // Section 0.2 in order, then the `ttl` the relay's delivered stamp added (0.6).
         assert_eq!(
             user_keys(&outbox),
             [
@@ -92,11 +93,13 @@ async fn a_second_process_reads_the_examples_documents_in_the_exact_shapes() {
                 "MessageBody",
                 "MessageContentType",
                 "MessageContext",
-                "orderId"
+                "orderId",
+                "ttl"
             ]
         );
         assert_eq!(outbox["_chatterType"], "outbox");
-        assert_eq!(outbox["status"], "pending");
+        assert_eq!(outbox["status"], "delivered");
+        assert_eq!(outbox["ttl"], 86400);
         assert_eq!(outbox["Destination"], "order-events");
         assert_eq!(outbox["MessageContentType"], "application/json");
         assert!(

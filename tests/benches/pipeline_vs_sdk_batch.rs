@@ -45,7 +45,12 @@ const PER_ROUND: usize = 300;
 async fn main() -> Result<(), BoxError> {
     let cosmos = CosmosConnection::embedded().await?;
     provision::ensure_container(&cosmos, "bench", "orders", &["/orderId"]).await?;
-    let runtime = Runtime::builder().cosmos(cosmos.clone()).consume(false).start().await?;
+    let runtime = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .consume(false)
+        .without_relay()
+        .start()
+        .await?;
     let container = cosmos.container("bench", "orders").await?;
 
     let mut pipeline = Vec::new();
@@ -69,7 +74,11 @@ async fn main() -> Result<(), BoxError> {
     runtime.shutdown().await;
 
     let per = |d: Duration| d.as_secs_f64() * 1e6 / PER_ROUND as f64;
-    let mut ratios: Vec<f64> = pipeline.iter().zip(&baseline).map(|(p, b)| per(*p) / per(*b)).collect();
+    let mut ratios: Vec<f64> = pipeline
+        .iter()
+        .zip(&baseline)
+        .map(|(p, b)| per(*p) / per(*b))
+        .collect();
     ratios.sort_by(f64::total_cmp);
     let median = ratios[ratios.len() / 2];
     let mut p_us: Vec<f64> = pipeline.iter().map(|d| per(*d)).collect();
@@ -81,7 +90,11 @@ async fn main() -> Result<(), BoxError> {
         p_us[ROUNDS / 2],
         b_us[ROUNDS / 2]
     );
-    println!("ratio pipeline/baseline: median {median:.3}x (min {:.3}x, max {:.3}x); target <= 1.15x", ratios[0], ratios[ROUNDS - 1]);
+    println!(
+        "ratio pipeline/baseline: median {median:.3}x (min {:.3}x, max {:.3}x); target <= 1.15x",
+        ratios[0],
+        ratios[ROUNDS - 1]
+    );
     Ok(())
 }
 
@@ -90,7 +103,15 @@ async fn run_pipeline(runtime: &Runtime, next: &mut usize) -> Result<Duration, B
     for _ in 0..PER_ROUND {
         *next += 1;
         let order_id = format!("p-{next}");
-        runtime.dispatch(PlaceOrder { order_id, quantity: 1 }, format!("pm-{next}")).await?;
+        runtime
+            .dispatch(
+                PlaceOrder {
+                    order_id,
+                    quantity: 1,
+                },
+                format!("pm-{next}"),
+            )
+            .await?;
     }
     Ok(start.elapsed())
 }

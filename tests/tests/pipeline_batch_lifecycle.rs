@@ -111,6 +111,7 @@ async fn runtime() -> (Runtime, CosmosConnection) {
         .unwrap();
     let runtime = Runtime::builder()
         .cosmos(cosmos.clone())
+        .without_relay()
         .start()
         .await
         .unwrap();

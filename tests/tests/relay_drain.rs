@@ -16,7 +16,9 @@ const PATHS: &[&str] = &["/tenantId"];
 
 async fn container() -> Arc<ContainerClient> {
     let cosmos = CosmosConnection::embedded().await.unwrap();
-    provision::ensure_container(&cosmos, "shop", "orders", PATHS).await.unwrap();
+    provision::ensure_container(&cosmos, "shop", "orders", PATHS)
+        .await
+        .unwrap();
     cosmos.container("shop", "orders").await.unwrap()
 }
 
@@ -26,20 +28,29 @@ fn message(id: &str) -> BrokeredMessage {
         destination: "orders".into(),
         body: r#"{"OrderId":7,"Sku":"abc"}"#.into(),
         content_type: "application/json".into(),
-        context: serde_json::Map::from_iter([("Chatter.Infrastructure.Type".to_owned(), json!("test-infra"))]),
+        context: serde_json::Map::from_iter([(
+            "Chatter.Infrastructure.Type".to_owned(),
+            json!("test-infra"),
+        )]),
     }
 }
 
 /// Writes `doc` and returns it as the change feed would hand it over.
 async fn stored(c: &ContainerClient, doc: Value) -> Value {
     let key = cosmos::partition_key(&[doc["tenantId"].clone()]).unwrap();
-    cosmos::store::create_item(c, key.clone(), &doc).await.unwrap();
+    cosmos::store::create_item(c, key.clone(), &doc)
+        .await
+        .unwrap();
     read(c, doc["id"].as_str().unwrap(), &doc["tenantId"]).await
 }
 
 async fn read(c: &ContainerClient, id: &str, tenant: &Value) -> Value {
     let key = cosmos::partition_key(std::slice::from_ref(tenant)).unwrap();
-    cosmos::read_item(c, key, id).await.unwrap().into_document().unwrap()
+    cosmos::read_item(c, key, id)
+        .await
+        .unwrap()
+        .into_document()
+        .unwrap()
 }
 
 fn pending(id: &str, tenant: &str) -> Value {
@@ -47,7 +58,11 @@ fn pending(id: &str, tenant: &str) -> Value {
 }
 
 async fn next(sub: &mut Subscription) -> BrokeredMessage {
-    let delivery = tokio::time::timeout(std::time::Duration::from_secs(10), sub.next()).await.unwrap().unwrap().unwrap();
+    let delivery = tokio::time::timeout(std::time::Duration::from_secs(10), sub.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     let message = delivery.message.clone();
     delivery.ack().await.unwrap();
     message
@@ -59,11 +74,23 @@ async fn a_genuine_pending_document_is_published_verbatim_and_stamped_delivered_
     let broker = InMemoryBroker::new();
     let mut sub = broker.subscribe("orders").await.unwrap();
     let doc = stored(&c, pending("msg-42", "tenant-1")).await;
-    let drain = Drain::new(Arc::new(broker.clone()), c.clone(), PATHS, DeliverySettings::default());
+    let drain = Drain::new(
+        Arc::new(broker.clone()),
+        c.clone(),
+        PATHS,
+        DeliverySettings::default(),
+    );
 
     // R3.20: exactly one publish, one stamp.
     let report = drain.drain(std::slice::from_ref(&doc)).await.unwrap();
-    assert_eq!(report, DrainReport { published: 1, skipped: 0, undeliverable: 0 });
+    assert_eq!(
+        report,
+        DrainReport {
+            published: 1,
+            skipped: 0,
+            undeliverable: 0
+        }
+    );
     // R3.23: the message reconstructed verbatim.
     assert_eq!(next(&mut sub).await, message("msg-42"));
     assert_eq!(broker.published_count("orders"), 1);
@@ -72,7 +99,14 @@ async fn a_genuine_pending_document_is_published_verbatim_and_stamped_delivered_
     assert_eq!(after["status"], "delivered");
     assert_eq!(after["ttl"], json!(86400));
     // R3.33: the stamped document coming back through the change feed is not published again.
-    assert_eq!(drain.drain(&[after]).await.unwrap(), DrainReport { published: 0, skipped: 1, undeliverable: 0 });
+    assert_eq!(
+        drain.drain(&[after]).await.unwrap(),
+        DrainReport {
+            published: 0,
+            skipped: 1,
+            undeliverable: 0
+        }
+    );
     assert_eq!(broker.published_count("orders"), 1);
 }
 
@@ -81,11 +115,20 @@ async fn custom_delivery_settings_are_stamped() {
     let c = container().await;
     let broker = InMemoryBroker::new();
     let doc = stored(&c, pending("msg-43", "tenant-1")).await;
-    let settings = DeliverySettings { delivered_status: "done".into(), delivered_ttl_seconds: 999 };
+    let settings = DeliverySettings {
+        delivered_status: "done".into(),
+        delivered_ttl_seconds: 999,
+    };
     // R3.27.
-    Drain::new(Arc::new(broker), c.clone(), PATHS, settings).drain(&[doc]).await.unwrap();
+    Drain::new(Arc::new(broker), c.clone(), PATHS, settings)
+        .drain(&[doc])
+        .await
+        .unwrap();
     let after = read(&c, "outbox:bXNnLTQz", &json!("tenant-1")).await;
-    assert_eq!((after["status"].clone(), after["ttl"].clone()), (json!("done"), json!(999)));
+    assert_eq!(
+        (after["status"].clone(), after["ttl"].clone()),
+        (json!("done"), json!(999))
+    );
 }
 
 #[tokio::test]
@@ -115,7 +158,10 @@ async fn documents_that_are_not_pending_outbox_documents_are_never_published_or_
         variants.push(doc);
     }
     let mut without_status = genuine.clone();
-    without_status.as_object_mut().unwrap().shift_remove("status");
+    without_status
+        .as_object_mut()
+        .unwrap()
+        .shift_remove("status");
     without_status["id"] = json!("outbox:no-status");
     variants.push(without_status);
 
@@ -123,10 +169,22 @@ async fn documents_that_are_not_pending_outbox_documents_are_never_published_or_
     for doc in variants {
         stored_docs.push(stored(&c, doc).await);
     }
-    let drain = Drain::new(Arc::new(broker.clone()), c.clone(), PATHS, DeliverySettings::default());
+    let drain = Drain::new(
+        Arc::new(broker.clone()),
+        c.clone(),
+        PATHS,
+        DeliverySettings::default(),
+    );
     let report = drain.drain(&stored_docs).await.unwrap();
     // R3.21/R3.22: nothing published, nothing patched (app data never mutated).
-    assert_eq!(report, DrainReport { published: 0, skipped: stored_docs.len(), undeliverable: 0 });
+    assert_eq!(
+        report,
+        DrainReport {
+            published: 0,
+            skipped: stored_docs.len(),
+            undeliverable: 0
+        }
+    );
     assert_eq!(broker.published_count("orders"), 0);
     for doc in &stored_docs {
         let now = read(&c, doc["id"].as_str().unwrap(), &json!("t")).await;
@@ -149,7 +207,10 @@ impl Broker for RefusingBroker {
         })
     }
 
-    fn subscribe<'a>(&'a self, destination: &'a str) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
+    fn subscribe<'a>(
+        &'a self,
+        destination: &'a str,
+    ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
         Box::pin(async move {
             Err(BrokerError::InvalidDestination {
                 destination: destination.to_owned(),
@@ -164,10 +225,21 @@ async fn a_failed_publish_stamps_nothing_and_fails_the_page() {
     let c = container().await;
     let first = stored(&c, pending("msg-a", "t")).await;
     let second = stored(&c, pending("msg-b", "t")).await;
-    let drain = Drain::new(Arc::new(RefusingBroker), c.clone(), PATHS, DeliverySettings::default());
+    let drain = Drain::new(
+        Arc::new(RefusingBroker),
+        c.clone(),
+        PATHS,
+        DeliverySettings::default(),
+    );
     // R3.28: the error propagates, the document stays pending, and the page stops there.
-    let err = drain.drain(&[first.clone(), second.clone()]).await.unwrap_err();
-    assert!(matches!(&err, DrainError::Publish { message_id, .. } if message_id == "msg-a"), "{err}");
+    let err = drain
+        .drain(&[first.clone(), second.clone()])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, DrainError::Publish { message_id, .. } if message_id == "msg-a"),
+        "{err}"
+    );
     for doc in [first, second] {
         let now = read(&c, doc["id"].as_str().unwrap(), &json!("t")).await;
         assert_eq!(now["status"], "pending");
@@ -182,11 +254,26 @@ async fn a_pending_document_that_cannot_be_reconstructed_is_stamped_undeliverabl
     let mut doc = pending("msg-bad", "t");
     doc.as_object_mut().unwrap().shift_remove("Destination");
     let doc = stored(&c, doc).await;
-    let drain = Drain::new(Arc::new(broker.clone()), c.clone(), PATHS, DeliverySettings::default());
+    let drain = Drain::new(
+        Arc::new(broker.clone()),
+        c.clone(),
+        PATHS,
+        DeliverySettings::default(),
+    );
     let report = drain.drain(&[doc]).await.unwrap();
-    assert_eq!(report, DrainReport { published: 0, skipped: 0, undeliverable: 1 });
+    assert_eq!(
+        report,
+        DrainReport {
+            published: 0,
+            skipped: 0,
+            undeliverable: 1
+        }
+    );
     let now = read(&c, "outbox:bXNnLWJhZA", &json!("t")).await;
     assert_eq!(now["status"], "undeliverable");
-    assert!(now.get("ttl").is_none(), "undeliverable documents keep no ttl: they wait for a person");
+    assert!(
+        now.get("ttl").is_none(),
+        "undeliverable documents keep no ttl: they wait for a person"
+    );
     assert_eq!(broker.published_count("orders"), 0);
 }

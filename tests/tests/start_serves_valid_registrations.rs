@@ -45,6 +45,7 @@ async fn start() -> Runtime {
         .unwrap();
     Runtime::builder()
         .cosmos(cosmos)
+        .without_relay()
         .start()
         .await
         .expect("valid registrations start")

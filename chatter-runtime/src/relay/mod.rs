@@ -2,4 +2,5 @@
 pub mod change_feed;
 pub mod contract;
 pub mod drain;
+pub mod host;
 pub mod identity;

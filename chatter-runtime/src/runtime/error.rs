@@ -30,6 +30,9 @@ pub enum StartError {
         #[source]
         source: CosmosStoreError,
     },
+    /// The change-feed relay did not start (e.g. a monitored container breaks the contract).
+    #[error(transparent)]
+    Relay(#[from] crate::relay::host::RelayError),
     /// A command's destination could not be consumed.
     #[error("chatter could not subscribe to destination `{destination}`: {source}")]
     Subscribe {

@@ -15,6 +15,8 @@ use crate::broker::{Broker, InMemoryBroker};
 use crate::cosmos::CosmosConnection;
 use crate::pipeline::{Outcome, Pipeline};
 use crate::registry::{DocumentReliable, Registry};
+use crate::relay::host::{RelayHost, RelayOptions};
+use crate::relay::identity;
 
 /// Starts chatter from every registration in the binary, with settings from the environment.
 ///
@@ -33,6 +35,7 @@ pub struct Builder {
     broker: Option<Arc<dyn Broker>>,
     consume: bool,
     redelivery_delay: Duration,
+    relay: Option<RelayOptions>,
 }
 
 impl Default for Builder {
@@ -43,6 +46,7 @@ impl Default for Builder {
             broker: None,
             consume: true,
             redelivery_delay: Duration::from_millis(500),
+            relay: Some(RelayOptions::default()),
         }
     }
 }
@@ -90,6 +94,19 @@ impl Builder {
         self
     }
 
+    /// Runs the change-feed relay with these options (default: on, with default options).
+    pub fn relay_options(mut self, options: RelayOptions) -> Self {
+        self.relay = Some(options);
+        self
+    }
+
+    /// Turns the change-feed relay off: outbox documents stay pending until a relay elsewhere
+    /// (another process sharing the lease containers) publishes them.
+    pub fn without_relay(mut self) -> Self {
+        self.relay = None;
+        self
+    }
+
     /// Validates the registrations, connects, derives every command's container, subscribes to
     /// every command's destination and starts consuming.
     ///
@@ -129,18 +146,36 @@ impl Builder {
             Some(broker) => broker,
             None => Arc::new(InMemoryBroker::new()),
         };
+        // The relay verifies every monitored container before any processor or consumer starts.
+        let relay = match &self.relay {
+            Some(options) => {
+                let sources = identity::distinct_sources(&registry, cosmos.endpoint());
+                Some(RelayHost::start(&cosmos, broker.clone(), &sources, options).await?)
+            }
+            None => None,
+        };
         let pipeline = Pipeline::new(cosmos.clone(), broker.clone());
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
         if self.consume {
             for command in registry.commands() {
                 let destination = command.registration.destination;
-                let subscription = broker.subscribe(destination).await.map_err(|source| {
-                    StartError::Subscribe {
-                        destination,
-                        source,
+                let subscription = match broker.subscribe(destination).await {
+                    Ok(subscription) => subscription,
+                    Err(source) => {
+                        // Leave nothing running behind a failed start.
+                        cancel.cancel();
+                        tracker.close();
+                        tracker.wait().await;
+                        if let Some(relay) = relay {
+                            relay.shutdown().await;
+                        }
+                        return Err(StartError::Subscribe {
+                            destination,
+                            source,
+                        });
                     }
-                })?;
+                };
                 tracker.spawn(consumer::run(
                     *command,
                     subscription,
@@ -150,6 +185,7 @@ impl Builder {
                 ));
             }
         }
+        let relay = tokio::sync::Mutex::new(relay);
         Ok(Runtime {
             inner: Arc::new(Inner {
                 registry,
@@ -158,6 +194,7 @@ impl Builder {
                 pipeline,
                 cancel,
                 tracker,
+                relay,
             }),
         })
     }
@@ -177,6 +214,7 @@ struct Inner {
     pipeline: Pipeline,
     cancel: CancellationToken,
     tracker: TaskTracker,
+    relay: tokio::sync::Mutex<Option<RelayHost>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -231,11 +269,26 @@ impl Runtime {
             .await?)
     }
 
-    /// Stops consuming and waits for deliveries in progress to settle.
+    /// The relay's change-feed processor names and the lease tokens this instance drains now.
+    pub async fn relay_leases(&self) -> Vec<(String, Vec<String>)> {
+        self.inner
+            .relay
+            .lock()
+            .await
+            .as_ref()
+            .map(RelayHost::owned_leases)
+            .unwrap_or_default()
+    }
+
+    /// Stops consuming and waits for deliveries in progress to settle, then stops the relay:
+    /// pages in flight finish and leases are released for other instances.
     pub async fn shutdown(self) {
         self.inner.cancel.cancel();
         self.inner.tracker.close();
         self.inner.tracker.wait().await;
+        if let Some(relay) = self.inner.relay.lock().await.take() {
+            relay.shutdown().await;
+        }
         tracing::info!("chatter runtime stopped");
     }
 }

@@ -1,0 +1,186 @@
+//! The pipeline-integrated relay host: one change-feed processor per distinct change-feed source
+//! identity, each draining its monitored container to the broker.
+//!
+//! Start is two-pass (catalog 4.2): every monitored container is verified against the Monitored
+//! Container Contract before any processor is built, so the relay never starts degraded.
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+
+use super::change_feed::{
+    ChangeFeedError, ChangeFeedProcessor, ChangeFeedProcessorOptions, RunningProcessor,
+};
+use super::contract::{self, MonitoredContainersError};
+use super::drain::{DeliverySettings, Drain};
+use super::identity::{self, RelaySource};
+use crate::broker::Broker;
+use crate::cosmos::{CosmosConnection, CosmosStoreError};
+
+/// Options of the pipeline-integrated relay.
+#[derive(Debug, Clone, Default)]
+pub struct RelayOptions {
+    /// The change-feed processor's timings and page size.
+    pub processor: ChangeFeedProcessorOptions,
+    /// What a delivered document is stamped with.
+    pub delivery: DeliverySettings,
+}
+
+/// Why the relay did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// The options are invalid.
+    #[error("invalid relay options: {0}")]
+    InvalidOptions(String),
+    /// A monitored container breaks the contract (every violation of every container is listed).
+    #[error(transparent)]
+    Contract(#[from] MonitoredContainersError),
+    /// A monitored or lease container could not be reached.
+    #[error(
+        "the relay of `{database}/{container}` could not reach container `{database}/{missing}`: {source}"
+    )]
+    Container {
+        /// The database.
+        database: &'static str,
+        /// The monitored container.
+        container: &'static str,
+        /// The container that could not be reached.
+        missing: &'static str,
+        /// The store error.
+        #[source]
+        source: CosmosStoreError,
+    },
+    /// A change-feed processor did not start.
+    #[error("the change-feed processor of `{database}/{container}` did not start: {source}")]
+    Processor {
+        /// The database.
+        database: &'static str,
+        /// The monitored container.
+        container: &'static str,
+        /// Why.
+        #[source]
+        source: ChangeFeedError,
+    },
+}
+
+/// The running relays.
+#[derive(Debug)]
+pub struct RelayHost {
+    processors: Vec<RunningProcessor>,
+}
+
+impl RelayHost {
+    /// Verifies every monitored container, then starts one processor per source.
+    pub async fn start(
+        cosmos: &CosmosConnection,
+        broker: Arc<dyn Broker>,
+        sources: &[RelaySource],
+        options: &RelayOptions,
+    ) -> Result<Self, RelayError> {
+        options
+            .delivery
+            .validate()
+            .map_err(RelayError::InvalidOptions)?;
+        options
+            .processor
+            .validate()
+            .map_err(|e| RelayError::InvalidOptions(e.to_string()))?;
+        contract::verify_all(cosmos, sources).await?;
+
+        let instance = identity::instance_name();
+        let mut processors = Vec::with_capacity(sources.len());
+        for source in sources {
+            match start_one(cosmos, &broker, source, &instance, options).await {
+                Ok(processor) => processors.push(processor),
+                Err(error) => {
+                    // Stop what already started; the original error is what the caller sees.
+                    for started in processors {
+                        started.shutdown().await;
+                    }
+                    return Err(error);
+                }
+            }
+        }
+        Ok(Self { processors })
+    }
+
+    /// The processors' names, one per source.
+    pub fn processor_names(&self) -> Vec<&str> {
+        self.processors
+            .iter()
+            .map(RunningProcessor::processor_name)
+            .collect()
+    }
+
+    /// The lease tokens this instance drains now, per processor.
+    pub fn owned_leases(&self) -> Vec<(String, Vec<String>)> {
+        self.processors
+            .iter()
+            .map(|p| (p.processor_name().to_owned(), p.owned_leases()))
+            .collect()
+    }
+
+    /// Stops every processor, finishing pages in flight and releasing leases.
+    pub async fn shutdown(self) {
+        for processor in self.processors {
+            processor.shutdown().await;
+        }
+    }
+}
+
+async fn start_one(
+    cosmos: &CosmosConnection,
+    broker: &Arc<dyn Broker>,
+    source: &RelaySource,
+    instance: &str,
+    options: &RelayOptions,
+) -> Result<RunningProcessor, RelayError> {
+    let container = |name: &'static str| async move {
+        cosmos
+            .container(source.database, name)
+            .await
+            .map_err(|e| RelayError::Container {
+                database: source.database,
+                container: source.container,
+                missing: name,
+                source: e,
+            })
+    };
+    let monitored = container(source.container).await?;
+    let leases = container(source.lease).await?;
+    let drain = Drain::new(
+        broker.clone(),
+        monitored.clone(),
+        source.partition_key_paths,
+        options.delivery.clone(),
+    );
+    let processor_name = source.processor_name.clone();
+    let label = format!("{}/{}", source.database, source.container);
+    let processor = ChangeFeedProcessor::builder(&source.processor_name, instance, monitored, leases)
+        .options(options.processor.clone())
+        .start(move |batch| {
+            let drain = drain.clone();
+            let label = label.clone();
+            async move {
+                let report = drain.drain(&batch.documents).await.inspect_err(|error| {
+                    tracing::error!(container = label, lease = batch.lease_token, %error, "chatter relay: page not drained; it will be read again");
+                })?;
+                if report.published > 0 || report.undeliverable > 0 {
+                    tracing::info!(
+                        container = label,
+                        lease = batch.lease_token,
+                        published = report.published,
+                        skipped = report.skipped,
+                        undeliverable = report.undeliverable,
+                        "chatter relay drained a page"
+                    );
+                }
+                Ok(())
+            }
+            .boxed()
+        })
+        .await
+        .map_err(|e| RelayError::Processor { database: source.database, container: source.container, source: e })?;
+    tracing::info!(processor = processor_name, instance, container = %format!("{}/{}", source.database, source.container), "chatter relay started");
+    Ok(processor)
+}
