@@ -1,4 +1,39 @@
-//! placeholder
+//! Reliable messaging on Azure Cosmos DB.
+//!
+//! A command type derives [`DocumentReliable`](macro@DocumentReliable) and gets one `#[handler]`.
+//! [`start()`] collects every registration, validates them, connects to Cosmos, verifies the
+//! monitored containers, and then:
+//!
+//! - consumes each command's destination from the [`broker`]; each delivery runs its handler
+//!   inside the document tier ([`pipeline`]): the inbox marker (op 0), the handler's staged writes
+//!   and its outbox documents commit in **one** TransactionalBatch, executed once; a duplicate
+//!   delivery is confirmed by point-reading the marker and acknowledged without committing again;
+//! - runs the change-feed relay ([`relay`]): one change-feed processor per distinct source
+//!   identity, with leases in the lease container, publishing each pending Outbox Document to the
+//!   broker and only then stamping it delivered with a TTL.
+//!
+//! ```text
+//! broker --CreateOrder--> consumer --> handler --(marker, writes, outbox)--> one batch --> Cosmos
+//! Cosmos change feed --> relay --publish, confirmed--> broker, then patch status/ttl --> Cosmos
+//! ```
+//!
+//! | module | concern |
+//! | --- | --- |
+//! | [`registry`] | registrations collected by `inventory`, validated at start |
+//! | [`pipeline`] | the Batch-Lifecycle Behavior, the Atomic-Write Handle ([`HandlerContext`]) |
+//! | [`document`] | Outbox Documents, inbox markers, ids (the wire shapes shared with .NET) |
+//! | [`cosmos`] | the connection (real, emulator server, embedded), provisioning for development, store calls |
+//! | [`broker`] | the broker trait, in-memory and RabbitMQ implementations |
+//! | [`relay`] | change-feed processor, drain, source identity, Monitored Container Contract |
+//!
+//! | feature | default | what |
+//! | --- | --- | --- |
+//! | `embedded` | yes | the SDK's in-memory Cosmos emulator when `CHATTER_COSMOS_ENDPOINT` is unset (nothing persisted) |
+//! | `rabbitmq` | no | `broker::RabbitMqBroker` through `lapin` |
+//!
+//! Registrations are collected with `inventory`, which only sees crates linked into the binary:
+//! reference a crate of commands from the binary (`use my_commands as _;`) or its registrations are
+//! silently left out.
 pub mod broker;
 pub mod cosmos;
 pub mod document;
