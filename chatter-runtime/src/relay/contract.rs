@@ -23,10 +23,9 @@
 
 use std::fmt;
 
-use crate::cosmos::{
-    ContainerClient, ContainerSettings, CosmosConnection, CosmosStoreError,
-    read_container_properties,
-};
+use serde::Deserialize;
+
+use crate::cosmos::{ContainerClient, ContainerSettings, CosmosConnection, CosmosStoreError};
 use crate::document::outbox::RELAY_STAMPED_PATHS;
 
 use super::identity::RelaySource;
@@ -109,9 +108,9 @@ pub enum ContractError {
         database: String,
         /// Container id.
         container: String,
-        /// The store error.
+        /// The store error (boxed to keep the error small).
         #[source]
-        source: CosmosStoreError,
+        source: Box<CosmosStoreError>,
     },
     /// The container breaks the contract; every violation found, in check order.
     #[error(
@@ -159,14 +158,53 @@ pub async fn verify(
     container_id: &str,
     declared_paths: &[&str],
 ) -> Result<(), ContractError> {
-    let settings = read_container_properties(container)
+    let settings = read_settings(container)
         .await
         .map_err(|source| ContractError::Unreadable {
             database: database.to_owned(),
             container: container_id.to_owned(),
-            source,
+            source: Box::new(source),
         })?;
     check(database, container_id, declared_paths, &settings)
+}
+
+/// The container resource as the contract reads it: only the two properties it checks, each
+/// taken as the service reports it.
+#[derive(Deserialize)]
+struct ContainerResource {
+    #[serde(rename = "defaultTtl", default)]
+    default_ttl: Option<i64>,
+    #[serde(rename = "partitionKey", default)]
+    partition_key: Option<PartitionKeyResource>,
+}
+
+#[derive(Deserialize)]
+struct PartitionKeyResource {
+    #[serde(default)]
+    paths: Option<Vec<String>>,
+}
+
+/// Reads the container's `defaultTtl` and partition-key paths in one request.
+///
+/// Unlike [`crate::cosmos::read_container_properties`] (the SDK model, which refuses a
+/// `defaultTtl` of `0` or below `-1`), every integer `defaultTtl` is accepted here, so such a
+/// container is reported as the TTL violation it is rather than as unreadable.
+async fn read_settings(container: &ContainerClient) -> Result<ContainerSettings, CosmosStoreError> {
+    const OPERATION: &str = "read_container";
+    let resource: ContainerResource = container
+        .read(None)
+        .await
+        .map_err(|e| CosmosStoreError::request(OPERATION, e))?
+        .into_body()
+        .into_single()
+        .map_err(|e| CosmosStoreError::codec(OPERATION, e))?;
+    Ok(ContainerSettings {
+        default_ttl: resource.default_ttl,
+        partition_key_paths: resource
+            .partition_key
+            .and_then(|pk| pk.paths)
+            .unwrap_or_default(),
+    })
 }
 
 /// The three checks of the contract on already-read container settings (what [`verify`] runs
@@ -252,7 +290,7 @@ pub async fn verify_all(
         let unreadable = |source_error| ContractError::Unreadable {
             database: source.database.to_owned(),
             container: source.container.to_owned(),
-            source: source_error,
+            source: Box::new(source_error),
         };
         let handle = connection
             .container(source.database, source.container)
