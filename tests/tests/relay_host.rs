@@ -1,0 +1,230 @@
+//! The pipeline-integrated relay in a started runtime (catalog 3.122, 4.2): the contract is
+//! verified for every monitored container before any processor is built, and a started relay
+//! publishes each genuine pending Outbox Document once and never touches anything else.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chatter_runtime::broker::{Broker, InMemoryBroker};
+use chatter_runtime::cosmos::{self, CosmosConnection, provision};
+use chatter_runtime::registry::Registry;
+use chatter_runtime::relay::change_feed::{ChangeFeedProcessorOptions, read_leases};
+use chatter_runtime::relay::host::RelayOptions;
+use chatter_runtime::relay::identity::distinct_sources;
+use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, StartError, handler};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// Places an order and emits `OrderCreated`.
+#[derive(Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "shop", container = "orders", lease = "orders-leases")]
+#[partition_key(path = "/orderId")]
+#[serde(rename_all = "camelCase")]
+pub struct CreateOrder {
+    pub order_id: String,
+}
+
+#[handler]
+async fn create_order(command: CreateOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    ctx.upsert(json!({ "id": command.order_id, "orderId": command.order_id, "status": "placed" }))?;
+    ctx.send_json(
+        "order-events",
+        &format!("{}:created", ctx.message_id()),
+        &json!({ "orderId": command.order_id }),
+    )?;
+    Ok(())
+}
+
+/// Posts a ledger entry; its container is the one the contract tests break.
+#[derive(Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "finance", container = "ledger", lease = "ledger-leases")]
+#[partition_key(path = "/tenantId")]
+#[serde(rename_all = "camelCase")]
+pub struct PostLedgerEntry {
+    pub tenant_id: String,
+}
+
+#[handler]
+async fn post(_command: PostLedgerEntry, _ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    Ok(())
+}
+
+fn fast() -> RelayOptions {
+    RelayOptions {
+        processor: ChangeFeedProcessorOptions::default()
+            .with_poll_interval(Duration::from_millis(50))
+            .with_lease_acquire_interval(Duration::from_millis(200))
+            .with_lease_renew_interval(Duration::from_millis(500))
+            .with_lease_expiry(Duration::from_secs(3)),
+        ..RelayOptions::default()
+    }
+}
+
+async fn store(ledger_path: &str) -> CosmosConnection {
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    provision::ensure_container(&cosmos, "shop", "orders", &["/orderId"])
+        .await
+        .unwrap();
+    provision::ensure_lease_container(&cosmos, "shop", "orders-leases")
+        .await
+        .unwrap();
+    provision::ensure_container(&cosmos, "finance", "ledger", &[ledger_path])
+        .await
+        .unwrap();
+    provision::ensure_lease_container(&cosmos, "finance", "ledger-leases")
+        .await
+        .unwrap();
+    cosmos
+}
+
+#[tokio::test]
+async fn a_contract_violation_fails_the_start_before_any_processor_is_built() {
+    // R4.30/R4.32: the ledger container is partitioned by /accountId, not the declared /tenantId;
+    // the valid orders container gets no processor either.
+    let cosmos = store("/accountId").await;
+    let err = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .relay_options(fast())
+        .start()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StartError::Relay(_)), "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains("/tenantId")
+            && message.contains("/accountId")
+            && message.contains("'ledger'"),
+        "{message}"
+    );
+    for (database, lease) in [("shop", "orders-leases"), ("finance", "ledger-leases")] {
+        let leases = cosmos.container(database, lease).await.unwrap();
+        for source in distinct_sources(&Registry::from_inventory().unwrap(), cosmos.endpoint()) {
+            assert!(
+                read_leases(&leases, &source.processor_name)
+                    .await
+                    .unwrap()
+                    .is_empty(),
+                "no lease was created"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_empty_registry_starts_and_stops_with_no_relay_work() {
+    // R4.33.
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    let runtime = Runtime::builder()
+        .cosmos(cosmos)
+        .registry(Registry::build([], []).unwrap())
+        .start()
+        .await
+        .unwrap();
+    assert!(runtime.relay_leases().await.is_empty());
+    runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_relay_publishes_each_pending_document_once_and_never_touches_other_documents() {
+    let cosmos = store("/tenantId").await;
+    let orders = cosmos.container("shop", "orders").await.unwrap();
+    // Controls seeded before start (R3.122): a domain document and an already-delivered outbox
+    // document; neither may be published or changed.
+    let key = || cosmos::partition_key(&[json!("control")]).unwrap();
+    let domain = json!({ "id": "control-order", "orderId": "control", "_chatterType": "order", "status": "pending" });
+    let delivered = json!({
+        "id": chatter_runtime::document::outbox_id("old").unwrap(), "_chatterType": "outbox", "status": "delivered",
+        "MessageId": "old", "Destination": "order-events", "MessageBody": "{}", "MessageContentType": "application/json",
+        "MessageContext": "{}", "orderId": "control",
+    });
+    for doc in [&domain, &delivered] {
+        cosmos::store::create_item(&orders, key(), doc)
+            .await
+            .unwrap();
+    }
+    let seeded: HashMap<String, Value> =
+        futures::future::join_all([&domain, &delivered].map(|d| {
+            let orders = orders.clone();
+            let id = d["id"].as_str().unwrap().to_owned();
+            async move {
+                let doc = cosmos::read_item(
+                    &orders,
+                    cosmos::partition_key(&[json!("control")]).unwrap(),
+                    &id,
+                )
+                .await
+                .unwrap();
+                (id, doc.into_document().unwrap())
+            }
+        }))
+        .await
+        .into_iter()
+        .collect();
+
+    let broker = InMemoryBroker::new();
+    let mut events = broker.subscribe("order-events").await.unwrap();
+    let runtime = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .broker(broker.clone())
+        .relay_options(fast())
+        .start()
+        .await
+        .unwrap();
+    for i in 0..5 {
+        runtime
+            .dispatch(
+                CreateOrder {
+                    order_id: format!("o-{i}"),
+                },
+                format!("m-{i}"),
+            )
+            .await
+            .unwrap();
+    }
+    let mut seen = Vec::new();
+    while seen.len() < 5 {
+        let delivery = tokio::time::timeout(Duration::from_secs(30), events.next())
+            .await
+            .expect("published")
+            .unwrap()
+            .unwrap();
+        seen.push(delivery.message.message_id.clone());
+        delivery.ack().await.unwrap();
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        (0..5).map(|i| format!("m-{i}:created")).collect::<Vec<_>>()
+    );
+    // Every outbox document ends delivered with a positive ttl.
+    for i in 0..5 {
+        let id = chatter_runtime::document::outbox_id(&format!("m-{i}:created")).unwrap();
+        let key = cosmos::partition_key(&[json!(format!("o-{i}"))]).unwrap();
+        let doc = loop {
+            let doc = cosmos::read_item(&orders, key.clone(), &id)
+                .await
+                .unwrap()
+                .into_document()
+                .unwrap();
+            if doc["status"] == "delivered" {
+                break doc;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(doc["ttl"], 86400);
+    }
+    // No republish within a settle window of many polls, and the controls are untouched.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(broker.published_count("order-events"), 5);
+    for (id, before) in seeded {
+        let now = cosmos::read_item(&orders, key(), &id)
+            .await
+            .unwrap()
+            .into_document()
+            .unwrap();
+        assert_eq!(now["_etag"], before["_etag"], "{id} untouched");
+    }
+    let leases = runtime.relay_leases().await;
+    assert_eq!(leases.len(), 2, "one processor per distinct source");
+    runtime.shutdown().await;
+}
