@@ -1,0 +1,151 @@
+//! A relay-only chatter process for the multi-process tests (`tests/relay_kill_restart.rs`):
+//! `cargo build -p chatter-tests --features rabbitmq --bin relay_worker`.
+//!
+//! Connects to the Cosmos endpoint in `CHATTER_COSMOS_ENDPOINT` (e.g. a `chatter-emulator`
+//! server) and to RabbitMQ at `CHATTER_RABBITMQ_URI` (default
+//! `amqp://guest:guest@127.0.0.1:5672/%2f`), registers the same `PlaceOrder` command as the
+//! test, and runs the change-feed relay (no consumers) until its stdin is closed.
+//!
+//! - `CHATTER_TEST_LEASE_EXPIRY_MS`: the lease expiry (default 3000 ms); the renew interval is
+//!   a quarter of it, so a killed worker's leases are taken over soon after.
+//! - `CHATTER_TEST_HANG_AFTER_PUBLISH=1`: publish through [`HangAfterPublish`], a test double
+//!   that, once RabbitMQ confirmed a message, prints `published <message id>` on stdout and never
+//!   returns, so the relay never stamps the outbox document. The test kills the process then.
+//!
+//! Prints `started` on stdout once the runtime runs.
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use chatter_runtime::broker::{Broker, BrokerError, RabbitMqBroker, Subscription};
+use chatter_runtime::cosmos::CosmosConnection;
+use chatter_runtime::message::BrokeredMessage;
+use chatter_runtime::relay::change_feed::ChangeFeedProcessorOptions;
+use chatter_runtime::relay::host::RelayOptions;
+use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+/// The default RabbitMQ of this project's machines.
+const DEFAULT_RABBITMQ_URI: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// Places an order and sends `OrderPlaced` to the queue named by `events` (the same declaration
+/// as in `tests/relay_kill_restart.rs`, so both register the same monitored container).
+#[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "relay-kill", container = "orders", lease = "orders-leases")]
+#[partition_key(path = "/orderId")]
+#[serde(rename_all = "camelCase")]
+pub struct PlaceOrder {
+    pub order_id: String,
+    pub events: String,
+}
+
+#[handler]
+async fn place_order(command: PlaceOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    ctx.upsert(json!({ "id": command.order_id, "orderId": command.order_id }))?;
+    let event = format!("{}:OrderPlaced", ctx.message_id());
+    ctx.send(BrokeredMessage::json(
+        event,
+        command.events,
+        json!({ "orderId": command.order_id }).to_string(),
+    ))?;
+    Ok(())
+}
+
+/// Test double (a fault the real parts cannot produce at a precise moment): the process
+/// "dies" between the broker's confirm and the delivered stamp. Publishes through the real
+/// RabbitMQ broker; after the confirm, prints `published <message id>` and never returns.
+struct HangAfterPublish(RabbitMqBroker);
+
+impl Broker for HangAfterPublish {
+    fn publish(&self, message: BrokeredMessage) -> BoxFuture<'_, Result<(), BrokerError>> {
+        async move {
+            let message_id = message.message_id.clone();
+            self.0.publish(message).await?;
+            {
+                let mut stdout = std::io::stdout().lock();
+                let _ = writeln!(stdout, "published {message_id}");
+                let _ = stdout.flush();
+            }
+            futures::future::pending::<()>().await;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn subscribe<'a>(
+        &'a self,
+        destination: &'a str,
+    ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
+        self.0.subscribe(destination)
+    }
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("relay_worker: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), BoxError> {
+    let endpoint = env("CHATTER_COSMOS_ENDPOINT").ok_or("CHATTER_COSMOS_ENDPOINT is not set")?;
+    let uri = env("CHATTER_RABBITMQ_URI").unwrap_or_else(|| DEFAULT_RABBITMQ_URI.to_owned());
+    let expiry_ms: u64 = match env("CHATTER_TEST_LEASE_EXPIRY_MS") {
+        Some(ms) => ms.parse()?,
+        None => 3000,
+    };
+    let hang = env("CHATTER_TEST_HANG_AFTER_PUBLISH").as_deref() == Some("1");
+
+    let expiry = Duration::from_millis(expiry_ms);
+    let options = RelayOptions {
+        processor: ChangeFeedProcessorOptions::default()
+            .with_poll_interval(Duration::from_millis(100))
+            .with_lease_expiry(expiry)
+            .with_lease_renew_interval(expiry / 4)
+            .with_lease_acquire_interval(Duration::from_millis(250)),
+        delivery: Default::default(),
+    };
+    let cosmos = CosmosConnection::connect(&endpoint, None).await?;
+    let rabbitmq = RabbitMqBroker::connect(&uri).await?;
+    let builder = Runtime::builder()
+        .cosmos(cosmos)
+        .consume(false)
+        .relay_options(options);
+    let builder = if hang {
+        builder.broker(HangAfterPublish(rabbitmq))
+    } else {
+        builder.broker(rabbitmq)
+    };
+    let runtime = builder.start().await?;
+    println!("started");
+
+    // Run until the parent closes stdin (or dies); killing the process is the other way out.
+    tokio::task::spawn_blocking(|| {
+        let mut sink = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut sink);
+    })
+    .await?;
+    if hang {
+        // A publish that never returns keeps a graceful shutdown from finishing.
+        std::process::exit(0);
+    }
+    tokio::time::timeout(Duration::from_secs(30), runtime.shutdown())
+        .await
+        .map_err(|_| "the runtime did not shut down within 30 s")?;
+    Ok(())
+}
