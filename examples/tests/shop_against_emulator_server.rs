@@ -110,3 +110,87 @@ async fn a_second_process_reads_the_examples_documents_in_the_exact_shapes() {
         assert_eq!(body["orderId"], order_id);
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_mode_shuts_down_on_sigterm_and_releases_its_leases() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = chatter_emulator::EmulatorServer::from_listener(listener)
+        .unwrap()
+        .spawn();
+    let endpoint = server.endpoint().to_owned();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shop"))
+        .arg("--serve")
+        .env("CHATTER_COSMOS_ENDPOINT", &endpoint)
+        .env_remove("CHATTER_COSMOS_KEY")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Keep reading to the end: a closed pipe would make the example's later `println!` fail.
+    let stdout = child.stdout.take().unwrap();
+    let (serving_tx, serving_rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut serving_tx = Some(serving_tx);
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.starts_with("serving until") {
+                if let Some(tx) = serving_tx.take() {
+                    let _ = tx.send(());
+                }
+            }
+        }
+    });
+    if tokio::time::timeout(std::time::Duration::from_secs(120), serving_rx)
+        .await
+        .map_or(true, |r| r.is_err())
+    {
+        let _ = child.kill();
+        panic!("shop --serve never reached its serving state");
+    }
+
+    // While it serves, its relay owns the leases of shop/orders.
+    let reader = CosmosConnection::connect(&endpoint, None).await.unwrap();
+    let leases = reader.container("shop", "orders-leases").await.unwrap();
+    let owned = chatter_runtime::relay::change_feed::read_leases(&leases, &processor_name(&reader))
+        .await
+        .unwrap();
+    assert!(
+        owned.iter().any(|l| l.owner.is_some()),
+        "the serving relay owns leases"
+    );
+
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(exit.success(), "graceful shutdown exits 0, got {exit}");
+
+    let after = chatter_runtime::relay::change_feed::read_leases(&leases, &processor_name(&reader))
+        .await
+        .unwrap();
+    assert!(!after.is_empty());
+    assert!(
+        after.iter().all(|l| l.owner.is_none()),
+        "every lease released: {after:?}"
+    );
+}
+
+/// The processor name the shop's relay uses over this store (ground truth: endpoint + containers).
+fn processor_name(reader: &CosmosConnection) -> String {
+    chatter_runtime::relay::identity::SourceIdentity::GroundTruth {
+        monitored_endpoint: reader.endpoint().to_owned(),
+        monitored_database: "shop".into(),
+        monitored_container: "orders".into(),
+        lease_endpoint: reader.endpoint().to_owned(),
+        lease_database: "shop".into(),
+        lease_container: "orders-leases".into(),
+    }
+    .processor_name()
+}
