@@ -135,10 +135,10 @@ async fn serve_mode_shuts_down_on_sigterm_and_releases_its_leases() {
     std::thread::spawn(move || {
         let mut serving_tx = Some(serving_tx);
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.starts_with("serving until") {
-                if let Some(tx) = serving_tx.take() {
-                    let _ = tx.send(());
-                }
+            if line.starts_with("serving until")
+                && let Some(tx) = serving_tx.take()
+            {
+                let _ = tx.send(());
             }
         }
     });
