@@ -1,4 +1,4 @@
-use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, handler};
+use chatter_runtime::{DocumentReliable, HandlerContext, handler};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize)]
