@@ -1,1 +1,32 @@
-//! Integration tests for chatter live under `tests/`.
+//! Integration tests for chatter live under `tests/`; this library is their shared support code.
+//!
+//! Every test binary in `tests/*.rs` (and `src/bin/relay_worker.rs`) links it, so it holds only
+//! plain helpers: never a `#[derive(DocumentReliable)]` command or a `#[handler]`. Those are
+//! collected per binary by `inventory`, and one here would be registered in every binary that
+//! links this crate and break their start-time validation. Commands and handlers stay in the
+//! test files.
+//!
+//! | module | what |
+//! | --- | --- |
+//! | [`wait`] | [`wait::eventually`]: bounded polling until a condition holds |
+//! | [`store`] | embedded store, `chatter-emulator` server on port 0, provisioning, point reads |
+//! | [`broker`] | [`broker::Received`] (message ids consumed from a destination), bounded `next` |
+//! | [`relay`] | [`relay::fast_relay`]: relay options with short timings |
+//! | [`runtime`] | [`runtime::writer`]: a runtime that only dispatches (no consumers, no relay) |
+//! | [`process`] | [`process::ChildProcess`]: a spawned process read line by line, killed on drop |
+//! | `rabbitmq` (feature `rabbitmq`) | the RabbitMQ URI, bounded connect / subscribe / delete |
+
+mod support {
+    pub mod broker;
+    pub mod process;
+    #[cfg(feature = "rabbitmq")]
+    pub mod rabbitmq;
+    pub mod relay;
+    pub mod runtime;
+    pub mod store;
+    pub mod wait;
+}
+
+#[cfg(feature = "rabbitmq")]
+pub use support::rabbitmq;
+pub use support::{broker, process, relay, runtime, store, wait};

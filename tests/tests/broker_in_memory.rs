@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, BrokerError, Delivery, InMemoryBroker, Subscription};
 use chatter_runtime::message::BrokeredMessage;
+use chatter_tests::broker::{assert_quiet_for, next_delivery};
 use serde_json::json;
 use tokio::time::timeout;
 
@@ -26,17 +27,11 @@ fn message(id: &str, destination: &str) -> BrokeredMessage {
 }
 
 async fn next(subscription: &mut Subscription) -> Delivery {
-    timeout(DELIVERY_WAIT, subscription.next())
-        .await
-        .expect("a delivery arrives in time")
-        .expect("the subscription is open")
-        .expect("the delivery is a Brokered Message")
+    next_delivery(subscription, DELIVERY_WAIT).await
 }
 
 async fn assert_quiet(subscription: &mut Subscription) {
-    if let Ok(item) = timeout(QUIET_WAIT, subscription.next()).await {
-        panic!("expected no further delivery, got {item:?}");
-    }
+    assert_quiet_for(subscription, QUIET_WAIT).await;
 }
 
 #[tokio::test]

@@ -7,20 +7,18 @@ use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, BrokerError, Delivery, RabbitMqBroker, Subscription};
 use chatter_runtime::message::BrokeredMessage;
+use chatter_tests::broker::{assert_quiet_for, next_delivery};
+use chatter_tests::rabbitmq;
 use serde_json::json;
 use tokio::time::timeout;
 
-const URI: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// Long enough for any delivery that is coming; bounds every wait so no test hangs.
 const DELIVERY_WAIT: Duration = Duration::from_secs(10);
 /// How long "no further delivery" is watched for.
 const QUIET_WAIT: Duration = Duration::from_millis(500);
 
 async fn connect() -> RabbitMqBroker {
-    timeout(DELIVERY_WAIT, RabbitMqBroker::connect(URI))
-        .await
-        .expect("connecting to RabbitMQ takes less than the bound")
-        .expect("RabbitMQ runs at 127.0.0.1:5672 (`rabbitmq-server -detached`)")
+    rabbitmq::connect(DELIVERY_WAIT).await
 }
 
 fn queue() -> String {
@@ -47,24 +45,15 @@ async fn publish(broker: &RabbitMqBroker, message: BrokeredMessage) {
 }
 
 async fn subscribe(broker: &RabbitMqBroker, destination: &str) -> Subscription {
-    timeout(DELIVERY_WAIT, broker.subscribe(destination))
-        .await
-        .expect("subscribing takes less than the bound")
-        .expect("the consumer starts")
+    rabbitmq::subscribe(broker, destination, DELIVERY_WAIT).await
 }
 
 async fn next(subscription: &mut Subscription) -> Delivery {
-    timeout(DELIVERY_WAIT, subscription.next())
-        .await
-        .expect("a delivery arrives in time")
-        .expect("the subscription is open")
-        .expect("the delivery is a Brokered Message")
+    next_delivery(subscription, DELIVERY_WAIT).await
 }
 
 async fn assert_quiet(subscription: &mut Subscription) {
-    if let Ok(item) = timeout(QUIET_WAIT, subscription.next()).await {
-        panic!("expected no further delivery, got {item:?}");
-    }
+    assert_quiet_for(subscription, QUIET_WAIT).await;
 }
 
 async fn settle(result: impl Future<Output = Result<(), BrokerError>>) {
@@ -76,10 +65,7 @@ async fn settle(result: impl Future<Output = Result<(), BrokerError>>) {
 
 /// Deletes the queue; returns how many messages were still in it.
 async fn delete(broker: &RabbitMqBroker, destination: &str) -> u32 {
-    timeout(DELIVERY_WAIT, broker.delete_queue(destination))
-        .await
-        .expect("deleting takes less than the bound")
-        .expect("the queue is deleted")
+    rabbitmq::delete_queue(broker, destination, DELIVERY_WAIT).await
 }
 
 #[tokio::test]

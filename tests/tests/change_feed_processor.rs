@@ -3,19 +3,20 @@
 //!
 //! No timed assertions: every wait is a bounded poll with a generous timeout.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chatter_runtime::cosmos::provision::{ensure_container, ensure_lease_container};
 use chatter_runtime::cosmos::store::upsert_item;
 use chatter_runtime::cosmos::{ContainerClient, CosmosConnection, partition_key};
 use chatter_runtime::relay::change_feed::{
     BatchFuture, ChangeFeedBatch, ChangeFeedProcessor, ChangeFeedProcessorOptions, LeaseDocument,
     RunningProcessor, read_leases,
 };
+use chatter_tests::broker::Received;
+use chatter_tests::store::{embedded, emulator_server, provisioned_with_leases};
+use chatter_tests::wait::eventually;
 use serde_json::json;
 
 const DB: &str = "cfp";
@@ -23,6 +24,8 @@ const MONITORED: &str = "orders";
 const LEASES: &str = "orders-leases";
 /// Generous bound for anything the processor should do "soon".
 const WAIT: Duration = Duration::from_secs(60);
+/// How often a wait checks its condition.
+const POLL: Duration = Duration::from_millis(50);
 
 /// Short timings so hand-overs happen within seconds.
 fn fast_options() -> ChangeFeedProcessorOptions {
@@ -39,21 +42,14 @@ struct Store {
 }
 
 async fn store_on(connection: &CosmosConnection) -> Store {
-    ensure_container(connection, DB, MONITORED, &["/orderId"])
-        .await
-        .unwrap();
-    ensure_lease_container(connection, DB, LEASES)
-        .await
-        .unwrap();
     Store {
-        monitored: connection.container(DB, MONITORED).await.unwrap(),
+        monitored: provisioned_with_leases(connection, DB, MONITORED, &["/orderId"], LEASES).await,
         leases: connection.container(DB, LEASES).await.unwrap(),
     }
 }
 
 async fn embedded_store() -> Store {
-    let connection = CosmosConnection::embedded().await.unwrap();
-    store_on(&connection).await
+    store_on(&embedded().await).await
 }
 
 async fn write_orders(store: &Store, range: std::ops::Range<usize>, version: u32) {
@@ -74,29 +70,19 @@ fn order_ids(range: std::ops::Range<usize>) -> BTreeSet<String> {
 }
 
 /// Every delivered document id (with how often), across every processor sharing it.
-#[derive(Clone, Default)]
-struct Seen(Arc<Mutex<BTreeMap<String, usize>>>);
+type Seen = Received;
 
-impl Seen {
-    fn record(&self, batch: &ChangeFeedBatch) {
-        let mut seen = self.0.lock().unwrap();
-        for doc in &batch.documents {
-            if let Some(id) = doc.get("id").and_then(|v| v.as_str()) {
-                *seen.entry(id.to_owned()).or_default() += 1;
-            }
-        }
-    }
-
-    fn ids(&self) -> BTreeSet<String> {
-        self.0.lock().unwrap().keys().cloned().collect()
-    }
-
-    fn handler(&self) -> impl Fn(ChangeFeedBatch) -> BatchFuture + Send + Sync + 'static {
-        let seen = self.clone();
-        move |batch| {
-            seen.record(&batch);
-            Box::pin(async { Ok(()) })
-        }
+/// A handler that records every handed-over document id in `seen` and succeeds.
+fn recording(seen: &Seen) -> impl Fn(ChangeFeedBatch) -> BatchFuture + Send + Sync + 'static {
+    let seen = seen.clone();
+    move |batch| {
+        seen.record_all(
+            batch
+                .documents
+                .iter()
+                .filter_map(|doc| doc.get("id").and_then(|v| v.as_str())),
+        );
+        Box::pin(async { Ok(()) })
     }
 }
 
@@ -118,22 +104,6 @@ async fn start(
     .unwrap()
 }
 
-/// Polls `condition` until it holds, panicking with `what` after [`WAIT`].
-async fn eventually<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// One handed-over batch: its lease token and document ids.
 type Attempt = (String, Vec<String>);
 
@@ -150,20 +120,23 @@ async fn every_written_document_is_handed_to_the_handler_at_least_once() {
     let store = embedded_store().await;
     write_orders(&store, 0..40, 1).await;
     let seen = Seen::default();
-    let processor = start(&store, "relay", "host-1", seen.handler()).await;
+    let processor = start(&store, "relay", "host-1", recording(&seen)).await;
 
     // Documents written before and after the start.
     write_orders(&store, 40..80, 1).await;
-    eventually("every document was handed over", || async {
+    eventually(WAIT, POLL, "every document was handed over", || async {
         seen.ids().is_superset(&order_ids(0..80))
     })
     .await;
 
     // A change to a delivered document is handed over again (latest version).
     write_orders(&store, 0..1, 2).await;
-    eventually("the changed document was handed over again", || async {
-        seen.0.lock().unwrap().get("order-0").copied().unwrap_or(0) >= 2
-    })
+    eventually(
+        WAIT,
+        POLL,
+        "the changed document was handed over again",
+        || async { seen.count("order-0") >= 2 },
+    )
     .await;
     processor.shutdown().await;
 }
@@ -202,7 +175,7 @@ async fn a_handler_error_hands_the_same_documents_again_without_advancing_the_co
     };
     let processor = start(&store, "relay", "host-1", handler).await;
 
-    eventually("the handler failed three times", || async {
+    eventually(WAIT, POLL, "the handler failed three times", || async {
         failures.load(Ordering::SeqCst) >= 3
     })
     .await;
@@ -228,18 +201,23 @@ async fn a_handler_error_hands_the_same_documents_again_without_advancing_the_co
     assert_eq!(lease.owner.as_deref(), Some("host-1"));
 
     failing.store(false, Ordering::SeqCst);
-    eventually("the batch was checkpointed after it succeeded", || async {
-        leases_of(&store, "relay")
-            .await
-            .iter()
-            .any(|l| l.lease_token == lease_token && l.continuation_token.is_some())
-    })
+    eventually(
+        WAIT,
+        POLL,
+        "the batch was checkpointed after it succeeded",
+        || async {
+            leases_of(&store, "relay")
+                .await
+                .iter()
+                .any(|l| l.lease_token == lease_token && l.continuation_token.is_some())
+        },
+    )
     .await;
     let delivered = batches.lock().unwrap().len();
     let after_success = delivered;
     // Quiet now: the checkpointed batch is not handed over again.
     write_orders(&store, 1..40, 1).await;
-    eventually("later documents were handed over", || async {
+    eventually(WAIT, POLL, "later documents were handed over", || async {
         let ids: BTreeSet<String> = batches
             .lock()
             .unwrap()
@@ -268,10 +246,12 @@ async fn two_processors_with_the_same_name_split_the_leases_and_together_see_eve
         "the emulator gives a container several feed ranges ({ranges})"
     );
     let seen = Seen::default();
-    let a = start(&store, "relay", "host-a", seen.handler()).await;
-    let b = start(&store, "relay", "host-b", seen.handler()).await;
+    let a = start(&store, "relay", "host-a", recording(&seen)).await;
+    let b = start(&store, "relay", "host-b", recording(&seen)).await;
 
     eventually(
+        WAIT,
+        POLL,
         "both instances own leases and every lease is owned",
         || async {
             let (owned_a, owned_b) = (a.owned_leases(), b.owned_leases());
@@ -290,7 +270,7 @@ async fn two_processors_with_the_same_name_split_the_leases_and_together_see_eve
     );
 
     write_orders(&store, 0..60, 1).await;
-    eventually("together they saw every document", || async {
+    eventually(WAIT, POLL, "together they saw every document", || async {
         seen.ids().is_superset(&order_ids(0..60))
     })
     .await;
@@ -303,9 +283,9 @@ async fn shutting_one_processor_down_releases_its_leases_and_the_other_takes_the
     let store = embedded_store().await;
     let ranges = feed_range_count(&store).await;
     let seen = Seen::default();
-    let a = start(&store, "relay", "host-a", seen.handler()).await;
-    let b = start(&store, "relay", "host-b", seen.handler()).await;
-    eventually("both instances own leases", || async {
+    let a = start(&store, "relay", "host-a", recording(&seen)).await;
+    let b = start(&store, "relay", "host-b", recording(&seen)).await;
+    eventually(WAIT, POLL, "both instances own leases", || async {
         !a.owned_leases().is_empty()
             && !b.owned_leases().is_empty()
             && a.owned_leases().len() + b.owned_leases().len() == ranges
@@ -324,14 +304,20 @@ async fn shutting_one_processor_down_releases_its_leases_and_the_other_takes_the
         );
     }
 
-    eventually("the remaining instance owns every lease", || async {
-        b.owned_leases().len() == ranges
-    })
+    eventually(
+        WAIT,
+        POLL,
+        "the remaining instance owns every lease",
+        || async { b.owned_leases().len() == ranges },
+    )
     .await;
     write_orders(&store, 0..40, 1).await;
-    eventually("the remaining instance saw every document", || async {
-        seen.ids().is_superset(&order_ids(0..40))
-    })
+    eventually(
+        WAIT,
+        POLL,
+        "the remaining instance saw every document",
+        || async { seen.ids().is_superset(&order_ids(0..40)) },
+    )
     .await;
     b.shutdown().await;
 }
@@ -368,8 +354,8 @@ async fn an_expired_lease_of_a_dead_instance_is_stolen() {
     }
 
     let seen = Seen::default();
-    let processor = start(&store, "relay", "host-1", seen.handler()).await;
-    eventually("the live instance owns every lease", || async {
+    let processor = start(&store, "relay", "host-1", recording(&seen)).await;
+    eventually(WAIT, POLL, "the live instance owns every lease", || async {
         processor.owned_leases().len() == ranges.len()
     })
     .await;
@@ -383,9 +369,12 @@ async fn an_expired_lease_of_a_dead_instance_is_stolen() {
         leases.iter().all(|l| l.owner.as_deref() == Some("host-1")),
         "{leases:?}"
     );
-    eventually("the ghost's documents were handed over", || async {
-        seen.ids().is_superset(&order_ids(0..30))
-    })
+    eventually(
+        WAIT,
+        POLL,
+        "the ghost's documents were handed over",
+        || async { seen.ids().is_superset(&order_ids(0..30)) },
+    )
     .await;
     processor.shutdown().await;
 }
@@ -394,17 +383,23 @@ async fn an_expired_lease_of_a_dead_instance_is_stolen() {
 async fn a_live_owner_keeps_its_lease_while_renewing_it() {
     let store = embedded_store().await;
     let ranges = feed_range_count(&store).await;
-    let first = start(&store, "relay", "host-1", Seen::default().handler()).await;
-    eventually("the first instance owns every lease", || async {
-        first.owned_leases().len() == ranges
-    })
+    let first = start(&store, "relay", "host-1", recording(&Seen::default())).await;
+    eventually(
+        WAIT,
+        POLL,
+        "the first instance owns every lease",
+        || async { first.owned_leases().len() == ranges },
+    )
     .await;
     // A second processor under another name shares the lease container without touching
     // the first one's leases.
-    let other = start(&store, "audit", "host-2", Seen::default().handler()).await;
-    eventually("the other processor owns its own leases", || async {
-        other.owned_leases().len() == ranges
-    })
+    let other = start(&store, "audit", "host-2", recording(&Seen::default())).await;
+    eventually(
+        WAIT,
+        POLL,
+        "the other processor owns its own leases",
+        || async { other.owned_leases().len() == ranges },
+    )
     .await;
     assert_eq!(first.owned_leases().len(), ranges);
     assert_eq!(leases_of(&store, "relay").await.len(), ranges);
@@ -418,8 +413,8 @@ async fn graceful_shutdown_leaves_every_lease_unowned_with_its_checkpoint() {
     let store = embedded_store().await;
     write_orders(&store, 0..30, 1).await;
     let seen = Seen::default();
-    let processor = start(&store, "relay", "host-1", seen.handler()).await;
-    eventually("every document was handed over", || async {
+    let processor = start(&store, "relay", "host-1", recording(&seen)).await;
+    eventually(WAIT, POLL, "every document was handed over", || async {
         seen.ids().is_superset(&order_ids(0..30))
     })
     .await;
@@ -435,9 +430,9 @@ async fn graceful_shutdown_leaves_every_lease_unowned_with_its_checkpoint() {
 
     // A restart resumes from the checkpoints: nothing already delivered comes again.
     let again = Seen::default();
-    let restarted = start(&store, "relay", "host-2", again.handler()).await;
+    let restarted = start(&store, "relay", "host-2", recording(&again)).await;
     write_orders(&store, 30..31, 1).await;
-    eventually("the new document was handed over", || async {
+    eventually(WAIT, POLL, "the new document was handed over", || async {
         again.ids().contains("order-30")
     })
     .await;
@@ -447,20 +442,14 @@ async fn graceful_shutdown_leaves_every_lease_unowned_with_its_checkpoint() {
 
 #[tokio::test]
 async fn a_feed_range_split_replaces_the_parent_lease_by_child_leases_without_losing_documents() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let emulator = chatter_emulator::EmulatorServer::from_listener(listener)
-        .unwrap()
-        .spawn();
-    let connection = CosmosConnection::connect(emulator.endpoint(), None)
-        .await
-        .unwrap();
+    let (emulator, connection) = emulator_server().await;
     let store = store_on(&connection).await;
     let ranges_before = feed_range_count(&store).await;
     write_orders(&store, 0..40, 1).await;
 
     let seen = Seen::default();
-    let processor = start(&store, "relay", "host-1", seen.handler()).await;
-    eventually("every document was handed over", || async {
+    let processor = start(&store, "relay", "host-1", recording(&seen)).await;
+    eventually(WAIT, POLL, "every document was handed over", || async {
         seen.ids().is_superset(&order_ids(0..40))
     })
     .await;
@@ -472,6 +461,8 @@ async fn a_feed_range_split_replaces_the_parent_lease_by_child_leases_without_lo
     // Changes made while the split completes and before the processor noticed it.
     write_orders(&store, 0..40, 2).await;
     eventually(
+        WAIT,
+        POLL,
         "the parent lease was replaced by two child leases",
         || async {
             leases_of(&store, "relay").await.len() == ranges_before + 1
@@ -480,11 +471,16 @@ async fn a_feed_range_split_replaces_the_parent_lease_by_child_leases_without_lo
     )
     .await;
     write_orders(&store, 40..60, 1).await;
-    eventually("every change after the split was handed over", || async {
-        let seen = seen.0.lock().unwrap();
-        (0..40).all(|i| seen.get(&format!("order-{i}")).copied().unwrap_or(0) >= 2)
-            && (40..60).all(|i| seen.contains_key(&format!("order-{i}")))
-    })
+    eventually(
+        WAIT,
+        POLL,
+        "every change after the split was handed over",
+        || async {
+            let seen = seen.snapshot();
+            (0..40).all(|i| seen.get(&format!("order-{i}")).copied().unwrap_or(0) >= 2)
+                && (40..60).all(|i| seen.contains_key(&format!("order-{i}")))
+        },
+    )
     .await;
     let leases = leases_of(&store, "relay").await;
     assert!(

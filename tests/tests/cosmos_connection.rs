@@ -6,15 +6,15 @@ use std::sync::Arc;
 use chatter_runtime::cosmos::provision::{ensure_container, ensure_lease_container};
 use chatter_runtime::cosmos::store::{create_item, upsert_item};
 use chatter_runtime::cosmos::{
-    BatchOperation, CosmosConnection, CosmosStoreError, ReadOutcome, execute_batch, partition_key,
-    patch_item, read_container_properties, read_item,
+    BatchOperation, ContainerClient, CosmosConnection, CosmosStoreError, ReadOutcome,
+    execute_batch, partition_key, patch_item, read_container_properties, read_item,
 };
+use chatter_tests::store::{embedded, provisioned};
 use serde_json::{Value, json};
 
-async fn embedded() -> CosmosConnection {
-    CosmosConnection::embedded()
-        .await
-        .expect("the embedded store starts")
+/// `shop/orders` (partitioned by `/orderId`) in a fresh embedded store.
+async fn shop_orders() -> Arc<ContainerClient> {
+    provisioned(&embedded().await, "shop", "orders", &["/orderId"]).await
 }
 
 fn pk(value: &str) -> chatter_runtime::cosmos::PartitionKey {
@@ -67,21 +67,16 @@ async fn container_never_provisions_a_missing_container() {
         .await
         .unwrap();
 
-    let err = conn
-        .container("shop", "missing")
-        .await
-        .err()
-        .expect("missing");
-    assert_eq!(err.status(), Some(404), "{err}");
+    assert_missing(&conn, "shop", "missing").await;
     // Still missing: nothing was created, and the failure was not cached.
+    assert_missing(&conn, "shop", "missing").await;
+    assert_missing(&conn, "nodb", "orders").await;
+}
+
+/// Asserts that deriving the handle of `database/container` fails with 404.
+async fn assert_missing(conn: &CosmosConnection, database: &str, container: &str) {
     let err = conn
-        .container("shop", "missing")
-        .await
-        .err()
-        .expect("missing");
-    assert_eq!(err.status(), Some(404), "{err}");
-    let err = conn
-        .container("nodb", "orders")
+        .container(database, container)
         .await
         .err()
         .expect("missing");
@@ -136,11 +131,7 @@ async fn provisioning_an_existing_container_with_other_partition_key_paths_fails
 
 #[tokio::test]
 async fn a_committed_batch_reports_200_and_per_operation_success_codes() {
-    let conn = embedded().await;
-    ensure_container(&conn, "shop", "orders", &["/orderId"])
-        .await
-        .unwrap();
-    let orders = conn.container("shop", "orders").await.unwrap();
+    let orders = shop_orders().await;
     create_item(
         &orders,
         pk("o1"),
@@ -178,11 +169,7 @@ async fn a_committed_batch_reports_200_and_per_operation_success_codes() {
 
 #[tokio::test]
 async fn a_batch_with_a_duplicate_create_reports_409_on_that_operation_and_rolls_back() {
-    let conn = embedded().await;
-    ensure_container(&conn, "shop", "orders", &["/orderId"])
-        .await
-        .unwrap();
-    let orders = conn.container("shop", "orders").await.unwrap();
+    let orders = shop_orders().await;
     create_item(&orders, pk("o1"), &json!({"id": "dup", "orderId": "o1"}))
         .await
         .unwrap();
@@ -235,11 +222,7 @@ async fn a_batch_with_a_duplicate_create_reports_409_on_that_operation_and_rolls
 
 #[tokio::test]
 async fn read_item_reports_404_for_a_missing_document_and_200_with_the_raw_document() {
-    let conn = embedded().await;
-    ensure_container(&conn, "shop", "orders", &["/orderId"])
-        .await
-        .unwrap();
-    let orders = conn.container("shop", "orders").await.unwrap();
+    let orders = shop_orders().await;
 
     let missing = read_item(&orders, pk("o1"), "nope").await.unwrap();
     assert_eq!(missing, ReadOutcome::NotFound);
@@ -273,11 +256,7 @@ async fn read_item_reports_404_for_a_missing_document_and_200_with_the_raw_docum
 
 #[tokio::test]
 async fn patch_sets_status_and_ttl_in_one_request() {
-    let conn = embedded().await;
-    ensure_container(&conn, "shop", "orders", &["/orderId"])
-        .await
-        .unwrap();
-    let orders = conn.container("shop", "orders").await.unwrap();
+    let orders = shop_orders().await;
     create_item(
         &orders,
         pk("o1"),
@@ -319,10 +298,7 @@ async fn patch_sets_status_and_ttl_in_one_request() {
 #[tokio::test]
 async fn hierarchical_partition_keys_round_trip() {
     let conn = embedded().await;
-    ensure_container(&conn, "shop", "tenants", &["/tenantId", "/userId"])
-        .await
-        .unwrap();
-    let tenants = conn.container("shop", "tenants").await.unwrap();
+    let tenants = provisioned(&conn, "shop", "tenants", &["/tenantId", "/userId"]).await;
     let key = || partition_key(&[json!("t1"), json!(42)]).unwrap();
 
     let outcome = execute_batch(
@@ -372,10 +348,7 @@ async fn emulator_server_shares_documents_between_independent_connections() {
     let writer = CosmosConnection::connect(&format!("http://127.0.0.1:{port}"), None)
         .await
         .expect("connects with the emulator's well-known key");
-    ensure_container(&writer, "shop", "orders", &["/orderId"])
-        .await
-        .unwrap();
-    let orders = writer.container("shop", "orders").await.unwrap();
+    let orders = provisioned(&writer, "shop", "orders", &["/orderId"]).await;
     create_item(
         &orders,
         pk("o1"),

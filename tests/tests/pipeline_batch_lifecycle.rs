@@ -4,12 +4,13 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use chatter_runtime::cosmos::{self, CosmosConnection, ReadOutcome, provision};
+use chatter_runtime::cosmos::{self, CosmosConnection, provision};
 use chatter_runtime::message::BrokeredMessage;
 use chatter_runtime::pipeline::{Outcome, PipelineError};
 use chatter_runtime::{
     BoxError, DispatchError, DocumentReliable, HandlerContext, Runtime, handler,
 };
+use chatter_tests::store::{document, find_document};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -128,13 +129,7 @@ fn order(id: &str, behaviour: &str) -> CreateOrder {
 
 async fn read(cosmos: &CosmosConnection, container: &str, pk: Value, id: &str) -> Option<Value> {
     let c = cosmos.container("shop", container).await.unwrap();
-    match cosmos::read_item(&c, cosmos::partition_key(&[pk]).unwrap(), id)
-        .await
-        .unwrap()
-    {
-        ReadOutcome::Found { document, .. } => Some(document),
-        ReadOutcome::NotFound => None,
-    }
+    find_document(&c, &[pk], id).await
 }
 
 fn keys(doc: &Value) -> Vec<&str> {
@@ -255,12 +250,7 @@ async fn hierarchical_key_stamps_nested_marker_leaves() {
     runtime.dispatch(entry, "ledger-2").await.unwrap();
     // R2.04: `tenant.id` = "acme", `region` = "us-east".
     let c = cosmos.container("finance", "ledger").await.unwrap();
-    let key = cosmos::partition_key(&[json!("acme"), json!("us-east")]).unwrap();
-    let marker = cosmos::read_item(&c, key, "inbox:bGVkZ2VyLTI")
-        .await
-        .unwrap()
-        .into_document()
-        .unwrap();
+    let marker = document(&c, &[json!("acme"), json!("us-east")], "inbox:bGVkZ2VyLTI").await;
     assert_eq!(marker["tenant"], json!({ "id": "acme" }));
     assert_eq!(marker["region"], "us-east");
 }
@@ -431,12 +421,9 @@ async fn each_command_writes_to_its_own_container() {
             .is_some()
     );
     let ledger = cosmos.container("finance", "ledger").await.unwrap();
-    let key = cosmos::partition_key(&[json!("t"), json!("r")]).unwrap();
     assert!(
-        cosmos::read_item(&ledger, key, "inbox:bXNnLTEx")
+        find_document(&ledger, &[json!("t"), json!("r")], "inbox:bXNnLTEx")
             .await
-            .unwrap()
-            .into_document()
             .is_some()
     );
 }

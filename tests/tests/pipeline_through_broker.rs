@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, InMemoryBroker};
-use chatter_runtime::cosmos::{self, CosmosConnection, provision};
+use chatter_runtime::cosmos::{CosmosConnection, provision};
 use chatter_runtime::message::BrokeredMessage;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
+use chatter_tests::store::find_document;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -82,10 +83,7 @@ async fn settled(broker: &InMemoryBroker) {
 
 async fn read(cosmos: &CosmosConnection, sku: &str, id: &str) -> Option<Value> {
     let c = cosmos.container("shop", "stock").await.unwrap();
-    cosmos::read_item(&c, cosmos::partition_key(&[json!(sku)]).unwrap(), id)
-        .await
-        .unwrap()
-        .into_document()
+    find_document(&c, &[json!(sku)], id).await
 }
 
 fn attempts_of(message_id: &str) -> Vec<bool> {

@@ -13,18 +13,13 @@ use chatter_runtime::relay::contract::{
     ContractError, ContractViolation, MonitoredContainersError, verify, verify_all,
 };
 use chatter_runtime::relay::identity::{RelaySource, SourceIdentity};
+use chatter_tests::store::embedded;
 
 const DATABASE: &str = "shop";
 
 const TTL_0_MESSAGE: &str = "The Cosmos outbox relay cannot monitor container 'orders' in database 'shop': its default time-to-live is 0, and a pending outbox document carries no ttl field, so Cosmos would delete it before the relay ever published it — the only accepted values are -1 (on, items without a ttl field never expire) and unset. Correct the container or the relay registration and restart.";
 
 const READ_FAILURE_MESSAGE: &str = "The Cosmos outbox relay could not read the properties of monitored container 'orders' in database 'shop'. The relay verifies that container's partition-key path and default time-to-live at start, so it requires metadata read access on the monitored container.";
-
-async fn embedded() -> CosmosConnection {
-    CosmosConnection::embedded()
-        .await
-        .expect("the embedded store starts")
-}
 
 /// Creates `DATABASE/name` with exactly these partition-key paths and default TTL through the
 /// SDK's control plane (provisioning always uses `defaultTtl = -1`), and derives its handle.

@@ -5,21 +5,19 @@
 use std::sync::Arc;
 
 use chatter_runtime::broker::{Broker, BrokerError, InMemoryBroker, Subscription};
-use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection, provision};
+use chatter_runtime::cosmos::{self, ContainerClient};
 use chatter_runtime::document::OutboxDocument;
 use chatter_runtime::message::BrokeredMessage;
 use chatter_runtime::relay::drain::{DeliverySettings, Drain, DrainError, DrainReport};
+use chatter_tests::broker::next_delivery;
+use chatter_tests::store::{document, embedded, provisioned};
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
 const PATHS: &[&str] = &["/tenantId"];
 
 async fn container() -> Arc<ContainerClient> {
-    let cosmos = CosmosConnection::embedded().await.unwrap();
-    provision::ensure_container(&cosmos, "shop", "orders", PATHS)
-        .await
-        .unwrap();
-    cosmos.container("shop", "orders").await.unwrap()
+    provisioned(&embedded().await, "shop", "orders", PATHS).await
 }
 
 fn message(id: &str) -> BrokeredMessage {
@@ -45,12 +43,7 @@ async fn stored(c: &ContainerClient, doc: Value) -> Value {
 }
 
 async fn read(c: &ContainerClient, id: &str, tenant: &Value) -> Value {
-    let key = cosmos::partition_key(std::slice::from_ref(tenant)).unwrap();
-    cosmos::read_item(c, key, id)
-        .await
-        .unwrap()
-        .into_document()
-        .unwrap()
+    document(c, std::slice::from_ref(tenant), id).await
 }
 
 fn pending(id: &str, tenant: &str) -> Value {
@@ -58,11 +51,7 @@ fn pending(id: &str, tenant: &str) -> Value {
 }
 
 async fn next(sub: &mut Subscription) -> BrokeredMessage {
-    let delivery = tokio::time::timeout(std::time::Duration::from_secs(10), sub.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let delivery = next_delivery(sub, std::time::Duration::from_secs(10)).await;
     let message = delivery.message.clone();
     delivery.ack().await.unwrap();
     message

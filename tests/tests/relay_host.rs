@@ -6,12 +6,13 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, InMemoryBroker};
-use chatter_runtime::cosmos::{self, CosmosConnection, provision};
+use chatter_runtime::cosmos::{self, CosmosConnection};
 use chatter_runtime::registry::Registry;
 use chatter_runtime::relay::change_feed::{ChangeFeedProcessorOptions, read_leases};
 use chatter_runtime::relay::host::RelayOptions;
 use chatter_runtime::relay::identity::distinct_sources;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, StartError, handler};
+use chatter_tests::store::{document, embedded, provisioned_with_leases};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -61,19 +62,16 @@ fn fast() -> RelayOptions {
 }
 
 async fn store(ledger_path: &str) -> CosmosConnection {
-    let cosmos = CosmosConnection::embedded().await.unwrap();
-    provision::ensure_container(&cosmos, "shop", "orders", &["/orderId"])
-        .await
-        .unwrap();
-    provision::ensure_lease_container(&cosmos, "shop", "orders-leases")
-        .await
-        .unwrap();
-    provision::ensure_container(&cosmos, "finance", "ledger", &[ledger_path])
-        .await
-        .unwrap();
-    provision::ensure_lease_container(&cosmos, "finance", "ledger-leases")
-        .await
-        .unwrap();
+    let cosmos = embedded().await;
+    provisioned_with_leases(&cosmos, "shop", "orders", &["/orderId"], "orders-leases").await;
+    provisioned_with_leases(
+        &cosmos,
+        "finance",
+        "ledger",
+        &[ledger_path],
+        "ledger-leases",
+    )
+    .await;
     cosmos
 }
 
@@ -147,14 +145,8 @@ async fn the_relay_publishes_each_pending_document_once_and_never_touches_other_
             let orders = orders.clone();
             let id = d["id"].as_str().unwrap().to_owned();
             async move {
-                let doc = cosmos::read_item(
-                    &orders,
-                    cosmos::partition_key(&[json!("control")]).unwrap(),
-                    &id,
-                )
-                .await
-                .unwrap();
-                (id, doc.into_document().unwrap())
+                let doc = document(&orders, &[json!("control")], &id).await;
+                (id, doc)
             }
         }))
         .await
@@ -199,13 +191,8 @@ async fn the_relay_publishes_each_pending_document_once_and_never_touches_other_
     // Every outbox document ends delivered with a positive ttl.
     for i in 0..5 {
         let id = chatter_runtime::document::outbox_id(&format!("m-{i}:created")).unwrap();
-        let key = cosmos::partition_key(&[json!(format!("o-{i}"))]).unwrap();
         let doc = loop {
-            let doc = cosmos::read_item(&orders, key.clone(), &id)
-                .await
-                .unwrap()
-                .into_document()
-                .unwrap();
+            let doc = document(&orders, &[json!(format!("o-{i}"))], &id).await;
             if doc["status"] == "delivered" {
                 break doc;
             }
@@ -217,11 +204,7 @@ async fn the_relay_publishes_each_pending_document_once_and_never_touches_other_
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(broker.published_count("order-events"), 5);
     for (id, before) in seeded {
-        let now = cosmos::read_item(&orders, key(), &id)
-            .await
-            .unwrap()
-            .into_document()
-            .unwrap();
+        let now = document(&orders, &[json!("control")], &id).await;
         assert_eq!(now["_etag"], before["_etag"], "{id} untouched");
     }
     let leases = runtime.relay_leases().await;

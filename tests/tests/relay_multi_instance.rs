@@ -6,17 +6,18 @@
 //!
 //! No timed assertions: every wait is a bounded poll with a generous timeout.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use chatter_runtime::broker::{Broker, InMemoryBroker};
-use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection, provision};
+use chatter_runtime::broker::InMemoryBroker;
+use chatter_runtime::cosmos::{ContainerClient, CosmosConnection};
 use chatter_runtime::message::BrokeredMessage;
-use chatter_runtime::relay::change_feed::ChangeFeedProcessorOptions;
-use chatter_runtime::relay::host::RelayOptions;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
+use chatter_tests::broker::Received;
+use chatter_tests::relay::fast_relay;
+use chatter_tests::store::{outbox_document, provisioned_with_leases};
+use chatter_tests::wait::eventually;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -27,6 +28,8 @@ const LEASES: &str = "orders-leases";
 const EVENTS: &str = "order-events";
 /// Generous bound for anything the relays should do "soon" on a noisy shared machine.
 const WAIT: Duration = Duration::from_secs(120);
+/// How often a wait checks its condition.
+const POLL: Duration = Duration::from_millis(100);
 
 /// Places an order: writes the order and sends one `OrderPlaced` event through the outbox.
 #[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
@@ -63,64 +66,6 @@ fn event_id(command_message_id: &str) -> String {
 const LEASE_EXPIRY: Duration = Duration::from_secs(600);
 const _: () = assert!(WAIT.as_secs() < LEASE_EXPIRY.as_secs());
 
-/// Short relay timings so balancing and hand-overs happen within seconds.
-fn relay_options() -> RelayOptions {
-    RelayOptions {
-        processor: ChangeFeedProcessorOptions::default()
-            .with_poll_interval(Duration::from_millis(100))
-            .with_lease_expiry(LEASE_EXPIRY)
-            .with_lease_renew_interval(Duration::from_millis(400))
-            .with_lease_acquire_interval(Duration::from_millis(250)),
-        delivery: Default::default(),
-    }
-}
-
-/// Polls `condition` until it holds, panicking with `what` after [`WAIT`].
-async fn eventually<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {WAIT:?} waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Every message id received on [`EVENTS`], with how often it arrived.
-#[derive(Clone, Default)]
-struct Received(Arc<Mutex<BTreeMap<String, usize>>>);
-
-impl Received {
-    /// Consumes [`EVENTS`] on `broker` in the background, acking every delivery.
-    async fn consume(broker: &InMemoryBroker) -> Self {
-        let received = Self::default();
-        let mut subscription = broker.subscribe(EVENTS).await.unwrap();
-        let sink = received.clone();
-        tokio::spawn(async move {
-            while let Some(delivery) = subscription.next().await {
-                let delivery = delivery.expect("the relay publishes Brokered Messages");
-                *sink
-                    .0
-                    .lock()
-                    .unwrap()
-                    .entry(delivery.message.message_id.clone())
-                    .or_default() += 1;
-                delivery.ack().await.unwrap();
-            }
-        });
-        received
-    }
-
-    fn ids(&self) -> BTreeSet<String> {
-        self.0.lock().unwrap().keys().cloned().collect()
-    }
-}
-
 struct Cluster {
     orders: Arc<ContainerClient>,
     runtimes: Vec<Runtime>,
@@ -130,14 +75,9 @@ struct Cluster {
 /// One embedded store and broker, and `instances` runtimes relaying through them.
 async fn cluster(instances: usize) -> Cluster {
     let cosmos = CosmosConnection::embedded().await.unwrap();
-    provision::ensure_container(&cosmos, DB, CONTAINER, &["/orderId"])
-        .await
-        .unwrap();
-    provision::ensure_lease_container(&cosmos, DB, LEASES)
-        .await
-        .unwrap();
+    let orders = provisioned_with_leases(&cosmos, DB, CONTAINER, &["/orderId"], LEASES).await;
     let broker = InMemoryBroker::new();
-    let received = Received::consume(&broker).await;
+    let received = Received::on(&broker, EVENTS).await;
     let mut runtimes = Vec::new();
     for _ in 0..instances {
         runtimes.push(
@@ -145,13 +85,13 @@ async fn cluster(instances: usize) -> Cluster {
                 .cosmos(cosmos.clone())
                 .broker(broker.clone())
                 .consume(false)
-                .relay_options(relay_options())
+                // Short relay timings so balancing and hand-overs happen within seconds.
+                .relay_options(fast_relay(LEASE_EXPIRY))
                 .start()
                 .await
                 .unwrap(),
         );
     }
-    let orders = cosmos.container(DB, CONTAINER).await.unwrap();
     Cluster {
         orders,
         runtimes,
@@ -229,17 +169,12 @@ async fn delivered_count(orders: &ContainerClient, range: std::ops::Range<usize>
     let mut delivered = 0;
     for i in range {
         let order_id = format!("order-{i}");
-        let id =
-            chatter_runtime::document::outbox_id(&event_id(&format!("{order_id}:place"))).unwrap();
-        let doc = cosmos::read_item(
+        let doc = outbox_document(
             orders,
-            cosmos::partition_key(&[json!(order_id)]).unwrap(),
-            &id,
+            &[json!(order_id)],
+            &event_id(&format!("{order_id}:place")),
         )
-        .await
-        .unwrap()
-        .into_document()
-        .unwrap_or_else(|| panic!("outbox document {id} exists"));
+        .await;
         match doc["status"].as_str() {
             Some("pending") => {}
             Some("delivered") => {
@@ -258,15 +193,22 @@ async fn all_published_and_delivered(
     orders: std::ops::Range<usize>,
 ) {
     eventually(
+        WAIT,
+        POLL,
         "every outbox message was published at least once",
         || async { cluster.received.ids().is_superset(events) },
     )
     .await;
     let total = orders.len();
-    eventually("every outbox document is stamped delivered", || {
-        let orders = orders.clone();
-        async move { delivered_count(&cluster.orders, orders).await == total }
-    })
+    eventually(
+        WAIT,
+        POLL,
+        "every outbox document is stamped delivered",
+        || {
+            let orders = orders.clone();
+            async move { delivered_count(&cluster.orders, orders).await == total }
+        },
+    )
     .await;
 }
 
@@ -278,17 +220,23 @@ async fn runtimes_share_the_relay_work(instances: usize) {
         ranges.len() >= instances,
         "the emulator gives the container at least one feed range per instance: {ranges:?}"
     );
-    eventually("the leases are split between every runtime", || async {
-        balanced(&cluster.runtimes, &ranges).await
-    })
+    eventually(
+        WAIT,
+        POLL,
+        "the leases are split between every runtime",
+        || async { balanced(&cluster.runtimes, &ranges).await },
+    )
     .await;
 
     // 40 commands through one runtime; every runtime relays the ranges it owns.
     let events = place_orders(&cluster.runtimes[0], 0..40).await;
     all_published_and_delivered(&cluster, &events, 0..40).await;
-    eventually("the leases are still split after draining", || async {
-        balanced(&cluster.runtimes, &ranges).await
-    })
+    eventually(
+        WAIT,
+        POLL,
+        "the leases are still split after draining",
+        || async { balanced(&cluster.runtimes, &ranges).await },
+    )
     .await;
 
     // Stop the runtime the commands went through: it releases its leases and the others take
@@ -298,6 +246,8 @@ async fn runtimes_share_the_relay_work(instances: usize) {
     assert!(!handed_over.is_empty());
     stopped.shutdown().await;
     eventually(
+        WAIT,
+        POLL,
         "the stopped runtime's leases are drained by the others",
         || async {
             let owned: BTreeSet<String> = describe(&cluster.runtimes)

@@ -8,19 +8,21 @@
 //!
 //! No timed assertions: every wait is a bounded poll with a generous timeout.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use azure_data_cosmos::options::ReadFeedRangesOptions;
 use chatter_runtime::broker::{Broker, BrokerError, InMemoryBroker, Subscription};
-use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection, provision};
+use chatter_runtime::cosmos::ContainerClient;
 use chatter_runtime::message::BrokeredMessage;
-use chatter_runtime::relay::change_feed::ChangeFeedProcessorOptions;
-use chatter_runtime::relay::host::RelayOptions;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
+use chatter_tests::broker::Received;
+use chatter_tests::relay::fast_relay;
+use chatter_tests::runtime::writer;
+use chatter_tests::store::{emulator_server, outbox_document, provisioned_with_leases};
+use chatter_tests::wait::eventually;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
@@ -39,6 +41,8 @@ const AFTER: usize = 30;
 const OPEN_FOR: usize = 20;
 /// Generous bound for anything the relay should do "soon" on a noisy shared machine.
 const WAIT: Duration = Duration::from_secs(120);
+/// How often a wait checks its condition.
+const POLL: Duration = Duration::from_millis(100);
 
 /// Places an order: writes the order and sends one `OrderPlaced` event through the outbox.
 #[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
@@ -103,51 +107,6 @@ impl Broker for GatedBroker {
     }
 }
 
-/// Polls `condition` until it holds, panicking with `what` after [`WAIT`].
-async fn eventually<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {WAIT:?} waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Every message id received on [`EVENTS`], with how often it arrived.
-#[derive(Clone, Default)]
-struct Received(Arc<Mutex<BTreeMap<String, usize>>>);
-
-impl Received {
-    async fn consume(broker: &InMemoryBroker) -> Self {
-        let received = Self::default();
-        let mut subscription = broker.subscribe(EVENTS).await.unwrap();
-        let sink = received.clone();
-        tokio::spawn(async move {
-            while let Some(delivery) = subscription.next().await {
-                let delivery = delivery.expect("the relay publishes Brokered Messages");
-                *sink
-                    .0
-                    .lock()
-                    .unwrap()
-                    .entry(delivery.message.message_id.clone())
-                    .or_default() += 1;
-                delivery.ack().await.unwrap();
-            }
-        });
-        received
-    }
-
-    fn ids(&self) -> BTreeSet<String> {
-        self.0.lock().unwrap().keys().cloned().collect()
-    }
-}
-
 /// The lease tokens (`{min}-{max}`) of the container's current feed ranges.
 async fn feed_ranges(orders: &ContainerClient) -> BTreeSet<String> {
     orders
@@ -180,16 +139,12 @@ async fn place_orders(writer: &Runtime, range: std::ops::Range<usize>) {
 async fn undelivered(orders: &ContainerClient, range: std::ops::Range<usize>) -> Vec<usize> {
     let mut pending = Vec::new();
     for i in range {
-        let id = chatter_runtime::document::outbox_id(&event_id(&command_id(i))).unwrap();
-        let doc = cosmos::read_item(
+        let doc = outbox_document(
             orders,
-            cosmos::partition_key(&[json!(format!("order-{i}"))]).unwrap(),
-            &id,
+            &[json!(format!("order-{i}"))],
+            &event_id(&command_id(i)),
         )
-        .await
-        .unwrap()
-        .into_document()
-        .unwrap_or_else(|| panic!("outbox document {id} exists"));
+        .await;
         match doc["status"].as_str() {
             Some("pending") => pending.push(i),
             Some("delivered") => assert_eq!(doc["ttl"], json!(86400), "{doc}"),
@@ -201,24 +156,12 @@ async fn undelivered(orders: &ContainerClient, range: std::ops::Range<usize>) ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_split_while_draining_loses_and_skips_no_outbox_message() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let emulator = chatter_emulator::EmulatorServer::from_listener(listener)
-        .unwrap()
-        .spawn();
-    let cosmos = CosmosConnection::connect(emulator.endpoint(), None)
-        .await
-        .unwrap();
-    provision::ensure_container(&cosmos, DB, CONTAINER, &["/orderId"])
-        .await
-        .unwrap();
-    provision::ensure_lease_container(&cosmos, DB, LEASES)
-        .await
-        .unwrap();
-    let orders = cosmos.container(DB, CONTAINER).await.unwrap();
+    let (emulator, cosmos) = emulator_server().await;
+    let orders = provisioned_with_leases(&cosmos, DB, CONTAINER, &["/orderId"], LEASES).await;
     let ranges_before = feed_ranges(&orders).await;
 
     let broker = InMemoryBroker::new();
-    let received = Received::consume(&broker).await;
+    let received = Received::on(&broker, EVENTS).await;
     let (open_gate, gate) = watch::channel(false);
     let gated = GatedBroker {
         inner: broker.clone(),
@@ -227,38 +170,28 @@ async fn a_split_while_draining_loses_and_skips_no_outbox_message() {
     };
 
     // Outbox documents written before any relay runs.
-    let writer = Runtime::builder()
-        .cosmos(cosmos.clone())
-        .broker(broker.clone())
-        .consume(false)
-        .without_relay()
-        .start()
-        .await
-        .unwrap();
+    let writer = writer(&cosmos, broker.clone()).await;
     place_orders(&writer, 0..BEFORE).await;
 
     // Small pages, so draining takes several pages per lease and checkpoints in between.
+    let mut options = fast_relay(Duration::from_secs(4));
+    options.processor = options.processor.with_max_items_per_page(5);
     let relay = Runtime::builder()
         .cosmos(cosmos.clone())
         .broker(gated.clone())
         .consume(false)
-        .relay_options(RelayOptions {
-            processor: ChangeFeedProcessorOptions::default()
-                .with_poll_interval(Duration::from_millis(100))
-                .with_max_items_per_page(5)
-                .with_lease_expiry(Duration::from_secs(4))
-                .with_lease_renew_interval(Duration::from_millis(400))
-                .with_lease_acquire_interval(Duration::from_millis(250)),
-            delivery: Default::default(),
-        })
+        .relay_options(options)
         .start()
         .await
         .unwrap();
 
     // The relay is mid-drain: some messages are out, a later publish is held at the gate.
-    eventually("the relay is holding a publish mid-drain", || async {
-        gated.attempts.load(Ordering::SeqCst) > OPEN_FOR
-    })
+    eventually(
+        WAIT,
+        POLL,
+        "the relay is holding a publish mid-drain",
+        || async { gated.attempts.load(Ordering::SeqCst) > OPEN_FOR },
+    )
     .await;
     assert!(
         received.ids().len() <= OPEN_FOR,
@@ -269,7 +202,7 @@ async fn a_split_while_draining_loses_and_skips_no_outbox_message() {
     emulator
         .store()
         .split_partition(DB, CONTAINER, 0, Duration::from_millis(10));
-    eventually("the split completed", || async {
+    eventually(WAIT, POLL, "the split completed", || async {
         feed_ranges(&orders).await.len() == ranges_before.len() + 1
     })
     .await;
@@ -281,21 +214,32 @@ async fn a_split_while_draining_loses_and_skips_no_outbox_message() {
         .map(|i| event_id(&command_id(i)))
         .collect();
     eventually(
+        WAIT,
+        POLL,
         "every outbox message was published at least once",
         || async { received.ids().is_superset(&expected) },
     )
     .await;
-    eventually("every outbox document is stamped delivered", || async {
-        undelivered(&orders, 0..BEFORE + AFTER).await.is_empty()
-    })
+    eventually(
+        WAIT,
+        POLL,
+        "every outbox document is stamped delivered",
+        || async { undelivered(&orders, 0..BEFORE + AFTER).await.is_empty() },
+    )
     .await;
 
     // The split lease was replaced by its children: the relay drains exactly the new ranges.
     let ranges_after = feed_ranges(&orders).await;
-    eventually("the relay drains the child ranges' leases", || async {
-        let mut leases = relay.relay_leases().await;
-        leases.len() == 1 && leases.remove(0).1.into_iter().collect::<BTreeSet<_>>() == ranges_after
-    })
+    eventually(
+        WAIT,
+        POLL,
+        "the relay drains the child ranges' leases",
+        || async {
+            let mut leases = relay.relay_leases().await;
+            leases.len() == 1
+                && leases.remove(0).1.into_iter().collect::<BTreeSet<_>>() == ranges_after
+        },
+    )
     .await;
 
     relay.shutdown().await;

@@ -21,16 +21,13 @@ use std::time::Duration;
 use chatter_runtime::broker::{Broker, BrokerError, RabbitMqBroker, Subscription};
 use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::message::BrokeredMessage;
-use chatter_runtime::relay::change_feed::ChangeFeedProcessorOptions;
-use chatter_runtime::relay::host::RelayOptions;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
+use chatter_tests::rabbitmq::URI as DEFAULT_RABBITMQ_URI;
+use chatter_tests::relay::fast_relay;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-
-/// The default RabbitMQ of this project's machines.
-const DEFAULT_RABBITMQ_URI: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
 /// Places an order and sends `OrderPlaced` to the queue named by `events` (the same declaration
 /// as in `tests/relay_kill_restart.rs`, so both register the same monitored container).
@@ -112,14 +109,8 @@ async fn run() -> Result<(), BoxError> {
     let hang = env("CHATTER_TEST_HANG_AFTER_PUBLISH").as_deref() == Some("1");
 
     let expiry = Duration::from_millis(expiry_ms);
-    let options = RelayOptions {
-        processor: ChangeFeedProcessorOptions::default()
-            .with_poll_interval(Duration::from_millis(100))
-            .with_lease_expiry(expiry)
-            .with_lease_renew_interval(expiry / 4)
-            .with_lease_acquire_interval(Duration::from_millis(250)),
-        delivery: Default::default(),
-    };
+    let mut options = fast_relay(expiry);
+    options.processor = options.processor.with_lease_renew_interval(expiry / 4);
     let cosmos = CosmosConnection::connect(&endpoint, None).await?;
     let rabbitmq = RabbitMqBroker::connect(&uri).await?;
     let builder = Runtime::builder()

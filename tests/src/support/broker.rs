@@ -1,0 +1,85 @@
+//! Broker-side helpers: counting what arrives on a destination, and bounded waits for deliveries.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chatter_runtime::broker::{Broker, Delivery, Subscription};
+use tokio::time::timeout;
+
+/// Every message id received, with how often it arrived. Clones share the counts.
+///
+/// [`Received::consume`] fills it from a subscription in the background; [`Received::record`]
+/// fills it by hand (e.g. from a change-feed handler).
+#[derive(Clone, Debug, Default)]
+pub struct Received(Arc<Mutex<BTreeMap<String, usize>>>);
+
+impl Received {
+    /// Consumes `destination` on `broker` in the background, acking every delivery; panics if
+    /// the subscription cannot be made.
+    pub async fn on<B: Broker + ?Sized>(broker: &B, destination: &str) -> Self {
+        Self::consume(broker.subscribe(destination).await.unwrap())
+    }
+
+    /// Consumes `subscription` in a background task (call it inside a Tokio runtime): records
+    /// every delivery's message id and acks it. Panics in that task on an undecodable delivery
+    /// or a failed ack.
+    pub fn consume(mut subscription: Subscription) -> Self {
+        let received = Self::default();
+        let sink = received.clone();
+        tokio::spawn(async move {
+            while let Some(delivery) = subscription.next().await {
+                let delivery = delivery.expect("the relay publishes Brokered Messages");
+                sink.record(&delivery.message.message_id);
+                delivery.ack().await.unwrap();
+            }
+        });
+        received
+    }
+
+    /// Counts one more arrival of `id`.
+    pub fn record(&self, id: &str) {
+        self.record_all([id]);
+    }
+
+    /// Counts one more arrival of each of `ids`, all at once: a reader sees either none or all
+    /// of them.
+    pub fn record_all<'a>(&self, ids: impl IntoIterator<Item = &'a str>) {
+        let mut counts = self.0.lock().unwrap();
+        for id in ids {
+            *counts.entry(id.to_owned()).or_default() += 1;
+        }
+    }
+
+    /// Every id received at least once.
+    pub fn ids(&self) -> BTreeSet<String> {
+        self.0.lock().unwrap().keys().cloned().collect()
+    }
+
+    /// How often `id` arrived (0 if never).
+    pub fn count(&self, id: &str) -> usize {
+        self.0.lock().unwrap().get(id).copied().unwrap_or(0)
+    }
+
+    /// Every id with its count, read at one moment.
+    pub fn snapshot(&self) -> BTreeMap<String, usize> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// The next delivery on `subscription`; panics if none arrives `within`, the subscription ended
+/// or the delivery is not a Brokered Message.
+pub async fn next_delivery(subscription: &mut Subscription, within: Duration) -> Delivery {
+    timeout(within, subscription.next())
+        .await
+        .expect("a delivery arrives in time")
+        .expect("the subscription is open")
+        .expect("the delivery is a Brokered Message")
+}
+
+/// Panics if anything arrives on `subscription` during `watched`.
+pub async fn assert_quiet_for(subscription: &mut Subscription, watched: Duration) {
+    if let Ok(item) = timeout(watched, subscription.next()).await {
+        panic!("expected no further delivery, got {item:?}");
+    }
+}

@@ -1,0 +1,79 @@
+//! Child processes a test spawns: their stdout read line by line, and killed on drop so a
+//! failing test leaves none behind.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::timeout;
+
+/// A running child process and its stdout lines; the process is killed (and reaped) when this
+/// drops, also when the test panics.
+#[derive(Debug)]
+pub struct ChildProcess {
+    name: String,
+    child: Child,
+    lines: mpsc::UnboundedReceiver<String>,
+}
+
+impl ChildProcess {
+    /// Spawns `command` with its stdout piped (its other settings as given); `name` is what
+    /// panics call it. Panics if it cannot be started.
+    pub fn spawn(name: &str, command: &mut Command) -> Self {
+        let mut child = command
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{name} starts: {e}"));
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let (sender, lines) = mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            name: name.to_owned(),
+            child,
+            lines,
+        }
+    }
+
+    /// Waits up to `within` for a stdout line starting with `prefix` and returns it; panics if
+    /// the process exits first or the time runs out.
+    pub async fn line_starting_with(&mut self, prefix: &str, within: Duration) -> String {
+        let name = self.name.clone();
+        let wait = async {
+            while let Some(line) = self.lines.recv().await {
+                if line.starts_with(prefix) {
+                    return line;
+                }
+            }
+            panic!(
+                "{name} exited before printing `{prefix}`: {:?}",
+                self.child.try_wait()
+            );
+        };
+        timeout(within, wait)
+            .await
+            .unwrap_or_else(|_| panic!("{name} printed `{prefix}` within {within:?}"))
+    }
+
+    /// SIGKILL, and reap the process; panics if either fails.
+    pub fn kill(mut self) {
+        self.child.kill().expect("the child process is killed");
+        self.child
+            .wait()
+            .expect("the killed child process is reaped");
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,35 @@
+//! The RabbitMQ server of this project's machines (127.0.0.1:5672, guest/guest; start it with
+//! `rabbitmq-server -detached`), with every call bounded so no test hangs.
+
+use std::time::Duration;
+
+use chatter_runtime::broker::{Broker, RabbitMqBroker, Subscription};
+use tokio::time::timeout;
+
+/// The RabbitMQ every test and `relay_worker` use by default.
+pub const URI: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// Connects to [`URI`]; panics if that takes longer than `within` or fails.
+pub async fn connect(within: Duration) -> RabbitMqBroker {
+    timeout(within, RabbitMqBroker::connect(URI))
+        .await
+        .expect("connecting to RabbitMQ takes less than the bound")
+        .expect("RabbitMQ runs at 127.0.0.1:5672 (`rabbitmq-server -detached`)")
+}
+
+/// Starts consuming `queue`; panics if that takes longer than `within` or fails.
+pub async fn subscribe(broker: &RabbitMqBroker, queue: &str, within: Duration) -> Subscription {
+    timeout(within, broker.subscribe(queue))
+        .await
+        .expect("subscribing takes less than the bound")
+        .expect("the consumer starts")
+}
+
+/// Deletes `queue` and returns how many messages were still in it; panics if that takes longer
+/// than `within` or fails.
+pub async fn delete_queue(broker: &RabbitMqBroker, queue: &str, within: Duration) -> u32 {
+    timeout(within, broker.delete_queue(queue))
+        .await
+        .expect("deleting the queue takes less than the bound")
+        .expect("the queue is deleted")
+}

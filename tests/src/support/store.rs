@@ -1,0 +1,86 @@
+//! The Cosmos side of a test: an embedded store or a `chatter-emulator` server, provisioned
+//! containers, and point reads by id and partition-key value.
+
+use std::sync::Arc;
+
+use chatter_emulator::{EmulatorServer, RunningEmulator};
+use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection, provision};
+use serde_json::Value;
+
+/// A connection to a fresh embedded store (the SDK's in-memory emulator in this process).
+pub async fn embedded() -> CosmosConnection {
+    CosmosConnection::embedded()
+        .await
+        .expect("the embedded store starts")
+}
+
+/// A `chatter-emulator` server on a free port of 127.0.0.1 (served by this process until the
+/// returned handle drops), and a connection to it over HTTP.
+pub async fn emulator_server() -> (RunningEmulator, CosmosConnection) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let emulator = EmulatorServer::from_listener(listener).unwrap().spawn();
+    let cosmos = CosmosConnection::connect(emulator.endpoint(), None)
+        .await
+        .unwrap();
+    (emulator, cosmos)
+}
+
+/// Ensures `database/container` with partition-key `paths` and returns its handle.
+pub async fn provisioned(
+    cosmos: &CosmosConnection,
+    database: &str,
+    container: &str,
+    paths: &[&str],
+) -> Arc<ContainerClient> {
+    provision::ensure_container(cosmos, database, container, paths)
+        .await
+        .unwrap();
+    cosmos.container(database, container).await.unwrap()
+}
+
+/// Ensures a monitored container `database/container` with partition-key `paths` and its lease
+/// container `database/leases`; returns the monitored container's handle.
+pub async fn provisioned_with_leases(
+    cosmos: &CosmosConnection,
+    database: &str,
+    container: &str,
+    paths: &[&str],
+    leases: &str,
+) -> Arc<ContainerClient> {
+    provision::ensure_container(cosmos, database, container, paths)
+        .await
+        .unwrap();
+    provision::ensure_lease_container(cosmos, database, leases)
+        .await
+        .unwrap();
+    cosmos.container(database, container).await.unwrap()
+}
+
+/// The document `id` under the partition-key values `key`, or `None` if there is none; panics
+/// if the read itself fails.
+pub async fn find_document(container: &ContainerClient, key: &[Value], id: &str) -> Option<Value> {
+    cosmos::read_item(container, cosmos::partition_key(key).unwrap(), id)
+        .await
+        .unwrap()
+        .into_document()
+}
+
+/// The document `id` under the partition-key values `key`; panics if it does not exist.
+pub async fn document(container: &ContainerClient, key: &[Value], id: &str) -> Value {
+    find_document(container, key, id)
+        .await
+        .unwrap_or_else(|| panic!("document {id} exists"))
+}
+
+/// The outbox document of the message `message_id` under the partition-key values `key`;
+/// panics if it does not exist.
+pub async fn outbox_document(
+    container: &ContainerClient,
+    key: &[Value],
+    message_id: &str,
+) -> Value {
+    let id = chatter_runtime::document::outbox_id(message_id).unwrap();
+    find_document(container, key, &id)
+        .await
+        .unwrap_or_else(|| panic!("outbox document {id} exists"))
+}
