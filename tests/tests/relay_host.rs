@@ -13,6 +13,7 @@ use chatter_runtime::relay::host::RelayOptions;
 use chatter_runtime::relay::identity::distinct_sources;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, StartError, handler};
 use chatter_tests::store::{document, embedded, provisioned_with_leases};
+use chatter_tests::wait::eventually;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -191,13 +192,15 @@ async fn the_relay_publishes_each_pending_document_once_and_never_touches_other_
     // Every outbox document ends delivered with a positive ttl.
     for i in 0..5 {
         let id = chatter_runtime::document::outbox_id(&format!("m-{i}:created")).unwrap();
-        let doc = loop {
-            let doc = document(&orders, &[json!(format!("o-{i}"))], &id).await;
-            if doc["status"] == "delivered" {
-                break doc;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let key = [json!(format!("o-{i}"))];
+        eventually(
+            Duration::from_secs(30),
+            Duration::from_millis(20),
+            "the outbox document is stamped delivered",
+            || async { document(&orders, &key, &id).await["status"] == "delivered" },
+        )
+        .await;
+        let doc = document(&orders, &key, &id).await;
         assert_eq!(doc["ttl"], 86400);
     }
     // No republish within a settle window of many polls, and the controls are untouched.
