@@ -99,9 +99,28 @@ async fn touch_cart(_command: TouchCart, ctx: &mut HandlerContext) -> Result<(),
     Ok(())
 }
 
+/// A command whose partition-key value is an array, which Cosmos cannot take as a key.
+#[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "shop", container = "tags", lease = "tags-leases")]
+#[partition_key(path = "/tags")]
+pub struct TagOrder {
+    pub tags: Vec<String>,
+}
+
+static TAG_ORDER_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+#[handler]
+async fn tag_order(_command: TagOrder, _ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    TAG_ORDER_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
 async fn runtime() -> (Runtime, CosmosConnection) {
     let cosmos = CosmosConnection::embedded().await.unwrap();
     provision::ensure_container(&cosmos, "shop", "orders", &["/orderId"])
+        .await
+        .unwrap();
+    provision::ensure_container(&cosmos, "shop", "tags", &["/tags"])
         .await
         .unwrap();
     provision::ensure_container(&cosmos, "shop", "carts", &["/cartId"])
@@ -425,5 +444,29 @@ async fn each_command_writes_to_its_own_container() {
         find_document(&ledger, &[json!("t"), json!("r")], "inbox:bXNnLTEx")
             .await
             .is_some()
+    );
+}
+
+#[tokio::test]
+async fn a_partition_key_cosmos_cannot_take_fails_before_the_handler_runs() {
+    let (runtime, _cosmos) = runtime().await;
+    let err = runtime
+        .dispatch(
+            TagOrder {
+                tags: vec!["a".into()],
+            },
+            "msg-12",
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, DispatchError::Pipeline(PipelineError::Cosmos { .. })),
+        "{err}"
+    );
+    assert!(err.to_string().contains("array"), "{err}");
+    assert_eq!(
+        TAG_ORDER_RUNS.load(Ordering::SeqCst),
+        0,
+        "no handler side effect"
     );
 }

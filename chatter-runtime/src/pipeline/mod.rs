@@ -86,6 +86,19 @@ impl Pipeline {
         let marker =
             document::inbox_marker(message_id, paths, &partition_key, OffsetDateTime::now_utc())
                 .map_err(marker_error)?;
+        // Resolve the container and key before the handler runs: a key Cosmos cannot take (an
+        // array or object value) fails before any side effect of the handler.
+        let cosmos_error = |source| PipelineError::Cosmos {
+            command: name,
+            message_id: message_id.to_owned(),
+            source,
+        };
+        let container = self
+            .cosmos
+            .container(registration.database, registration.container)
+            .await
+            .map_err(cosmos_error)?;
+        let key = cosmos::partition_key(&partition_key).map_err(cosmos_error)?;
         let handle = AtomicWriteHandle {
             partition_key_paths: paths,
             partition_key: partition_key.clone(),
@@ -103,17 +116,6 @@ impl Pipeline {
         operations.extend(handle.outbox.into_iter().map(BatchOperation::Create));
         let count = operations.len();
 
-        let cosmos_error = |source| PipelineError::Cosmos {
-            command: name,
-            message_id: message_id.to_owned(),
-            source,
-        };
-        let container = self
-            .cosmos
-            .container(registration.database, registration.container)
-            .await
-            .map_err(cosmos_error)?;
-        let key = cosmos::partition_key(&partition_key).map_err(cosmos_error)?;
         let outcome = cosmos::execute_batch(&container, key.clone(), operations)
             .await
             .map_err(cosmos_error)?;
