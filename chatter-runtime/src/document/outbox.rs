@@ -54,6 +54,23 @@ pub const OUTBOX_RESERVED_ROOT_FIELDS: [&str; 8] = [
 /// them can never be stamped (Area 4).
 pub const RELAY_STAMPED_PATHS: [&str; 2] = ["/status", "/ttl"];
 
+/// The fields every pending Outbox Document starts with, in the catalog's order: `id`,
+/// `_chatterType`, `status`, `MessageId` (shared by the full document and the thin trigger).
+fn pending_header(id: String, message_id: String) -> Map<String, Value> {
+    let mut doc = Map::new();
+    doc.insert(ID_FIELD.to_owned(), Value::String(id));
+    doc.insert(
+        DISCRIMINATOR_FIELD.to_owned(),
+        Value::String(id::OUTBOX_KIND.to_owned()),
+    );
+    doc.insert(
+        STATUS_FIELD.to_owned(),
+        Value::String(STATUS_PENDING.to_owned()),
+    );
+    doc.insert(MESSAGE_ID_FIELD.to_owned(), Value::String(message_id));
+    doc
+}
+
 /// The fields of an Outbox Document, without the partition-key leaves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxDocument {
@@ -99,20 +116,7 @@ impl OutboxDocument {
         pk_values: &[Value],
     ) -> Result<Value, DocumentError> {
         let optional = |value: &Option<String>| value.clone().map_or(Value::Null, Value::String);
-        let mut doc = Map::new();
-        doc.insert(ID_FIELD.to_owned(), Value::String(self.id.clone()));
-        doc.insert(
-            DISCRIMINATOR_FIELD.to_owned(),
-            Value::String(id::OUTBOX_KIND.to_owned()),
-        );
-        doc.insert(
-            STATUS_FIELD.to_owned(),
-            Value::String(STATUS_PENDING.to_owned()),
-        );
-        doc.insert(
-            MESSAGE_ID_FIELD.to_owned(),
-            Value::String(self.message_id.clone()),
-        );
+        let mut doc = pending_header(self.id.clone(), self.message_id.clone());
         doc.insert(
             DESTINATION_FIELD.to_owned(),
             Value::String(self.destination.clone()),
@@ -160,23 +164,7 @@ impl OutboxDocument {
         pk_paths: &[impl AsRef<str>],
         pk_values: &[Value],
     ) -> Result<Value, DocumentError> {
-        let mut doc = Map::new();
-        doc.insert(
-            ID_FIELD.to_owned(),
-            Value::String(id::outbox_id(message_id)?),
-        );
-        doc.insert(
-            DISCRIMINATOR_FIELD.to_owned(),
-            Value::String(id::OUTBOX_KIND.to_owned()),
-        );
-        doc.insert(
-            STATUS_FIELD.to_owned(),
-            Value::String(STATUS_PENDING.to_owned()),
-        );
-        doc.insert(
-            MESSAGE_ID_FIELD.to_owned(),
-            Value::String(message_id.to_owned()),
-        );
+        let mut doc = pending_header(id::outbox_id(message_id)?, message_id.to_owned());
         partition_key::stamp_partition_key(
             &mut doc,
             pk_paths,
