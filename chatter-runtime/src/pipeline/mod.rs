@@ -145,7 +145,7 @@ impl Pipeline {
             Ok(ReadOutcome::Found { document, .. })
                 if document::is_genuine_inbox_marker(&document, message_id) =>
             {
-                tracing::info!(
+                tracing::debug!(
                     command = name,
                     message_id,
                     "chatter duplicate delivery: inbox marker exists, nothing committed"
