@@ -7,6 +7,12 @@
 //! one store that outlives each of them. Data lives in the server's memory only: it is lost
 //! when the server stops.
 //!
+//! **Fault injection** (off by default): [`Faults`] refuses one kind of request (an HTTP method,
+//! e.g. `PATCH`, which is what the relay's stamps are) with a given status for a period, and adds
+//! latency to every request, so tests can produce real store failures over real HTTP. Reach it
+//! with [`EmulatorServer::faults`] / [`RunningEmulator::faults`], or from the command line
+//! (`chatter-emulator --refuse PATCH:403:90 --latency-ms 5`).
+//!
 //! Any Cosmos client that accepts an `http://` loopback endpoint works against it: the Rust SDK
 //! (`azure_data_cosmos` treats loopback hosts as emulator hosts) and Python `azure-cosmos`.
 //! Authentication headers are accepted and not verified.
@@ -26,7 +32,8 @@
 use std::convert::Infallible;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use azure_core::http::headers::{HeaderName, HeaderValue};
 use azure_core::http::{Method, Request, Url};
@@ -58,6 +65,72 @@ pub struct EmulatorServer {
     endpoint: Url,
     emulator: Arc<InMemoryEmulatorHttpClient>,
     counts: Arc<RequestCounts>,
+    faults: Faults,
+}
+
+/// Faults a server injects into its answers; clones share one set. Off until told otherwise.
+///
+/// A refused request never reaches the store: the client gets the status with a JSON error body
+/// (`"code":"InjectedFault"`), exactly as a real account answering that status would look on the
+/// wire. Latency delays every request (refused ones too) before it is answered.
+#[derive(Debug, Clone, Default)]
+pub struct Faults(Arc<Mutex<FaultState>>);
+
+#[derive(Debug, Default)]
+struct FaultState {
+    refusals: Vec<Refusal>,
+    latency: Duration,
+}
+
+#[derive(Debug)]
+struct Refusal {
+    method: String,
+    status: u16,
+    until: Instant,
+}
+
+impl Faults {
+    fn state(&self) -> std::sync::MutexGuard<'_, FaultState> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Answers every request with HTTP `method` (e.g. `"PATCH"`, case-insensitive) with `status`
+    /// for the next `period`, replacing an earlier refusal of that method.
+    pub fn refuse(&self, method: &str, status: u16, period: Duration) {
+        let method = method.to_ascii_uppercase();
+        let mut state = self.state();
+        state.refusals.retain(|r| r.method != method);
+        state.refusals.push(Refusal {
+            method,
+            status,
+            until: Instant::now() + period,
+        });
+    }
+
+    /// Adds `latency` before every answer (`Duration::ZERO` for none).
+    pub fn set_latency(&self, latency: Duration) {
+        self.state().latency = latency;
+    }
+
+    /// Ends every refusal and the latency.
+    pub fn clear(&self) {
+        let mut state = self.state();
+        state.refusals.clear();
+        state.latency = Duration::ZERO;
+    }
+
+    /// The latency to add and the status to refuse `method` with, if any.
+    fn decide(&self, method: &str) -> (Duration, Option<u16>) {
+        let now = Instant::now();
+        let mut state = self.state();
+        state.refusals.retain(|r| r.until > now);
+        let status = state
+            .refusals
+            .iter()
+            .find(|r| r.method.eq_ignore_ascii_case(method))
+            .map(|r| r.status);
+        (state.latency, status)
+    }
 }
 
 /// Requests served so far, per HTTP method (bounded: one counter per method).
@@ -100,7 +173,13 @@ impl EmulatorServer {
             endpoint,
             emulator: Arc::new(emulator),
             counts: Arc::default(),
+            faults: Faults::default(),
         })
+    }
+
+    /// The faults this server injects (none until set).
+    pub fn faults(&self) -> Faults {
+        self.faults.clone()
     }
 
     /// The account endpoint clients connect to, e.g. `http://127.0.0.1:8081/`.
@@ -126,6 +205,7 @@ impl EmulatorServer {
             endpoint,
             emulator,
             counts,
+            faults,
         } = self;
         loop {
             let (stream, peer) = match listener.accept().await {
@@ -140,12 +220,27 @@ impl EmulatorServer {
             let emulator = Arc::clone(&emulator);
             let endpoint = endpoint.clone();
             let counts = Arc::clone(&counts);
+            let faults = faults.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |request: hyper::Request<Incoming>| {
                     let emulator = Arc::clone(&emulator);
                     let endpoint = endpoint.clone();
                     counts.record(request.method().as_str());
-                    async move { Ok::<_, Infallible>(handle(&emulator, &endpoint, request).await) }
+                    let (latency, refusal) = faults.decide(request.method().as_str());
+                    async move {
+                        if !latency.is_zero() {
+                            tokio::time::sleep(latency).await;
+                        }
+                        let response = match refusal {
+                            Some(status) => error_response(
+                                status,
+                                "InjectedFault",
+                                "chatter-emulator fault injection refused this request",
+                            ),
+                            None => handle(&emulator, &endpoint, request).await,
+                        };
+                        Ok::<_, Infallible>(response)
+                    }
                 });
                 // HTTP/1.1 (Python azure-cosmos, curl) and HTTP/2 with prior knowledge (the
                 // Rust SDK's default) on the same port.
@@ -164,11 +259,13 @@ impl EmulatorServer {
         let endpoint = self.endpoint.to_string();
         let store = self.store();
         let counts = Arc::clone(&self.counts);
+        let faults = self.faults();
         let task = tokio::spawn(self.run());
         RunningEmulator {
             endpoint,
             store,
             counts,
+            faults,
             task,
         }
     }
@@ -180,6 +277,7 @@ pub struct RunningEmulator {
     endpoint: String,
     store: Arc<EmulatorStore>,
     counts: Arc<RequestCounts>,
+    faults: Faults,
     task: JoinHandle<io::Result<()>>,
 }
 
@@ -197,6 +295,11 @@ impl RunningEmulator {
     /// How many requests with HTTP `method` (e.g. `"PATCH"`) this server has answered.
     pub fn request_count(&self, method: &str) -> u64 {
         self.counts.get(method)
+    }
+
+    /// The faults this server injects (none until set).
+    pub fn faults(&self) -> Faults {
+        self.faults.clone()
     }
 }
 
@@ -373,6 +476,24 @@ mod tests {
         assert_eq!(endpoint_for(addr).as_str(), "http://127.0.0.1:8081/");
         let addr: SocketAddr = "[::]:9000".parse().unwrap();
         assert_eq!(endpoint_for(addr).as_str(), "http://[::1]:9000/");
+    }
+
+    #[test]
+    fn a_refusal_applies_to_its_method_for_its_period_only() {
+        let faults = Faults::default();
+        assert_eq!(faults.decide("PATCH"), (Duration::ZERO, None));
+        faults.refuse("patch", 403, Duration::from_secs(60));
+        faults.set_latency(Duration::from_millis(5));
+        assert_eq!(
+            faults.decide("PATCH"),
+            (Duration::from_millis(5), Some(403))
+        );
+        assert_eq!(faults.decide("GET"), (Duration::from_millis(5), None));
+        faults.refuse("PATCH", 503, Duration::ZERO);
+        assert_eq!(faults.decide("PATCH").1, None, "an elapsed refusal ends");
+        faults.refuse("PUT", 429, Duration::from_secs(60));
+        faults.clear();
+        assert_eq!(faults.decide("PUT"), (Duration::ZERO, None));
     }
 
     #[test]

@@ -14,10 +14,12 @@
 //! | [`relay`] | [`relay::fast_relay`]: relay options with short timings |
 //! | [`runtime`] | [`runtime::writer`]: a runtime that only dispatches (no consumers, no relay) |
 //! | [`process`] | [`process::ChildProcess`]: a spawned process read line by line, killed on drop |
+//! | [`logs`] | [`logs::capture`]: what chatter logs through `tracing`, for asserting the always-on logs |
 //! | `rabbitmq` (feature `rabbitmq`) | the RabbitMQ URI, bounded connect / subscribe / delete |
 
 mod support {
     pub mod broker;
+    pub mod logs;
     pub mod process;
     #[cfg(feature = "rabbitmq")]
     pub mod rabbitmq;
@@ -29,4 +31,4 @@ mod support {
 
 #[cfg(feature = "rabbitmq")]
 pub use support::rabbitmq;
-pub use support::{broker, process, relay, runtime, store, wait};
+pub use support::{broker, logs, process, relay, runtime, store, wait};

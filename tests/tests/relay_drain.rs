@@ -8,13 +8,16 @@ use chatter_runtime::broker::{Broker, BrokerError, InMemoryBroker, Subscription}
 use chatter_runtime::cosmos::{self, ContainerClient};
 use chatter_runtime::document::OutboxDocument;
 use chatter_runtime::message::BrokeredMessage;
-use chatter_runtime::relay::drain::{DeliverySettings, Drain, DrainError, DrainReport};
+use chatter_runtime::relay::delivery::DeliverySettings;
+use chatter_runtime::relay::drain::{Drain, DrainError, DrainReport};
 use chatter_tests::broker::next_delivery;
 use chatter_tests::store::{document, embedded, provisioned};
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
 const PATHS: &[&str] = &["/tenantId"];
+const SOURCE: &str = "chatter-cosmos-outbox-relay:test";
+const LEASE: &str = "0";
 
 async fn container() -> Arc<ContainerClient> {
     provisioned(&embedded().await, "shop", "orders", PATHS).await
@@ -64,6 +67,7 @@ async fn a_genuine_pending_document_is_published_verbatim_and_stamped_delivered_
     let mut sub = broker.subscribe("orders").await.unwrap();
     let doc = stored(&c, pending("msg-42", "tenant-1")).await;
     let drain = Drain::new(
+        SOURCE,
         Arc::new(broker.clone()),
         c.clone(),
         PATHS,
@@ -71,7 +75,10 @@ async fn a_genuine_pending_document_is_published_verbatim_and_stamped_delivered_
     );
 
     // R3.20: exactly one publish, one stamp.
-    let report = drain.drain(std::slice::from_ref(&doc)).await.unwrap();
+    let report = drain
+        .drain(LEASE, std::slice::from_ref(&doc))
+        .await
+        .unwrap();
     assert_eq!(
         report,
         DrainReport {
@@ -89,7 +96,7 @@ async fn a_genuine_pending_document_is_published_verbatim_and_stamped_delivered_
     assert_eq!(after["ttl"], json!(86400));
     // R3.33: the stamped document coming back through the change feed is not published again.
     assert_eq!(
-        drain.drain(&[after]).await.unwrap(),
+        drain.drain(LEASE, &[after]).await.unwrap(),
         DrainReport {
             published: 0,
             skipped: 1,
@@ -109,8 +116,8 @@ async fn custom_delivery_settings_are_stamped() {
         delivered_ttl_seconds: 999,
     };
     // R3.27.
-    Drain::new(Arc::new(broker), c.clone(), PATHS, settings)
-        .drain(&[doc])
+    Drain::new(SOURCE, Arc::new(broker), c.clone(), PATHS, settings)
+        .drain(LEASE, &[doc])
         .await
         .unwrap();
     let after = read(&c, "outbox:bXNnLTQz", &json!("tenant-1")).await;
@@ -159,12 +166,13 @@ async fn documents_that_are_not_pending_outbox_documents_are_never_published_or_
         stored_docs.push(stored(&c, doc).await);
     }
     let drain = Drain::new(
+        SOURCE,
         Arc::new(broker.clone()),
         c.clone(),
         PATHS,
         DeliverySettings::default(),
     );
-    let report = drain.drain(&stored_docs).await.unwrap();
+    let report = drain.drain(LEASE, &stored_docs).await.unwrap();
     // R3.21/R3.22: nothing published, nothing patched (app data never mutated).
     assert_eq!(
         report,
@@ -215,6 +223,7 @@ async fn a_failed_publish_stamps_nothing_and_fails_the_page() {
     let first = stored(&c, pending("msg-a", "t")).await;
     let second = stored(&c, pending("msg-b", "t")).await;
     let drain = Drain::new(
+        SOURCE,
         Arc::new(RefusingBroker),
         c.clone(),
         PATHS,
@@ -222,7 +231,7 @@ async fn a_failed_publish_stamps_nothing_and_fails_the_page() {
     );
     // R3.28: the error propagates, the document stays pending, and the page stops there.
     let err = drain
-        .drain(&[first.clone(), second.clone()])
+        .drain(LEASE, &[first.clone(), second.clone()])
         .await
         .unwrap_err();
     assert!(
@@ -234,35 +243,4 @@ async fn a_failed_publish_stamps_nothing_and_fails_the_page() {
         assert_eq!(now["status"], "pending");
         assert!(now.get("ttl").is_none());
     }
-}
-
-#[tokio::test]
-async fn a_pending_document_that_cannot_be_reconstructed_is_stamped_undeliverable_without_ttl() {
-    let c = container().await;
-    let broker = InMemoryBroker::new();
-    let mut doc = pending("msg-bad", "t");
-    doc.as_object_mut().unwrap().shift_remove("Destination");
-    let doc = stored(&c, doc).await;
-    let drain = Drain::new(
-        Arc::new(broker.clone()),
-        c.clone(),
-        PATHS,
-        DeliverySettings::default(),
-    );
-    let report = drain.drain(&[doc]).await.unwrap();
-    assert_eq!(
-        report,
-        DrainReport {
-            published: 0,
-            skipped: 0,
-            undeliverable: 1
-        }
-    );
-    let now = read(&c, "outbox:bXNnLWJhZA", &json!("t")).await;
-    assert_eq!(now["status"], "undeliverable");
-    assert!(
-        now.get("ttl").is_none(),
-        "undeliverable documents keep no ttl: they wait for a person"
-    );
-    assert_eq!(broker.published_count("orders"), 0);
 }

@@ -78,6 +78,20 @@ pub enum BrokerError {
 }
 
 impl BrokerError {
+    /// Whether the broker will refuse this message every time, whatever the state of the broker
+    /// or the connection: [`InvalidDestination`](Self::InvalidDestination) and
+    /// [`InvalidMessage`](Self::InvalidMessage), verdicts on the message's own fields.
+    ///
+    /// The relay stamps a pending Outbox Document whose publish fails permanently
+    /// `undeliverable` instead of retrying it forever; every other error (a lost connection, a
+    /// publisher-confirm nack, a timeout) is transient and the document is published again.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            Self::InvalidDestination { .. } | Self::InvalidMessage { .. }
+        )
+    }
+
     /// A [`BrokerError::Transport`] for `operation`.
     pub fn transport(operation: impl Into<String>, source: impl Into<TransportError>) -> Self {
         Self::Transport {

@@ -141,11 +141,12 @@ fn queue<'q>(queues: &'q mut HashMap<String, Queue>, destination: &str) -> &'q m
         })
 }
 
+/// The in-memory broker's one limit: a queue needs a name with something in it.
 fn check_destination(destination: &str) -> Result<(), BrokerError> {
-    if destination.is_empty() {
+    if destination.trim().is_empty() {
         return Err(BrokerError::InvalidDestination {
-            destination: String::new(),
-            reason: "a destination must not be empty".to_owned(),
+            destination: destination.to_owned(),
+            reason: "a destination must not be empty or blank".to_owned(),
         });
     }
     Ok(())
@@ -198,6 +199,10 @@ impl Broker for InMemoryBroker {
             Subscription::new(destination, deliveries.boxed())
         });
         future::ready(result).boxed()
+    }
+
+    fn check(&self, message: &BrokeredMessage) -> Result<(), BrokerError> {
+        check_destination(&message.destination)
     }
 }
 

@@ -56,6 +56,19 @@ pub trait Broker: Send + Sync + 'static {
         &'a self,
         destination: &'a str,
     ) -> BoxFuture<'a, Result<Subscription, BrokerError>>;
+
+    /// Whether this broker could ever carry `message`, judged on the message alone (no I/O):
+    /// `Err` with a [permanent](BrokerError::is_permanent) error when it will refuse it every
+    /// time (e.g. a field longer than the protocol allows).
+    ///
+    /// The document tier calls it when a handler sends a message, so a handler never writes an
+    /// Outbox Document the relay could not publish; the relay calls it before publishing. The
+    /// default accepts every message. An implementation's `publish` must refuse with the same
+    /// permanent error anything this refuses.
+    fn check(&self, message: &BrokeredMessage) -> Result<(), BrokerError> {
+        let _ = message;
+        Ok(())
+    }
 }
 
 impl<B: Broker + ?Sized> Broker for Arc<B> {
@@ -68,6 +81,10 @@ impl<B: Broker + ?Sized> Broker for Arc<B> {
         destination: &'a str,
     ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
         (**self).subscribe(destination)
+    }
+
+    fn check(&self, message: &BrokeredMessage) -> Result<(), BrokerError> {
+        (**self).check(message)
     }
 }
 

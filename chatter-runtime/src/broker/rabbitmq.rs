@@ -194,31 +194,7 @@ impl Inner {
 
     async fn publish(&self, message: BrokeredMessage) -> Result<(), BrokerError> {
         let queue = queue_name(&message.destination)?;
-        let invalid = |reason: String| BrokerError::InvalidMessage {
-            message_id: message.message_id.clone(),
-            destination: message.destination.clone(),
-            reason,
-        };
-        let message_id = ShortString::try_new(message.message_id.as_str())
-            .map_err(|e| invalid(format!("the message id is not an AMQP short string: {e}")))?;
-        let context = serde_json::to_string(&message.context)
-            .map_err(|e| invalid(format!("the context cannot be rendered as JSON: {e}")))?;
-        let mut headers = FieldTable::default();
-        headers.insert(
-            ShortString::from(CONTEXT_HEADER),
-            AMQPValue::LongString(LongString::from(context)),
-        );
-        let mut properties = BasicProperties::default()
-            .with_message_id(message_id)
-            .with_delivery_mode(PERSISTENT)
-            .with_headers(headers);
-        if !message.content_type.is_empty() {
-            let content_type =
-                ShortString::try_new(message.content_type.as_str()).map_err(|e| {
-                    invalid(format!("the content type is not an AMQP short string: {e}"))
-                })?;
-            properties = properties.with_content_type(content_type);
-        }
+        let properties = properties(&message)?;
 
         let options = BasicPublishOptions {
             mandatory: true,
@@ -345,18 +321,58 @@ impl Broker for RabbitMqBroker {
             .subscribe(destination, self.prefetch)
             .boxed()
     }
+
+    fn check(&self, message: &BrokeredMessage) -> Result<(), BrokerError> {
+        queue_name(&message.destination)?;
+        properties(message).map(|_| ())
+    }
 }
 
-/// `destination` as an AMQP queue name.
+/// `destination` as an AMQP queue name: non-blank, at most 255 bytes (a short string), and not
+/// in the `amq.` namespace the server reserves (declaring one is refused with 403).
 fn queue_name(destination: &str) -> Result<ShortString, BrokerError> {
     let invalid = |reason: String| BrokerError::InvalidDestination {
         destination: destination.to_owned(),
         reason,
     };
-    if destination.is_empty() {
-        return Err(invalid("a destination must not be empty".into()));
+    if destination.trim().is_empty() {
+        return Err(invalid("a destination must not be empty or blank".into()));
+    }
+    if destination.starts_with("amq.") {
+        return Err(invalid(
+            "queue names starting with `amq.` are reserved by RabbitMQ".into(),
+        ));
     }
     ShortString::try_new(destination).map_err(|e| invalid(format!("not an AMQP queue name: {e}")))
+}
+
+/// The AMQP properties of `message`, or why AMQP cannot carry them (a field that is no short
+/// string, a context that cannot be rendered).
+fn properties(message: &BrokeredMessage) -> Result<BasicProperties, BrokerError> {
+    let invalid = |reason: String| BrokerError::InvalidMessage {
+        message_id: message.message_id.clone(),
+        destination: message.destination.clone(),
+        reason,
+    };
+    let message_id = ShortString::try_new(message.message_id.as_str())
+        .map_err(|e| invalid(format!("the message id is not an AMQP short string: {e}")))?;
+    let context = serde_json::to_string(&message.context)
+        .map_err(|e| invalid(format!("the context cannot be rendered as JSON: {e}")))?;
+    let mut headers = FieldTable::default();
+    headers.insert(
+        ShortString::from(CONTEXT_HEADER),
+        AMQPValue::LongString(LongString::from(context)),
+    );
+    let mut properties = BasicProperties::default()
+        .with_message_id(message_id)
+        .with_delivery_mode(PERSISTENT)
+        .with_headers(headers);
+    if !message.content_type.is_empty() {
+        let content_type = ShortString::try_new(message.content_type.as_str())
+            .map_err(|e| invalid(format!("the content type is not an AMQP short string: {e}")))?;
+        properties = properties.with_content_type(content_type);
+    }
+    Ok(properties)
 }
 
 /// The delivery as a Brokered Message of `destination`, or why it is not one.

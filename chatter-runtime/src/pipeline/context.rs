@@ -1,10 +1,13 @@
 //! What a handler receives beside its command: the delivery's identity, the Atomic-Write Handle and
 //! the outbox.
 
+use std::sync::Arc;
+
 use serde::Serialize;
 use serde_json::Value;
 
 use super::error::StageError;
+use crate::broker::Broker;
 use crate::cosmos::BatchOperation;
 use crate::document;
 use crate::message::BrokeredMessage;
@@ -63,7 +66,6 @@ impl AtomicWriteHandle {
 /// For a participant (a registered command whose partition key resolved) every write staged here
 /// and every message sent to the outbox commits in the delivery's one TransactionalBatch, after
 /// the handler returns `Ok`. Nothing is written before that, and nothing at all if the handler fails.
-#[derive(Debug)]
 pub struct HandlerContext {
     message_id: String,
     redelivered: bool,
@@ -71,6 +73,19 @@ pub struct HandlerContext {
     /// Messages sent while no batch is active (a pass-through delivery): published after the
     /// handler succeeds.
     direct: Vec<BrokeredMessage>,
+    /// The configured broker, asked whether it could ever carry a sent message.
+    broker: Arc<dyn Broker>,
+}
+
+impl std::fmt::Debug for HandlerContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandlerContext")
+            .field("message_id", &self.message_id)
+            .field("redelivered", &self.redelivered)
+            .field("handle", &self.handle)
+            .field("direct", &self.direct)
+            .finish_non_exhaustive()
+    }
 }
 
 impl HandlerContext {
@@ -79,12 +94,14 @@ impl HandlerContext {
         message_id: String,
         redelivered: bool,
         handle: Option<AtomicWriteHandle>,
+        broker: Arc<dyn Broker>,
     ) -> Self {
         Self {
             message_id,
             redelivered,
             handle,
             direct: Vec::new(),
+            broker,
         }
     }
 
@@ -169,6 +186,12 @@ impl HandlerContext {
     /// For a participant the Outbox Document is staged in the batch and the relay publishes it after
     /// the batch commits. For a pass-through delivery the message is published directly once the
     /// handler has succeeded.
+    ///
+    /// A message that could never be published is refused here, before anything is staged: one
+    /// whose Outbox Document would violate the Outbox Document Contract (e.g. a blank destination
+    /// or content type), and one the configured broker would refuse every time
+    /// ([`Broker::check`], e.g. an id longer than AMQP allows). A handler therefore never writes
+    /// a document the relay would have to stamp `undeliverable`.
     pub fn send(&mut self, message: BrokeredMessage) -> Result<(), StageError> {
         match self.handle.as_mut() {
             Some(handle) => {
@@ -178,9 +201,14 @@ impl HandlerContext {
                     handle.partition_key_paths,
                     &handle.partition_key,
                 )?;
+                document::outbox_contract::verify(&doc)?;
+                self.broker.check(&message)?;
                 handle.outbox.push(doc);
             }
-            None => self.direct.push(message),
+            None => {
+                self.broker.check(&message)?;
+                self.direct.push(message);
+            }
         }
         Ok(())
     }

@@ -1,7 +1,8 @@
 //! Errors of the document tier: staging (returned to the handler) and the batch lifecycle.
 
+use crate::broker::BrokerError;
 use crate::cosmos::CosmosStoreError;
-use crate::document::DocumentError;
+use crate::document::{ContractViolations, DocumentError};
 use crate::registry::BoxError;
 
 /// A write or message the Atomic-Write Handle refused; nothing was staged.
@@ -41,6 +42,13 @@ pub enum StageError {
     /// A reserved id, an over-long id, or an outbox document that cannot be built.
     #[error(transparent)]
     Document(#[from] DocumentError),
+    /// The message's Outbox Document would violate the Outbox Document Contract: the relay could
+    /// never publish it.
+    #[error("the message cannot be sent: {0}")]
+    OutboxContract(#[from] ContractViolations),
+    /// The configured broker would refuse the message every time.
+    #[error("the message cannot be sent: the broker would refuse it every time: {0}")]
+    Unpublishable(#[from] BrokerError),
 }
 
 /// Why a delivery was not handled; the message is not acknowledged and will be redelivered.

@@ -105,7 +105,12 @@ impl Pipeline {
             writes: Vec::new(),
             outbox: Vec::new(),
         };
-        let mut ctx = HandlerContext::new(message_id.to_owned(), redelivered, Some(handle));
+        let mut ctx = HandlerContext::new(
+            message_id.to_owned(),
+            redelivered,
+            Some(handle),
+            Arc::clone(&self.broker),
+        );
         run_handler(command, body, &mut ctx).await?;
         let (handle, _) = ctx.into_parts();
         let handle = handle.expect("a participant context keeps its handle");
@@ -171,7 +176,12 @@ impl Pipeline {
         message_id: &str,
         redelivered: bool,
     ) -> Result<Outcome, PipelineError> {
-        let mut ctx = HandlerContext::new(message_id.to_owned(), redelivered, None);
+        let mut ctx = HandlerContext::new(
+            message_id.to_owned(),
+            redelivered,
+            None,
+            Arc::clone(&self.broker),
+        );
         run_handler(command, body, &mut ctx).await?;
         let (_, direct) = ctx.into_parts();
         for message in direct {

@@ -1,59 +1,34 @@
 //! The drain: what the relay does with each change-feed page of a monitored container.
 //!
-//! Only genuine pending Outbox Documents pass the gate (`_chatterType == "outbox"`,
-//! `status == "pending"`, `id == "outbox:" + encode(MessageId)`); everything else (the handler's
-//! own documents, inbox markers, delivered documents, the relay's own stamp coming back through the
-//! change feed) is skipped. A pending document is reconstructed verbatim, published, and only after
-//! the broker confirmed it stamped delivered with a TTL in one patch. A failed publish stamps
-//! nothing and fails the page, so the change-feed processor does not checkpoint past it and the
-//! page is read again: at-least-once, never lost.
+//! Per page (catalog 6.3's order): the [Drain Suspension](super::suspension) gate is consulted
+//! once, above every document; a suspended lease's page is refused whole and not checkpointed.
+//! Then per document:
+//!
+//! 1. Only genuine pending Outbox Documents pass the pending gate; everything else (the handler's
+//!    own documents, inbox markers, delivered documents, the relay's own stamps coming back) is
+//!    skipped.
+//! 2. The [Outbox Document Contract](crate::document::outbox_contract) verifies it. A document
+//!    whose own fields prove it can never be published, or that the broker will refuse every time
+//!    ([`BrokerError::is_permanent`]), is stamped `undeliverable` (one op, no ttl), then logged at
+//!    Error, and the page goes on past it.
+//! 3. Otherwise it is published, and only after the broker confirmed stamped delivered with a TTL
+//!    in one patch. A failed publish stamps nothing and fails the page, so the change-feed
+//!    processor does not checkpoint past it: at-least-once, never lost. A failed stamp after a
+//!    publish is a Confirmation Failure, counted by the gate.
+//!
+//! Every stamp that lands mints a [`ConfirmationReceipt`]; the page's receipts are presented to
+//! the gate once, after the whole page.
 
 use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::delivery::DeliverySettings;
+use super::diagnostics;
+use super::suspension::{ConfirmationReceipt, DrainGate, MonotonicClock};
 use crate::broker::{Broker, BrokerError};
 use crate::cosmos::{self, ContainerClient, CosmosStoreError};
-use crate::document::{self, OutboxDocument, outbox};
-
-/// What the relay stamps on a delivered document.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeliverySettings {
-    /// The `status` value of a delivered document (default `"delivered"`).
-    pub delivered_status: String,
-    /// The `ttl` (seconds) stamped with it, so Cosmos purges delivered documents (default 86 400,
-    /// one day). Must be positive.
-    pub delivered_ttl_seconds: i64,
-}
-
-impl Default for DeliverySettings {
-    fn default() -> Self {
-        Self {
-            delivered_status: outbox::STATUS_DELIVERED.to_owned(),
-            delivered_ttl_seconds: 86_400,
-        }
-    }
-}
-
-impl DeliverySettings {
-    /// Rejects settings that would never purge or would look pending again.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.delivered_ttl_seconds <= 0 {
-            return Err(format!(
-                "the delivered ttl must be positive seconds, got {}",
-                self.delivered_ttl_seconds
-            ));
-        }
-        let status = self.delivered_status.trim();
-        if status.is_empty() || status == outbox::STATUS_PENDING {
-            return Err(format!(
-                "the delivered status must be non-blank and not `pending`, got {:?}",
-                self.delivered_status
-            ));
-        }
-        Ok(())
-    }
-}
+use crate::document::{self, ContractViolations, outbox, outbox_contract};
 
 /// What one page did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -62,13 +37,45 @@ pub struct DrainReport {
     pub published: usize,
     /// Not pending Outbox Documents: left untouched.
     pub skipped: usize,
-    /// Pending but not reconstructible: stamped `undeliverable`, not published.
+    /// Pending but never publishable: stamped `undeliverable`, not published.
     pub undeliverable: usize,
+}
+
+/// Why a pending Outbox Document was stamped `undeliverable`.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum UndeliverableReason {
+    /// The document's own fields violate the Outbox Document Contract.
+    #[error(transparent)]
+    Contract(ContractViolations),
+    /// The broker refuses the message every time.
+    #[error(
+        "The broker refuses outbox document '{message_id}' every time it is published: {refusal}. \
+         The document's own persisted fields prove this, so redraining it would fail identically; \
+         correct the writer that produced it."
+    )]
+    BrokerRefusal {
+        /// The document's `MessageId`.
+        message_id: String,
+        /// The broker's permanent refusal.
+        refusal: Arc<BrokerError>,
+    },
 }
 
 /// Why a page failed; the processor reads it again.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DrainError {
+    /// The lease is suspended: nothing was published and the page is not checkpointed.
+    #[error(
+        "The Cosmos Outbox Relay has suspended draining lease '{lease_token}': its documents \
+         published but could not be marked delivered, so every redrain republished them. The \
+         batch is not checkpointed and re-surfaces once draining resumes."
+    )]
+    Suspended {
+        /// The suspended lease.
+        lease_token: String,
+    },
     /// The broker did not confirm; the document stays pending.
     #[error(
         "publishing outbox message '{message_id}' to `{destination}` failed; it stays pending and is published again: {source}"
@@ -82,7 +89,8 @@ pub enum DrainError {
         #[source]
         source: BrokerError,
     },
-    /// Published, but the delivered stamp failed: it will be published again (consumers dedup).
+    /// Published, but the delivered stamp failed (a Confirmation Failure): it will be published
+    /// again (consumers dedup), until the gate suspends the lease.
     #[error(
         "outbox message '{message_id}' was published but stamping it delivered failed; it stays pending and is published again: {source}"
     )]
@@ -93,31 +101,33 @@ pub enum DrainError {
         #[source]
         source: CosmosStoreError,
     },
-    /// An undeliverable document could not be stamped.
-    #[error(
-        "outbox document '{id}' is undeliverable ({reason}) and stamping it so failed: {source}"
-    )]
+    /// An undeliverable document could not be stamped; nothing was published, so this is no
+    /// Confirmation Failure (R5.35).
+    #[error("outbox document '{id}' is undeliverable and stamping it so failed: {source}")]
     UndeliverableStamp {
         /// The document id.
         id: String,
-        /// Why it is undeliverable.
-        reason: String,
         /// The store error.
         #[source]
         source: CosmosStoreError,
     },
-    /// A pending document without a string `id` (R3.32).
-    #[error("A pending outbox document is missing its 'id'; cannot stamp it.")]
-    MissingId,
 }
 
-/// Drains the pages of one monitored container.
+/// What one document did.
+enum Processed {
+    Skipped,
+    Published(ConfirmationReceipt),
+    Undeliverable(ConfirmationReceipt),
+}
+
+/// Drains the pages of one monitored container, for one change-feed processor.
 #[derive(Clone)]
 pub struct Drain {
     broker: Arc<dyn Broker>,
     container: Arc<ContainerClient>,
     partition_key_paths: &'static [&'static str],
     settings: DeliverySettings,
+    gate: Arc<DrainGate>,
 }
 
 impl std::fmt::Debug for Drain {
@@ -125,14 +135,17 @@ impl std::fmt::Debug for Drain {
         f.debug_struct("Drain")
             .field("partition_key_paths", &self.partition_key_paths)
             .field("settings", &self.settings)
+            .field("gate", &self.gate)
             .finish_non_exhaustive()
     }
 }
 
 impl Drain {
-    /// A drain publishing on `broker` and stamping in `container`, whose partition-key path(s) are
-    /// `partition_key_paths`.
+    /// A drain for the processor `source_identity`, publishing on `broker` and stamping in
+    /// `container`, whose partition-key path(s) are `partition_key_paths`; its Drain Suspension
+    /// gate runs on the system clock.
     pub fn new(
+        source_identity: impl Into<String>,
         broker: Arc<dyn Broker>,
         container: Arc<ContainerClient>,
         partition_key_paths: &'static [&'static str],
@@ -143,86 +156,141 @@ impl Drain {
             container,
             partition_key_paths,
             settings,
+            gate: Arc::new(DrainGate::new(source_identity)),
         }
     }
 
-    /// Drains one page in order; stops at the first document that could not be published and
-    /// stamped, so nothing after it is checkpointed.
-    pub async fn drain(&self, documents: &[Value]) -> Result<DrainReport, DrainError> {
+    /// The same drain with its gate on `clock` (and no suspension state).
+    pub fn with_clock(mut self, clock: Arc<dyn MonotonicClock>) -> Self {
+        self.gate = Arc::new(DrainGate::with_clock(
+            self.gate.source_identity().to_owned(),
+            clock,
+        ));
+        self
+    }
+
+    /// The Drain Suspension gate of this drain's processor.
+    pub fn gate(&self) -> &Arc<DrainGate> {
+        &self.gate
+    }
+
+    /// Drains one page of `lease_token` in order; stops at the first document that could not be
+    /// published and stamped, so nothing after it is checkpointed.
+    pub async fn drain(
+        &self,
+        lease_token: &str,
+        documents: &[Value],
+    ) -> Result<DrainReport, DrainError> {
+        // Metrics `drain.batches` and `drain.batch.size` go here: recorded before the gate (R6.39).
+        if !self.gate.permit_drain(lease_token) {
+            return Err(DrainError::Suspended {
+                lease_token: lease_token.to_owned(),
+            });
+        }
         let mut report = DrainReport::default();
+        let mut receipt = None;
         for doc in documents {
-            if !document::is_pending_outbox(doc) {
-                report.skipped += 1;
-                continue;
-            }
-            let id = doc
-                .get(outbox::ID_FIELD)
-                .and_then(Value::as_str)
-                .ok_or(DrainError::MissingId)?;
-            let message = match OutboxDocument::from_json(doc).and_then(|d| d.to_message()) {
-                Ok(message) => message,
-                Err(reason) => {
-                    self.stamp_undeliverable(doc, id, reason.to_string())
-                        .await?;
-                    report.undeliverable += 1;
-                    continue;
+            match self.process(lease_token, doc).await {
+                Ok(Processed::Skipped) => report.skipped += 1,
+                Ok(Processed::Published(minted)) => {
+                    report.published += 1;
+                    receipt = Some(minted);
                 }
-            };
-            let message_id = message.message_id.clone();
-            let destination = message.destination.clone();
-            self.broker
-                .publish(message)
-                .await
-                .map_err(|source| DrainError::Publish {
-                    message_id: message_id.clone(),
-                    destination: destination.clone(),
+                Ok(Processed::Undeliverable(minted)) => {
+                    report.undeliverable += 1;
+                    receipt = Some(minted);
+                }
+                Err(error) => {
+                    if let DrainError::Confirmation { source, .. } = &error {
+                        self.gate.record_confirmation_failure(lease_token, source);
+                    }
+                    return Err(error);
+                }
+            }
+        }
+        self.gate.record_confirmation_success(lease_token, receipt);
+        Ok(report)
+    }
+
+    async fn process(&self, lease_token: &str, doc: &Value) -> Result<Processed, DrainError> {
+        if !document::is_pending_outbox(doc) {
+            return Ok(Processed::Skipped);
+        }
+        // The pending gate admits only documents whose `id` is a string.
+        let Some(id) = doc.get(outbox::ID_FIELD).and_then(Value::as_str) else {
+            return Ok(Processed::Skipped);
+        };
+        let message = match outbox_contract::verify(doc) {
+            Ok(verified) => verified.into_message(),
+            Err(violations) => {
+                let reason = UndeliverableReason::Contract(violations);
+                return self.give_up(lease_token, doc, id, &reason).await;
+            }
+        };
+        let message_id = message.message_id.clone();
+        let destination = message.destination.clone();
+        let published = match self.broker.check(&message) {
+            Ok(()) => self.broker.publish(message).await,
+            Err(refusal) => Err(refusal),
+        };
+        match published {
+            Ok(()) => {}
+            Err(refusal) if refusal.is_permanent() => {
+                let reason = UndeliverableReason::BrokerRefusal {
+                    message_id,
+                    refusal: Arc::new(refusal),
+                };
+                return self.give_up(lease_token, doc, id, &reason).await;
+            }
+            Err(source) => {
+                return Err(DrainError::Publish {
+                    message_id,
+                    destination,
                     source,
-                })?;
-            let stamp = [
-                (
-                    "/status",
-                    Value::from(self.settings.delivered_status.as_str()),
-                ),
-                ("/ttl", Value::from(self.settings.delivered_ttl_seconds)),
-            ];
+                });
+            }
+        }
+        let stamp = [
+            (
+                "/status",
+                Value::from(self.settings.delivered_status.as_str()),
+            ),
+            ("/ttl", Value::from(self.settings.delivered_ttl_seconds)),
+        ];
+        let receipt =
             self.patch(doc, id, &stamp)
                 .await
                 .map_err(|source| DrainError::Confirmation {
                     message_id: message_id.clone(),
                     source,
                 })?;
-            tracing::debug!(
-                message_id,
-                destination,
-                "chatter relay published outbox message"
-            );
-            report.published += 1;
-        }
-        Ok(report)
+        tracing::debug!(
+            message_id,
+            destination,
+            "chatter relay published outbox message"
+        );
+        Ok(Processed::Published(receipt))
     }
 
-    async fn stamp_undeliverable(
+    /// Stamps `undeliverable` (one op, no ttl: the document is kept for a person to inspect),
+    /// then logs. A failed stamp propagates as itself, with nothing logged (R5.34, R5.35).
+    async fn give_up(
         &self,
+        lease_token: &str,
         doc: &Value,
         id: &str,
-        reason: String,
-    ) -> Result<(), DrainError> {
+        reason: &UndeliverableReason,
+    ) -> Result<Processed, DrainError> {
         let stamp = [("/status", Value::from(outbox::STATUS_UNDELIVERABLE))];
-        match self.patch(doc, id, &stamp).await {
-            Ok(()) => {
-                tracing::error!(
-                    id,
-                    reason,
-                    "chatter relay stamped an outbox document undeliverable; it will not be published"
-                );
-                Ok(())
-            }
-            Err(source) => Err(DrainError::UndeliverableStamp {
-                id: id.to_owned(),
-                reason,
-                source,
-            }),
-        }
+        let receipt =
+            self.patch(doc, id, &stamp)
+                .await
+                .map_err(|source| DrainError::UndeliverableStamp {
+                    id: id.to_owned(),
+                    source,
+                })?;
+        diagnostics::undeliverable(self.gate.source_identity(), lease_token, id, reason);
+        Ok(Processed::Undeliverable(receipt))
     }
 
     /// One patch keyed by the document's id and the partition key recovered from the document at
@@ -232,7 +300,7 @@ impl Drain {
         doc: &Value,
         id: &str,
         ops: &[(&str, Value)],
-    ) -> Result<(), CosmosStoreError> {
+    ) -> Result<ConfirmationReceipt, CosmosStoreError> {
         let values: Vec<Value> = self
             .partition_key_paths
             .iter()
@@ -243,8 +311,7 @@ impl Drain {
             })
             .collect();
         let key = cosmos::partition_key(&values)?;
-        cosmos::patch_item(&self.container, key, id, ops)
-            .await
-            .map(|_| ())
+        cosmos::patch_item(&self.container, key, id, ops).await?;
+        Ok(ConfirmationReceipt)
     }
 }

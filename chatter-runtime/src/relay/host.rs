@@ -9,11 +9,14 @@ use std::sync::Arc;
 use futures::FutureExt;
 
 use super::change_feed::{
-    ChangeFeedError, ChangeFeedProcessor, ChangeFeedProcessorOptions, RunningProcessor,
+    ChangeFeedError, ChangeFeedProcessor, ChangeFeedProcessorOptions, LeaseFault, RunningProcessor,
 };
 use super::contract::{self, MonitoredContainersError};
-use super::drain::{DeliverySettings, Drain};
+use super::delivery::{DeliverySettings, DeliverySettingsError};
+use super::diagnostics;
+use super::drain::{Drain, DrainError};
 use super::identity::{self, RelaySource};
+use super::suspension::DrainGate;
 use crate::broker::Broker;
 use crate::cosmos::{CosmosConnection, CosmosStoreError};
 
@@ -29,9 +32,12 @@ pub struct RelayOptions {
 /// Why the relay did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
-    /// The options are invalid.
+    /// The change-feed processor options are invalid.
     #[error("invalid relay options: {0}")]
     InvalidOptions(String),
+    /// The delivery settings are invalid (catalog 3.4).
+    #[error(transparent)]
+    Delivery(#[from] DeliverySettingsError),
     /// A monitored container breaks the contract (every violation of every container is listed).
     #[error(transparent)]
     Contract(#[from] MonitoredContainersError),
@@ -66,7 +72,7 @@ pub enum RelayError {
 /// The running relays.
 #[derive(Debug)]
 pub struct RelayHost {
-    processors: Vec<RunningProcessor>,
+    processors: Vec<(RunningProcessor, Arc<DrainGate>)>,
 }
 
 impl RelayHost {
@@ -77,10 +83,7 @@ impl RelayHost {
         sources: &[RelaySource],
         options: &RelayOptions,
     ) -> Result<Self, RelayError> {
-        options
-            .delivery
-            .validate()
-            .map_err(RelayError::InvalidOptions)?;
+        options.delivery.validate()?;
         options
             .processor
             .validate()
@@ -94,7 +97,7 @@ impl RelayHost {
                 Ok(processor) => processors.push(processor),
                 Err(error) => {
                     // Stop what already started; the original error is what the caller sees.
-                    for started in processors {
+                    for (started, _) in processors {
                         started.shutdown().await;
                     }
                     return Err(error);
@@ -108,7 +111,7 @@ impl RelayHost {
     pub fn processor_names(&self) -> Vec<&str> {
         self.processors
             .iter()
-            .map(RunningProcessor::processor_name)
+            .map(|(p, _)| p.processor_name())
             .collect()
     }
 
@@ -116,13 +119,24 @@ impl RelayHost {
     pub fn owned_leases(&self) -> Vec<(String, Vec<String>)> {
         self.processors
             .iter()
-            .map(|p| (p.processor_name().to_owned(), p.owned_leases()))
+            .map(|(p, _)| (p.processor_name().to_owned(), p.owned_leases()))
+            .collect()
+    }
+
+    /// The leases under a Drain Suspension now, per processor (only processors with one).
+    pub fn suspended_leases(&self) -> Vec<(String, Vec<String>)> {
+        self.processors
+            .iter()
+            .filter_map(|(p, gate)| {
+                let suspended = gate.suspended_leases();
+                (!suspended.is_empty()).then(|| (p.processor_name().to_owned(), suspended))
+            })
             .collect()
     }
 
     /// Stops every processor, finishing pages in flight and releasing leases.
     pub async fn shutdown(self) {
-        for processor in self.processors {
+        for (processor, _) in self.processors {
             processor.shutdown().await;
         }
     }
@@ -134,7 +148,7 @@ async fn start_one(
     source: &RelaySource,
     instance: &str,
     options: &RelayOptions,
-) -> Result<RunningProcessor, RelayError> {
+) -> Result<(RunningProcessor, Arc<DrainGate>), RelayError> {
     let container = |name: &'static str| async move {
         cosmos
             .container(source.database, name)
@@ -149,38 +163,58 @@ async fn start_one(
     let monitored = container(source.container).await?;
     let leases = container(source.lease).await?;
     let drain = Drain::new(
+        source.processor_name.clone(),
         broker.clone(),
         monitored.clone(),
         source.partition_key_paths,
         options.delivery.clone(),
     );
+    let gate = Arc::clone(drain.gate());
     let processor_name = source.processor_name.clone();
     let label = format!("{}/{}", source.database, source.container);
-    let processor = ChangeFeedProcessor::builder(&source.processor_name, instance, monitored, leases)
-        .options(options.processor.clone())
-        .start(move |batch| {
-            let drain = drain.clone();
-            let label = label.clone();
-            async move {
-                let report = drain.drain(&batch.documents).await.inspect_err(|error| {
-                    tracing::error!(container = label, lease = batch.lease_token, %error, "chatter relay: page not drained; it will be read again");
-                })?;
-                if report.published > 0 || report.undeliverable > 0 {
-                    tracing::info!(
-                        container = label,
-                        lease = batch.lease_token,
-                        published = report.published,
-                        skipped = report.skipped,
-                        undeliverable = report.undeliverable,
-                        "chatter relay drained a page"
+    let fault_source = processor_name.clone();
+    let processor =
+        ChangeFeedProcessor::builder(&source.processor_name, instance, monitored, leases)
+            .options(options.processor.clone())
+            .on_fault(move |fault: &LeaseFault<'_>| {
+                // A suspended lease's refused page is the suspension working, not a new fault: the
+                // suspension was logged at Error when it opened and is in `suspended_leases`.
+                if let Some(DrainError::Suspended { .. }) = fault.error.downcast_ref::<DrainError>()
+                {
+                    tracing::debug!(
+                        source_identity = fault_source,
+                        lease_token = fault.lease_token,
+                        "page refused: the lease is suspended"
                     );
+                    return;
                 }
-                Ok(())
-            }
-            .boxed()
-        })
-        .await
-        .map_err(|e| RelayError::Processor { database: source.database, container: source.container, source: e })?;
+                diagnostics::change_feed_fault(&fault_source, fault.lease_token, fault.error);
+            })
+            .start(move |batch| {
+                let drain = drain.clone();
+                let label = label.clone();
+                async move {
+                    let report = drain.drain(&batch.lease_token, &batch.documents).await?;
+                    if report.published > 0 || report.undeliverable > 0 {
+                        tracing::info!(
+                            container = label,
+                            lease = batch.lease_token,
+                            published = report.published,
+                            skipped = report.skipped,
+                            undeliverable = report.undeliverable,
+                            "chatter relay drained a page"
+                        );
+                    }
+                    Ok(())
+                }
+                .boxed()
+            })
+            .await
+            .map_err(|e| RelayError::Processor {
+                database: source.database,
+                container: source.container,
+                source: e,
+            })?;
     tracing::info!(processor = processor_name, instance, container = %format!("{}/{}", source.database, source.container), "chatter relay started");
-    Ok(processor)
+    Ok((processor, gate))
 }

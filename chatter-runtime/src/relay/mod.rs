@@ -1,6 +1,20 @@
 //! The relay side of chatter: reading the monitored containers' change feeds.
+//!
+//! | module | concern |
+//! | --- | --- |
+//! | [`change_feed`] | our change-feed processor: leases, polling, checkpoints, fault reports |
+//! | [`drain`] | what one page does: pending gate, Outbox Document Contract, publish, stamps |
+//! | [`delivery`] | the delivered stamp's settings (catalog 3.4) |
+//! | [`suspension`] | Drain Suspension: the per-lease gate over Confirmation Failures (area 6) |
+//! | [`contract`] | the Monitored Container Contract, checked before any processor starts |
+//! | [`identity`] | change-feed source identities and processor names |
+//! | [`host`] | the relay host: one processor per source |
+//! | `diagnostics` | the always-on logs (catalog 8.5) |
 pub mod change_feed;
 pub mod contract;
+pub mod delivery;
+mod diagnostics;
 pub mod drain;
 pub mod host;
 pub mod identity;
+pub mod suspension;

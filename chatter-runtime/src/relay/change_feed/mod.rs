@@ -20,7 +20,8 @@
 //! - **Polling and checkpoints.** Per owned lease, one page at a time is read from the lease's
 //!   continuation and handed to the handler as a [`ChangeFeedBatch`]. The new continuation is
 //!   written to the lease only after the handler returned `Ok`; an error (or a panic) is
-//!   logged and the same documents are read again after the poll interval. A full page is
+//!   reported as a [`LeaseFault`] (see [`ChangeFeedProcessorBuilder::on_fault`]) and the same
+//!   documents are read again after the poll interval. A full page is
 //!   followed by the next read at once. Delivery is therefore at least once: a batch can be
 //!   handed over again after a handler error, a failed checkpoint, or a lease changing hands
 //!   mid-batch; the handler (chatter's relay gate) must tolerate repeats.
@@ -60,6 +61,7 @@
 mod balance;
 mod coordinator;
 mod error;
+mod fault;
 mod lease;
 mod options;
 mod worker;
@@ -74,6 +76,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use error::ChangeFeedError;
+pub use fault::{HandlerPanicked, LeaseFault, LeaseFaultStage};
 pub use lease::{LeaseDocument, LeaseFeedRange, lease_id, read_leases};
 pub use options::{ChangeFeedProcessorOptions, StartFrom};
 
@@ -122,6 +125,7 @@ impl ChangeFeedProcessor {
             monitored,
             leases,
             options: ChangeFeedProcessorOptions::default(),
+            faults: None,
         }
     }
 }
@@ -133,6 +137,7 @@ pub struct ChangeFeedProcessorBuilder {
     monitored: Arc<ContainerClient>,
     leases: Arc<ContainerClient>,
     options: ChangeFeedProcessorOptions,
+    faults: Option<fault::FaultHandler>,
 }
 
 impl std::fmt::Debug for ChangeFeedProcessorBuilder {
@@ -149,6 +154,14 @@ impl ChangeFeedProcessorBuilder {
     /// Replaces the options (defaults: [`ChangeFeedProcessorOptions::default`]).
     pub fn options(mut self, options: ChangeFeedProcessorOptions) -> Self {
         self.options = options;
+        self
+    }
+
+    /// Reports every lease fault (a failed read, a failed or panicking handler, a checkpoint or
+    /// renewal that could not be written) to `handler` instead of logging it at Error. The
+    /// lease is retried after the poll interval either way; a panic in `handler` is contained.
+    pub fn on_fault(mut self, handler: impl Fn(&LeaseFault<'_>) + Send + Sync + 'static) -> Self {
+        self.faults = Some(Arc::new(handler));
         self
     }
 
@@ -210,6 +223,9 @@ impl ChangeFeedProcessorBuilder {
             handler: Arc::new(handler),
             owned: Arc::clone(&owned),
             wake: Arc::new(tokio::sync::Notify::new()),
+            faults: self
+                .faults
+                .unwrap_or_else(|| fault::log_fault(processor.clone())),
         };
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();

@@ -15,10 +15,12 @@ use futures::{FutureExt, StreamExt};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::fault::{FaultHandler, HandlerPanicked, LeaseFault, LeaseFaultStage};
 use super::lease::{LeaseDocument, LeaseStore, LeaseWrite, now_millis};
 use super::options::{ChangeFeedProcessorOptions, StartFrom};
 use super::{BatchHandler, ChangeFeedBatch};
 use crate::cosmos::CosmosStoreError;
+use crate::registry::BoxError;
 
 /// Why a lease's worker stops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,12 +88,16 @@ impl LeaseSlot {
 
     /// Applies `change` to the lease and writes it, guarded by the current ETag. A conflict
     /// (412/404) means the lease was taken: the worker is told to stop.
+    ///
+    /// Any other failure is reported to the processor's fault handler as a `stage` fault.
     async fn write(
         &self,
-        store: &LeaseStore,
-        what: &'static str,
+        ctx: &WorkerContext,
+        stage: LeaseFaultStage,
         change: impl FnOnce(&mut LeaseDocument),
     ) -> Result<(), WriteError> {
+        let store = &ctx.store;
+        let what = stage.as_str();
         let mut lease = self.lease.lock().await;
         let mut updated = lease.clone();
         change(&mut updated);
@@ -113,13 +119,11 @@ impl LeaseSlot {
                 Err(WriteError::Lost)
             }
             LeaseWrite::Failed(error) => {
-                tracing::warn!(
-                    processor = %store.processor,
-                    lease = %self.lease_token,
-                    during = what,
-                    %error,
-                    "could not write the lease; retrying later"
-                );
+                ctx.report(&LeaseFault {
+                    lease_token: &self.lease_token,
+                    stage,
+                    error: &error,
+                });
                 Err(WriteError::Failed)
             }
         }
@@ -143,12 +147,21 @@ pub(crate) struct WorkerContext {
     pub(crate) owned: Arc<Mutex<BTreeSet<String>>>,
     /// Wakes the coordinator early (e.g. after a 410 hinting at a split).
     pub(crate) wake: Arc<tokio::sync::Notify>,
+    /// Told about every lease fault.
+    pub(crate) faults: FaultHandler,
+}
+
+impl WorkerContext {
+    /// Reports `fault` to the fault handler; a handler that panics is contained here.
+    pub(crate) fn report(&self, fault: &LeaseFault<'_>) {
+        let _ = std::panic::catch_unwind(AssertUnwindSafe(|| (self.faults)(fault)));
+    }
 }
 
 /// Renews the lease every `lease_renew_interval` until the worker stops.
 pub(crate) async fn renew(ctx: WorkerContext, slot: Arc<LeaseSlot>) {
     while slot.pause(ctx.options.lease_renew_interval).await {
-        if slot.write(&ctx.store, "renew", |_| {}).await == Err(WriteError::Lost) {
+        if slot.write(&ctx, LeaseFaultStage::Renew, |_| {}).await == Err(WriteError::Lost) {
             return;
         }
         tracing::trace!(lease = %slot.lease_token, "lease renewed");
@@ -184,10 +197,11 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) {
                     );
                     ctx.wake.notify_one();
                 } else {
-                    tracing::warn!(
-                        processor, lease = %slot.lease_token, %error,
-                        "reading the change feed failed; retrying after the poll interval"
-                    );
+                    ctx.report(&LeaseFault {
+                        lease_token: &slot.lease_token,
+                        stage: LeaseFaultStage::Read,
+                        error: &error,
+                    });
                 }
                 slot.pause(ctx.options.poll_interval).await;
                 continue;
@@ -199,7 +213,9 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) {
             // `Now` position of a fresh lease.
             if next != continuation
                 && slot
-                    .write(&ctx.store, "checkpoint", |l| l.continuation_token = next)
+                    .write(ctx, LeaseFaultStage::Checkpoint, |l| {
+                        l.continuation_token = next;
+                    })
                     .await
                     == Err(WriteError::Lost)
             {
@@ -216,29 +232,31 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) {
             lease_token: slot.lease_token.clone(),
         };
         let outcome = AssertUnwindSafe((ctx.handler)(batch)).catch_unwind().await;
-        let handled = match outcome {
-            Ok(Ok(())) => true,
-            Ok(Err(error)) => {
-                tracing::error!(
-                    processor, lease = %slot.lease_token, documents = count, error = %error,
-                    "the batch handler failed; the same documents are read again after the poll interval"
-                );
-                false
-            }
-            Err(_) => {
-                tracing::error!(
-                    processor, lease = %slot.lease_token, documents = count,
-                    "the batch handler panicked; the same documents are read again after the poll interval"
-                );
-                false
-            }
+        let failure = match outcome {
+            Ok(Ok(())) => None,
+            Ok(Err(error)) => Some(error),
+            Err(panic) => Some(Box::new(HandlerPanicked::from_payload(panic.as_ref())) as BoxError),
         };
+        if let Some(error) = &failure {
+            ctx.report(&LeaseFault {
+                lease_token: &slot.lease_token,
+                stage: LeaseFaultStage::Handler,
+                error: error.as_ref(),
+            });
+            tracing::debug!(
+                processor, lease = %slot.lease_token, documents = count,
+                "the same documents are read again after the poll interval"
+            );
+        }
+        let handled = failure.is_none();
         if !handled {
             slot.pause(ctx.options.poll_interval).await;
             continue;
         }
         match slot
-            .write(&ctx.store, "checkpoint", |l| l.continuation_token = next)
+            .write(ctx, LeaseFaultStage::Checkpoint, |l| {
+                l.continuation_token = next;
+            })
             .await
         {
             Ok(()) => {

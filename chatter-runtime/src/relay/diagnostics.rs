@@ -1,0 +1,89 @@
+//! The relay's always-on logs (catalog 8.5): one function per event, each the one place where
+//! that event's metric will be recorded too.
+//!
+//! These are written whatever the application opted into: an undeliverable document, a Drain
+//! Suspension opening or closing, and a change-feed fault are what an operator has to act on.
+//! A log sink that panics never takes the relay down with it (R8.61, R8.66).
+
+use std::fmt::Display;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+/// Runs one log statement; a panicking subscriber is contained here.
+fn guarded(log: impl FnOnce()) {
+    let _ = catch_unwind(AssertUnwindSafe(log));
+}
+
+/// A pending document was stamped `undeliverable` (R5.33): logged after the stamp landed, at
+/// Error, without an error value (nothing failed: the document itself is the defect).
+pub(crate) fn undeliverable(
+    source_identity: &str,
+    lease_token: &str,
+    document_id: &str,
+    reason: &dyn Display,
+) {
+    // Metric `chatter.messaging.outbox.drain.undeliverable` (+1, no attributes) goes here.
+    guarded(|| {
+        tracing::error!(
+            source_identity,
+            lease_token,
+            document_id,
+            "The Cosmos Outbox Relay marked an Outbox Document undeliverable and stopped \
+             republishing it. {reason}"
+        );
+    });
+}
+
+/// A Drain Suspension opened on `lease_token` (R6.15), with the confirmation fault that opened it.
+pub(crate) fn drain_suspended(
+    source_identity: &str,
+    lease_token: &str,
+    consecutive_failures: u32,
+    error: &(dyn std::error::Error + 'static),
+) {
+    // Metric `chatter.messaging.outbox.drain.suspensions` (+1; source_identity, lease_token) goes here.
+    guarded(|| {
+        tracing::error!(
+            source_identity,
+            lease_token,
+            consecutive_failures,
+            error,
+            "The Cosmos Outbox Relay suspended draining lease {lease_token} after \
+             {consecutive_failures} consecutive confirmation failures. Its messages published but \
+             could not be marked delivered, so every redrain republished them; draining resumes \
+             once a confirmation succeeds."
+        );
+    });
+}
+
+/// A suspended lease confirmed again and drains as before (R6.19).
+pub(crate) fn drain_resumed(source_identity: &str, lease_token: &str) {
+    guarded(|| {
+        tracing::info!(
+            source_identity,
+            lease_token,
+            "The Cosmos Outbox Relay resumed draining lease {lease_token}: a confirmation \
+             succeeded, so its documents are being marked delivered again."
+        );
+    });
+}
+
+/// The change feed of `lease_token` faulted (R8.60): a read, a page that failed, or a checkpoint
+/// that could not be written. The lease does not advance until the fault clears.
+pub(crate) fn change_feed_fault(
+    source_identity: &str,
+    lease_token: &str,
+    error: &(dyn std::error::Error + 'static),
+) {
+    // Metric `chatter.messaging.outbox.drain.failures` (+1; source_identity, lease_token,
+    // error.type) goes here.
+    guarded(|| {
+        tracing::error!(
+            source_identity,
+            lease_token,
+            error,
+            "The Cosmos Outbox Relay change feed faulted on lease {lease_token}; that lease does \
+             not advance until the fault clears, so every later pending Outbox Document in its \
+             partition range stays undrained."
+        );
+    });
+}

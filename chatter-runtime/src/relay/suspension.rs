@@ -1,0 +1,218 @@
+//! Drain Suspension (catalog area 6): a lease whose confirmations keep failing stops draining.
+//!
+//! A Confirmation Failure is a publish the broker confirmed followed by a status stamp that
+//! failed: the message is on the broker, the page is not checkpointed, and every redrain would
+//! publish it again. Marking the document cannot help (that is a write to the store that refuses
+//! writes), so the relay stops draining the lease instead, which needs no write at all:
+//!
+//! - one [`DrainGate`] per change-feed processor (source identity), state per lease token;
+//! - [`CONFIRMATION_FAILURE_THRESHOLD`] consecutive Confirmation Failures open a suspension, and
+//!   the lease's pages are refused for the [`SUSPENSION_WINDOW`];
+//! - when the window has elapsed, exactly one page is let through as a probe; a probe whose
+//!   confirmation fails again waits another full window;
+//! - only a [`ConfirmationReceipt`] (a status stamp that landed, delivered or undeliverable)
+//!   closes a suspension and resets the count. A page that confirmed nothing (empty, or only
+//!   documents that are not pending) is no evidence either way and changes nothing.
+//!
+//! Threshold and window are the specification's constants, not options. The clock is a
+//! [`MonotonicClock`], injectable so tests are exact without waiting a minute.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::diagnostics;
+
+/// Consecutive Confirmation Failures on one lease that open a Drain Suspension.
+pub const CONFIRMATION_FAILURE_THRESHOLD: u32 = 5;
+
+/// How long a suspended lease's pages are refused before one probe is let through.
+pub const SUSPENSION_WINDOW: Duration = Duration::from_secs(60);
+
+/// A monotonic clock: the time elapsed since some fixed origin.
+pub trait MonotonicClock: Send + Sync + 'static {
+    /// The time elapsed since this clock's origin; never decreases.
+    fn now(&self) -> Duration;
+}
+
+/// The process's monotonic clock ([`Instant`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SystemClock {
+    origin: Instant,
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl MonotonicClock for SystemClock {
+    fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+}
+
+/// A clock that moves only when told to ([`ManualClock::advance`]), for tests.
+#[derive(Debug, Default)]
+pub struct ManualClock(Mutex<Duration>);
+
+impl ManualClock {
+    /// A clock at its origin.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Moves the clock forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) += by;
+    }
+}
+
+impl MonotonicClock for ManualClock {
+    fn now(&self) -> Duration {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Evidence that a status stamp (delivered or undeliverable) landed in the store: the status
+/// write path is up. Minted by the drain for each stamp that returned; a page's receipts are
+/// combined and presented to the gate once, after all its documents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConfirmationReceipt;
+
+/// One lease's confirmation record.
+#[derive(Debug, Clone, Copy)]
+struct LeaseDrainState {
+    consecutive_failures: u32,
+    /// When the suspension was opened or last re-armed; `None` while not suspended.
+    suspended_at: Option<Duration>,
+}
+
+/// The Drain Suspension gate of one change-feed processor.
+pub struct DrainGate {
+    source_identity: String,
+    clock: Arc<dyn MonotonicClock>,
+    leases: Mutex<HashMap<String, LeaseDrainState>>,
+}
+
+impl std::fmt::Debug for DrainGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DrainGate")
+            .field("source_identity", &self.source_identity)
+            .field("suspended", &self.suspended_leases())
+            .finish_non_exhaustive()
+    }
+}
+
+impl DrainGate {
+    /// The gate of the processor `source_identity` (its processor name), on the system clock.
+    pub fn new(source_identity: impl Into<String>) -> Self {
+        Self::with_clock(source_identity, Arc::new(SystemClock::default()))
+    }
+
+    /// The gate of `source_identity` on `clock`.
+    pub fn with_clock(source_identity: impl Into<String>, clock: Arc<dyn MonotonicClock>) -> Self {
+        Self {
+            source_identity: source_identity.into(),
+            clock,
+            leases: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The processor this gate belongs to.
+    pub fn source_identity(&self) -> &str {
+        &self.source_identity
+    }
+
+    fn leases(&self) -> MutexGuard<'_, HashMap<String, LeaseDrainState>> {
+        // Every critical section is a few infallible steps; a poisoned lock holds a consistent map.
+        self.leases.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a page of `lease_token` may be drained now. A suspended lease is refused until
+    /// the window elapsed; then this call re-arms the window and lets exactly this page through
+    /// as the probe.
+    pub fn permit_drain(&self, lease_token: &str) -> bool {
+        let mut leases = self.leases();
+        let Some(state) = leases.get_mut(lease_token) else {
+            return true;
+        };
+        let Some(suspended_at) = state.suspended_at else {
+            return true;
+        };
+        let now = self.clock.now();
+        if now.saturating_sub(suspended_at) < SUSPENSION_WINDOW {
+            return false;
+        }
+        state.suspended_at = Some(now);
+        true
+    }
+
+    /// Counts one Confirmation Failure of `lease_token`. The failure that reaches the threshold
+    /// opens a suspension (logged at Error with `error`); every later one re-arms its window.
+    pub fn record_confirmation_failure(
+        &self,
+        lease_token: &str,
+        error: &(dyn std::error::Error + 'static),
+    ) {
+        let now = self.clock.now();
+        let opened = {
+            let mut leases = self.leases();
+            let state = leases
+                .entry(lease_token.to_owned())
+                .or_insert(LeaseDrainState {
+                    consecutive_failures: 0,
+                    suspended_at: None,
+                });
+            state.consecutive_failures = state.consecutive_failures.saturating_add(1);
+            if state.consecutive_failures < CONFIRMATION_FAILURE_THRESHOLD {
+                None
+            } else {
+                let was_suspended = state.suspended_at.is_some();
+                state.suspended_at = Some(now);
+                (!was_suspended).then_some(state.consecutive_failures)
+            }
+        };
+        if let Some(count) = opened {
+            diagnostics::drain_suspended(&self.source_identity, lease_token, count, error);
+        }
+    }
+
+    /// Presents a page's combined receipt. `None` (the page confirmed nothing) changes nothing;
+    /// a receipt forgets the lease's record, and a lease that was suspended resumes (logged).
+    pub fn record_confirmation_success(
+        &self,
+        lease_token: &str,
+        receipt: Option<ConfirmationReceipt>,
+    ) {
+        if receipt.is_none() {
+            return;
+        }
+        let removed = self.leases().remove(lease_token);
+        if removed.is_some_and(|state| state.suspended_at.is_some()) {
+            diagnostics::drain_resumed(&self.source_identity, lease_token);
+        }
+    }
+
+    /// Whether `lease_token` is suspended now (including while its probe is out).
+    pub fn is_suspended(&self, lease_token: &str) -> bool {
+        self.leases()
+            .get(lease_token)
+            .is_some_and(|state| state.suspended_at.is_some())
+    }
+
+    /// The lease tokens suspended now, sorted.
+    pub fn suspended_leases(&self) -> Vec<String> {
+        let mut suspended: Vec<String> = self
+            .leases()
+            .iter()
+            .filter(|(_, state)| state.suspended_at.is_some())
+            .map(|(lease, _)| lease.clone())
+            .collect();
+        suspended.sort();
+        suspended
+    }
+}
