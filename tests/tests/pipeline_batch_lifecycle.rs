@@ -22,7 +22,8 @@ use serde_json::{Value, json};
 pub struct CreateOrder {
     pub order_id: String,
     pub quantity: u32,
-    /// What the handler should do: "ok", "fail", "reserved-id", "wrong-partition", "too-many".
+    /// What the handler should do: "ok", "fail", "reserved-id", "wrong-partition", "too-many",
+    /// "blank-destination", "no-content-type".
     pub behaviour: String,
 }
 
@@ -44,6 +45,15 @@ async fn create_order(command: CreateOrder, ctx: &mut HandlerContext) -> Result<
         _ => {}
     }
     ctx.upsert(json!({ "id": command.order_id, "orderId": command.order_id, "quantity": command.quantity }))?;
+    match command.behaviour.as_str() {
+        "blank-destination" => ctx.send(BrokeredMessage::json("poison", "   ", "{}"))?,
+        "no-content-type" => {
+            let mut message = BrokeredMessage::json("poison", "order-events", "{}");
+            message.content_type = String::new();
+            ctx.send(message)?;
+        }
+        _ => {}
+    }
     ctx.send(BrokeredMessage {
         message_id: format!("{}-created", ctx.message_id()),
         destination: "order-events".into(),
@@ -393,6 +403,36 @@ async fn the_handle_rejects_reserved_ids_wrong_partitions_and_oversized_batches(
         .to_string();
     assert!(err.contains("at most 100 operations"), "{err}");
     for id in ["o-7", "o-8", "o-9"] {
+        assert!(
+            read(&cosmos, "orders", json!(id), id).await.is_none(),
+            "{id} committed nothing"
+        );
+    }
+}
+
+// The document tier never writes an Outbox Document the relay would have to stamp undeliverable.
+#[tokio::test]
+async fn a_message_the_relay_could_never_publish_is_refused_at_staging_and_nothing_commits() {
+    let (runtime, cosmos) = runtime().await;
+    for (id, behaviour, violation) in [
+        (
+            "o-20",
+            "blank-destination",
+            "its 'Destination' is absent, not a JSON string, or blank",
+        ),
+        (
+            "o-21",
+            "no-content-type",
+            "a content type is resolvable from neither",
+        ),
+    ] {
+        let err = runtime
+            .dispatch(order(id, behaviour), &format!("msg-{id}"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("the message cannot be sent"), "{err}");
+        assert!(err.contains(violation), "{err}");
         assert!(
             read(&cosmos, "orders", json!(id), id).await.is_none(),
             "{id} committed nothing"

@@ -1,0 +1,244 @@
+//! Undeliverable stamping (catalog 5.2) against the SDK's in-memory emulator: a pending document
+//! whose own fields prove it can never be published is stamped `undeliverable` (one op, no ttl),
+//! counted, then logged at Error, and the page goes on past it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chatter_runtime::broker::InMemoryBroker;
+use chatter_runtime::cosmos::{self, ContainerClient};
+use chatter_runtime::document::OutboxDocument;
+use chatter_runtime::message::BrokeredMessage;
+use chatter_runtime::relay::delivery::DeliverySettings;
+use chatter_runtime::relay::drain::{Drain, DrainError, DrainReport};
+use chatter_tests::logs::capture;
+use chatter_tests::store::{document, embedded, emulator_server, provisioned};
+use serde_json::{Value, json};
+use tracing::Level;
+
+const PATHS: &[&str] = &["/tenantId"];
+const SOURCE: &str = "chatter-cosmos-outbox-relay:test";
+
+const UNDELIVERABLE_LOG: &str = "The Cosmos Outbox Relay marked an Outbox Document undeliverable \
+                                 and stopped republishing it. ";
+
+async fn container() -> Arc<ContainerClient> {
+    provisioned(&embedded().await, "shop", "orders", PATHS).await
+}
+
+fn drain(container: &Arc<ContainerClient>, broker: &InMemoryBroker) -> Drain {
+    Drain::new(
+        SOURCE,
+        Arc::new(broker.clone()),
+        container.clone(),
+        PATHS,
+        DeliverySettings::default(),
+    )
+}
+
+fn pending(message_id: &str, tenant: &str) -> Value {
+    let message = BrokeredMessage::json(message_id, "orders", r#"{"orderId":7}"#);
+    OutboxDocument::build(&message, PATHS, &[json!(tenant)]).unwrap()
+}
+
+/// Writes `doc` as another writer would (no contract at staging) and returns it as stored.
+async fn stored(c: &ContainerClient, doc: Value) -> Value {
+    let key = cosmos::partition_key(&[doc["tenantId"].clone()]).unwrap();
+    cosmos::store::create_item(c, key, &doc).await.unwrap();
+    reread(c, &doc).await
+}
+
+async fn reread(c: &ContainerClient, doc: &Value) -> Value {
+    document(c, &[doc["tenantId"].clone()], doc["id"].as_str().unwrap()).await
+}
+
+fn without(mut doc: Value, field: &str) -> Value {
+    doc.as_object_mut().unwrap().shift_remove(field);
+    doc
+}
+
+// R5.30, R5.31, R5.33, R5.34
+#[tokio::test]
+async fn a_document_without_destination_is_stamped_undeliverable_without_ttl_and_logged_once() {
+    let (logs, _guard) = capture();
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let doc = stored(&c, without(pending("msg-bad", "tenant-1"), "Destination")).await;
+
+    let report = drain(&c, &broker).drain("0", &[doc.clone()]).await.unwrap();
+    assert_eq!(
+        report,
+        DrainReport {
+            published: 0,
+            skipped: 0,
+            undeliverable: 1
+        }
+    );
+    assert_eq!(broker.published_count("orders"), 0, "nothing published");
+    let now = reread(&c, &doc).await;
+    assert_eq!(now["status"], "undeliverable");
+    assert!(now.get("ttl").is_none(), "kept for inspection: no ttl");
+    assert!(now.get("Destination").is_none(), "nothing else changed");
+
+    let errors = logs.at(Level::ERROR);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    let entry = &errors[0];
+    assert_eq!(
+        entry.message,
+        format!(
+            "{UNDELIVERABLE_LOG}The Cosmos outbox relay cannot reconstruct outbox document \
+             'msg-bad' into a brokered message: its 'Destination' is absent, not a JSON string, \
+             or blank, and a brokered message requires a destination. The document's own \
+             persisted fields prove this, so redraining it would fail identically; correct the \
+             writer that produced it."
+        )
+    );
+    assert_eq!(
+        entry.field("error"),
+        None,
+        "no exception: the document is the defect"
+    );
+    assert_eq!(entry.field("lease_token"), Some("0"));
+}
+
+// R5.36, R5.37, and the issue's poisons: each becomes undeliverable, named in the log.
+#[tokio::test]
+async fn each_poison_is_stamped_undeliverable_and_named_in_its_log() {
+    let (logs, _guard) = capture();
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let base = |id: &str| pending(id, "t");
+    let mut cases: Vec<(Value, &str)> = Vec::new();
+    let mut doc = base("empty-destination");
+    doc["Destination"] = json!("");
+    cases.push((doc, "'Destination'"));
+    let mut doc = base("blank-destination");
+    doc["Destination"] = json!("   ");
+    cases.push((doc, "'Destination'"));
+    let mut doc = base("no-body");
+    doc["MessageBody"] = json!({ "orderId": 7 });
+    cases.push((doc, "'MessageBody'"));
+    let mut doc = base("context-null");
+    doc["MessageContext"] = json!("null");
+    cases.push((doc, "materializes to no message context"));
+    let mut doc = base("context-garbled");
+    doc["MessageContext"] = json!("{not json");
+    cases.push((doc, "is not JSON that materializes"));
+    let mut doc = base("content-type-7");
+    doc["MessageContentType"] = Value::Null;
+    doc["MessageContext"] = json!(r#"{"Chatter.ContentType":7}"#);
+    cases.push((doc, "'MessageContentType'"));
+    let mut doc = base("infra-7");
+    doc["MessageContext"] = json!(r#"{"Chatter.Infrastructure.Type":7}"#);
+    cases.push((doc, "'Chatter.Infrastructure.Type'"));
+    let mut doc = base("infra-date");
+    doc["MessageContext"] = json!(r#"{"Chatter.Infrastructure.Type":"2026-09-03T12:00:00Z"}"#);
+    cases.push((doc, "'Chatter.Infrastructure.Type'"));
+
+    let drain = drain(&c, &broker);
+    for (doc, named) in cases {
+        let message_id = doc["MessageId"].as_str().unwrap().to_owned();
+        let doc = stored(&c, doc).await;
+        let report = drain.drain("0", &[doc.clone()]).await.unwrap();
+        assert_eq!(report.undeliverable, 1, "{message_id}");
+        assert_eq!(
+            reread(&c, &doc).await["status"],
+            "undeliverable",
+            "{message_id}"
+        );
+        let entries = logs.matching(Level::ERROR, &format!("'{message_id}'"));
+        assert_eq!(entries.len(), 1, "{message_id}: {entries:?}");
+        assert!(entries[0].message.contains(named), "{}", entries[0].message);
+    }
+    assert_eq!(broker.published_count("orders"), 0);
+}
+
+// R5.38, R3.30: naming no messaging system is not a violation.
+#[tokio::test]
+async fn a_document_naming_no_messaging_system_is_published_and_delivered() {
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let mut doc = pending("msg-plain", "t");
+    doc["MessageContext"] = json!(r#"{"Chatter.Infrastructure.Type":"  "}"#);
+    let doc = stored(&c, doc).await;
+    let report = drain(&c, &broker).drain("0", &[doc.clone()]).await.unwrap();
+    assert_eq!(report.published, 1);
+    let now = reread(&c, &doc).await;
+    assert_eq!(
+        (now["status"].clone(), now["ttl"].clone()),
+        (json!("delivered"), json!(86400))
+    );
+}
+
+// R5.39: the stamp's own update coming back through the change feed is skipped, never re-stamped.
+#[tokio::test]
+async fn an_undeliverable_document_seen_again_is_skipped_and_untouched() {
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let doc = stored(&c, without(pending("msg-bad", "t"), "MessageBody")).await;
+    let drain = drain(&c, &broker);
+    drain.drain("0", &[doc.clone()]).await.unwrap();
+    let stamped = reread(&c, &doc).await;
+    let report = drain.drain("0", &[stamped.clone()]).await.unwrap();
+    assert_eq!(report.skipped, 1);
+    assert_eq!(reread(&c, &doc).await["_etag"], stamped["_etag"]);
+    assert_eq!(broker.published_count("orders"), 0);
+}
+
+// The lease advances past a poison: documents after it in the same page are delivered.
+#[tokio::test]
+async fn good_documents_after_a_poison_in_the_same_page_are_delivered() {
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let mut poison = pending("msg-poison", "t");
+    poison["Destination"] = json!("");
+    let page = vec![
+        stored(&c, poison).await,
+        stored(&c, pending("msg-good-1", "t")).await,
+        stored(&c, pending("msg-good-2", "t")).await,
+    ];
+    let report = drain(&c, &broker).drain("0", &page).await.unwrap();
+    assert_eq!(
+        report,
+        DrainReport {
+            published: 2,
+            skipped: 0,
+            undeliverable: 1
+        }
+    );
+    for doc in &page[1..] {
+        assert_eq!(reread(&c, doc).await["status"], "delivered");
+    }
+}
+
+// R5.35: a failed undeliverable stamp propagates as itself: no log, nothing published.
+#[tokio::test]
+async fn a_refused_undeliverable_stamp_propagates_as_itself_and_logs_nothing() {
+    let (logs, _guard) = capture();
+    let (emulator, cosmos) = emulator_server().await;
+    let c = provisioned(&cosmos, "shop", "orders", PATHS).await;
+    let broker = InMemoryBroker::new();
+    let doc = stored(&c, without(pending("msg-bad", "t"), "Destination")).await;
+    emulator
+        .faults()
+        .refuse("PATCH", 403, Duration::from_secs(3600));
+    let err = drain(&c, &broker)
+        .drain("0", &[doc.clone()])
+        .await
+        .unwrap_err();
+    match &err {
+        DrainError::UndeliverableStamp { id, source } => {
+            assert_eq!(id, doc["id"].as_str().unwrap());
+            assert_eq!(source.status(), Some(403), "{source}");
+        }
+        other => panic!("expected the stamp's own failure, got {other}"),
+    }
+    assert!(
+        logs.matching(Level::ERROR, UNDELIVERABLE_LOG.trim_end())
+            .is_empty(),
+        "no undeliverable log for a give-up the container never accepted"
+    );
+    emulator.faults().clear();
+    assert_eq!(reread(&c, &doc).await["status"], "pending");
+    assert_eq!(broker.published_count("orders"), 0);
+}
