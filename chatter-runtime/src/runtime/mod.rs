@@ -280,6 +280,18 @@ impl Runtime {
             .unwrap_or_default()
     }
 
+    /// The leases under a Drain Suspension now (their confirmations kept failing, so their pages
+    /// are refused until a probe confirms), per processor; empty when none is.
+    pub async fn relay_suspended_leases(&self) -> Vec<(String, Vec<String>)> {
+        self.inner
+            .relay
+            .lock()
+            .await
+            .as_ref()
+            .map(RelayHost::suspended_leases)
+            .unwrap_or_default()
+    }
+
     /// Stops consuming and waits for deliveries in progress to settle, then stops the relay:
     /// pages in flight finish and leases are released for other instances.
     pub async fn shutdown(self) {
