@@ -12,7 +12,7 @@ use chatter_runtime::cosmos::store::upsert_item;
 use chatter_runtime::cosmos::{ContainerClient, CosmosConnection, partition_key};
 use chatter_runtime::relay::change_feed::{
     BatchFuture, ChangeFeedBatch, ChangeFeedProcessor, ChangeFeedProcessorOptions, LeaseDocument,
-    RunningProcessor, read_leases,
+    LeaseFault, LeaseFaultStage, RunningProcessor, read_leases,
 };
 use chatter_tests::broker::Received;
 use chatter_tests::store::{embedded, emulator_server, provisioned_with_leases};
@@ -487,5 +487,102 @@ async fn a_feed_range_split_replaces_the_parent_lease_by_child_leases_without_lo
         leases.iter().all(|l| l.continuation_token.is_some()),
         "child leases start from the parent's checkpoint: {leases:?}"
     );
+    processor.shutdown().await;
+}
+
+/// Every lease fault reported to `on_fault`: (lease token, stage, error text).
+type Faults = Arc<Mutex<Vec<(String, LeaseFaultStage, String)>>>;
+
+fn collecting(faults: &Faults) -> impl Fn(&LeaseFault<'_>) + Send + Sync + 'static {
+    let faults = faults.clone();
+    move |fault| {
+        faults.lock().unwrap().push((
+            fault.lease_token.to_owned(),
+            fault.stage,
+            fault.error.to_string(),
+        ));
+    }
+}
+
+// R8.60 (the processor's side): every lease fault reaches the relay with its lease token, reads
+// and failed handlers alike, and the lease is retried rather than abandoned.
+#[tokio::test]
+async fn read_and_handler_faults_are_reported_with_their_lease_and_retried() {
+    let (emulator, connection) = emulator_server().await;
+    let store = store_on(&connection).await;
+    write_orders(&store, 0..1, 1).await;
+    let faults: Faults = Arc::default();
+    let fail = Arc::new(AtomicBool::new(true));
+    let seen = Seen::default();
+    let handler = {
+        let (fail, seen) = (fail.clone(), seen.clone());
+        move |batch: ChangeFeedBatch| -> BatchFuture {
+            let (fail, seen) = (fail.clone(), seen.clone());
+            Box::pin(async move {
+                if fail.load(Ordering::SeqCst) {
+                    return Err("the handler refuses this page".into());
+                }
+                seen.record_all(batch.documents.iter().filter_map(|d| d["id"].as_str()));
+                Ok(())
+            })
+        }
+    };
+    let processor = ChangeFeedProcessor::builder(
+        "faults",
+        "host-1",
+        store.monitored.clone(),
+        store.leases.clone(),
+    )
+    .options(fast_options())
+    .on_fault(collecting(&faults))
+    .start(handler)
+    .await
+    .unwrap();
+    let reported = |stage: LeaseFaultStage| {
+        let faults = faults.clone();
+        move || {
+            let found = faults.lock().unwrap().iter().any(|(_, s, _)| *s == stage);
+            async move { found }
+        }
+    };
+    eventually(
+        WAIT,
+        POLL,
+        "a handler fault is reported",
+        reported(LeaseFaultStage::Handler),
+    )
+    .await;
+    // The store refuses the change-feed reads (GET) for a while: read faults are reported too.
+    emulator
+        .faults()
+        .refuse("GET", 503, Duration::from_secs(3600));
+    eventually(
+        WAIT,
+        POLL,
+        "a read fault is reported",
+        reported(LeaseFaultStage::Read),
+    )
+    .await;
+    emulator.faults().clear();
+    fail.store(false, Ordering::SeqCst);
+    eventually(WAIT, POLL, "the retried page is handled", || {
+        let done = seen.count("order-0") == 1;
+        async move { done }
+    })
+    .await;
+    let leases: BTreeSet<String> = leases_of(&store, "faults")
+        .await
+        .into_iter()
+        .map(|l| l.lease_token)
+        .collect();
+    for (lease, stage, error) in faults.lock().unwrap().iter() {
+        assert!(
+            leases.contains(lease),
+            "{lease} is one of the processor's leases"
+        );
+        if *stage == LeaseFaultStage::Handler {
+            assert_eq!(error, "the handler refuses this page");
+        }
+    }
     processor.shutdown().await;
 }

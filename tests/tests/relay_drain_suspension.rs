@@ -178,6 +178,28 @@ fn the_gate_carries_its_processors_source_identity() {
     assert_eq!(gate.source_identity(), SOURCE);
 }
 
+/// A log sink that panics on every event (R8.61, R8.66).
+struct PanickingSink;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanickingSink {
+    fn on_event(&self, _: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        panic!("the log sink failed");
+    }
+}
+
+// R8.61, R8.66: a panicking log sink never takes the gate (or the relay) down with it.
+#[test]
+fn a_panicking_log_sink_does_not_break_suspension_or_resume() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let subscriber = tracing_subscriber::registry().with(PanickingSink);
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let (gate, _) = gate();
+    fail(&gate, "lease-7", 5);
+    assert!(!gate.permit_drain("lease-7"));
+    gate.record_confirmation_success("lease-7", Some(ConfirmationReceipt));
+    assert!(gate.permit_drain("lease-7"));
+}
+
 // ---- 6.1 and 6.3: the drain's pages against refused stamps ----
 
 struct Fixture {
