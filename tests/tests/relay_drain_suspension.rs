@@ -302,7 +302,11 @@ async fn a_refused_stamp_after_a_publish_is_a_confirmation_failure_carrying_the_
     let f = Fixture::new().await;
     let doc = f.pending("msg-1", "t").await;
     f.refuse_stamps();
-    let err = f.drain.drain("0", &[doc.clone()]).await.unwrap_err();
+    let err = f
+        .drain
+        .drain("0", std::slice::from_ref(&doc))
+        .await
+        .unwrap_err();
     match &err {
         DrainError::Confirmation { message_id, .. } => assert_eq!(message_id, "msg-1"),
         other => panic!("expected a Confirmation Failure, got {other}"),

@@ -65,7 +65,10 @@ async fn a_document_without_destination_is_stamped_undeliverable_without_ttl_and
     let broker = InMemoryBroker::new();
     let doc = stored(&c, without(pending("msg-bad", "tenant-1"), "Destination")).await;
 
-    let report = drain(&c, &broker).drain("0", &[doc.clone()]).await.unwrap();
+    let report = drain(&c, &broker)
+        .drain("0", std::slice::from_ref(&doc))
+        .await
+        .unwrap();
     assert_eq!(
         report,
         DrainReport {
@@ -139,7 +142,7 @@ async fn each_poison_is_stamped_undeliverable_and_named_in_its_log() {
     for (doc, named) in cases {
         let message_id = doc["MessageId"].as_str().unwrap().to_owned();
         let doc = stored(&c, doc).await;
-        let report = drain.drain("0", &[doc.clone()]).await.unwrap();
+        let report = drain.drain("0", std::slice::from_ref(&doc)).await.unwrap();
         assert_eq!(report.undeliverable, 1, "{message_id}");
         assert_eq!(
             reread(&c, &doc).await["status"],
@@ -161,7 +164,10 @@ async fn a_document_naming_no_messaging_system_is_published_and_delivered() {
     let mut doc = pending("msg-plain", "t");
     doc["MessageContext"] = json!(r#"{"Chatter.Infrastructure.Type":"  "}"#);
     let doc = stored(&c, doc).await;
-    let report = drain(&c, &broker).drain("0", &[doc.clone()]).await.unwrap();
+    let report = drain(&c, &broker)
+        .drain("0", std::slice::from_ref(&doc))
+        .await
+        .unwrap();
     assert_eq!(report.published, 1);
     let now = reread(&c, &doc).await;
     assert_eq!(
@@ -177,9 +183,12 @@ async fn an_undeliverable_document_seen_again_is_skipped_and_untouched() {
     let broker = InMemoryBroker::new();
     let doc = stored(&c, without(pending("msg-bad", "t"), "MessageBody")).await;
     let drain = drain(&c, &broker);
-    drain.drain("0", &[doc.clone()]).await.unwrap();
+    drain.drain("0", std::slice::from_ref(&doc)).await.unwrap();
     let stamped = reread(&c, &doc).await;
-    let report = drain.drain("0", &[stamped.clone()]).await.unwrap();
+    let report = drain
+        .drain("0", std::slice::from_ref(&stamped))
+        .await
+        .unwrap();
     assert_eq!(report.skipped, 1);
     assert_eq!(reread(&c, &doc).await["_etag"], stamped["_etag"]);
     assert_eq!(broker.published_count("orders"), 0);
@@ -223,7 +232,7 @@ async fn a_refused_undeliverable_stamp_propagates_as_itself_and_logs_nothing() {
         .faults()
         .refuse("PATCH", 403, Duration::from_secs(3600));
     let err = drain(&c, &broker)
-        .drain("0", &[doc.clone()])
+        .drain("0", std::slice::from_ref(&doc))
         .await
         .unwrap_err();
     match &err {
