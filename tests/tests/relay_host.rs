@@ -9,6 +9,7 @@ use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::{self, CosmosConnection};
 use chatter_runtime::registry::Registry;
 use chatter_runtime::relay::change_feed::{ChangeFeedProcessorOptions, read_leases};
+use chatter_runtime::relay::delivery::DeliverySettings;
 use chatter_runtime::relay::host::RelayOptions;
 use chatter_runtime::relay::identity::distinct_sources;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, StartError, handler};
@@ -106,6 +107,53 @@ async fn a_contract_violation_fails_the_start_before_any_processor_is_built() {
                 "no lease was created"
             );
         }
+    }
+}
+
+// R3.60-R3.64 at registration: invalid delivery settings fail the start, with the catalog's
+// texts, before any lease is created.
+#[tokio::test]
+async fn invalid_delivery_settings_fail_the_start_with_the_specified_texts() {
+    let cosmos = store("/tenantId").await;
+    for (status, ttl, text) in [
+        (
+            "",
+            86_400,
+            "A delivered status value is required and cannot be empty.",
+        ),
+        (
+            "pending",
+            86_400,
+            "cannot equal the pending status 'pending'",
+        ),
+        (
+            "undeliverable",
+            86_400,
+            "cannot equal the undeliverable status 'undeliverable'",
+        ),
+        (
+            "delivered",
+            0,
+            "The delivered TTL must be a positive number of seconds (got 0)",
+        ),
+    ] {
+        let mut options = fast();
+        options.delivery = DeliverySettings {
+            delivered_status: status.into(),
+            delivered_ttl_seconds: ttl,
+        };
+        let err = Runtime::builder()
+            .cosmos(cosmos.clone())
+            .relay_options(options)
+            .start()
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains(text), "{err}");
+    }
+    let leases = cosmos.container("shop", "orders-leases").await.unwrap();
+    for source in distinct_sources(&Registry::from_inventory().unwrap(), cosmos.endpoint()) {
+        let created = read_leases(&leases, &source.processor_name).await.unwrap();
+        assert!(created.is_empty(), "no lease was created");
     }
 }
 
