@@ -34,6 +34,7 @@
 //! Registrations are collected with `inventory`, which only sees crates linked into the binary:
 //! reference a crate of commands from the binary (`use my_commands as _;`) or its registrations are
 //! silently left out.
+mod backoff;
 pub mod broker;
 pub mod cosmos;
 pub mod document;
@@ -46,7 +47,11 @@ mod runtime;
 pub use chatter_macros::{DocumentReliable, handler};
 pub use pipeline::HandlerContext;
 pub use registry::{BoxError, DocumentReliable};
-pub use runtime::{Builder, DispatchError, Runtime, StartError, start};
+pub use runtime::{
+    ATTEMPTS_CONTEXT_KEY, Builder, ConsumerHealth, ConsumerState, DEAD_LETTER_REASON_CONTEXT_KEY,
+    DEFAULT_MAX_DELIVERY_ATTEMPTS, DispatchError, Health, LeaseHealth, Runtime, StartError,
+    dead_letter_destination, start,
+};
 
 #[doc(hidden)]
 pub mod __private {

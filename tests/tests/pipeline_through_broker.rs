@@ -1,5 +1,6 @@
-//! Deliveries through the in-memory broker: acked after commit or confirmed duplicate, nacked and
-//! redelivered on failure, nothing committed by a failed attempt.
+//! Deliveries through the in-memory broker: acked after commit or confirmed duplicate, delivered
+//! again (counted) on failure, dead-lettered when they can never succeed or ran out of attempts,
+//! nothing committed by a failed attempt.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -8,7 +9,11 @@ use std::time::Duration;
 use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::{CosmosConnection, provision};
 use chatter_runtime::message::BrokeredMessage;
-use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
+use chatter_runtime::{
+    ATTEMPTS_CONTEXT_KEY, BoxError, DEAD_LETTER_REASON_CONTEXT_KEY, DEFAULT_MAX_DELIVERY_ATTEMPTS,
+    DocumentReliable, HandlerContext, Runtime, dead_letter_destination, handler,
+};
+use chatter_tests::broker::next_delivery;
 use chatter_tests::store::find_document;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -154,27 +159,50 @@ async fn a_duplicate_delivery_is_acknowledged_without_committing_again() {
     runtime.shutdown().await;
 }
 
-#[tokio::test]
-async fn an_undecodable_body_is_never_acknowledged() {
-    let (runtime, broker, cosmos) = start().await;
-    broker
-        .publish(BrokeredMessage::json(
-            "m-garbage",
-            "ReserveStock",
-            "not json",
-        ))
+/// The dead letters of `ReserveStock`, received so far (waits up to 10 s for `count`).
+async fn dead_letters(broker: &InMemoryBroker, count: usize) -> Vec<BrokeredMessage> {
+    let mut subscription = broker
+        .subscribe(&dead_letter_destination("ReserveStock"))
         .await
         .unwrap();
-    // Give the consumer time for several attempts; the message stays with the broker.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(
-        broker.pending_count("ReserveStock") >= 1,
-        "a poison message is not dropped"
-    );
-    assert!(
-        attempts_of("m-garbage").is_empty(),
-        "the handler never saw it"
-    );
+    let mut letters = Vec::new();
+    while letters.len() < count {
+        let delivery = next_delivery(&mut subscription, Duration::from_secs(10)).await;
+        letters.push(delivery.message.clone());
+        delivery.ack().await.unwrap();
+    }
+    letters
+}
+
+// A body that is not the command's JSON can never succeed: it is dead-lettered at once, with its
+// reason, and never handled; nothing is dropped and nothing is redelivered forever.
+#[tokio::test]
+async fn an_undecodable_body_is_dead_lettered_at_once_with_its_reason() {
+    let (runtime, broker, cosmos) = start().await;
+    for (id, body) in [("m-garbage", "not json"), ("m-shape", r#"{"sku":7}"#)] {
+        broker
+            .publish(BrokeredMessage::json(id, "ReserveStock", body))
+            .await
+            .unwrap();
+    }
+    let letters = dead_letters(&broker, 2).await;
+    for (letter, (id, body, reason)) in letters.iter().zip([
+        ("m-garbage", "not json", "is not JSON"),
+        ("m-shape", r#"{"sku":7}"#, "does not decode"),
+    ]) {
+        assert_eq!(letter.message_id, id);
+        assert_eq!(letter.body, body, "the body is kept");
+        let why = letter.context[DEAD_LETTER_REASON_CONTEXT_KEY]
+            .as_str()
+            .unwrap();
+        assert!(why.contains(reason), "{why}");
+        assert_eq!(
+            letter.context[ATTEMPTS_CONTEXT_KEY], 1,
+            "dead-lettered on the first attempt"
+        );
+        assert!(attempts_of(id).is_empty(), "the handler never saw {id}");
+    }
+    settled(&broker).await;
     assert!(
         read(&cosmos, "sku-1", "reservation-m-garbage")
             .await
@@ -183,8 +211,10 @@ async fn an_undecodable_body_is_never_acknowledged() {
     runtime.shutdown().await;
 }
 
+// R2.05: a participant without a message id never reaches its handler; it is dead-lettered
+// (removed from the command's queue with its reason) instead of being redelivered forever.
 #[tokio::test]
-async fn a_participant_delivery_without_message_id_is_not_acknowledged() {
+async fn a_participant_delivery_without_message_id_is_dead_lettered_and_never_handled() {
     let (runtime, broker, cosmos) = start().await;
     publish(
         &broker,
@@ -192,13 +222,61 @@ async fn a_participant_delivery_without_message_id_is_not_acknowledged() {
         json!({ "sku": "sku-3", "fail_first_attempts": 0 }),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        broker.pending_count("ReserveStock"),
-        1,
-        "R2.05: never acked"
-    );
+    let letters = dead_letters(&broker, 1).await;
+    let why = letters[0].context[DEAD_LETTER_REASON_CONTEXT_KEY]
+        .as_str()
+        .unwrap();
+    assert!(why.contains("requires a non-empty MessageId"), "{why}");
+    settled(&broker).await;
     assert!(attempts_of("  ").is_empty(), "the handler never ran");
     assert!(read(&cosmos, "sku-3", "reservation-  ").await.is_none());
+    runtime.shutdown().await;
+}
+
+// A handler that keeps failing is dead-lettered after its command's delivery attempts (the
+// default, 5), with the attempt count and the last error; a healthy command behind it is handled.
+#[tokio::test]
+async fn a_delivery_that_keeps_failing_is_dead_lettered_after_the_default_attempts() {
+    let (runtime, broker, cosmos) = start().await;
+    publish(
+        &broker,
+        "m-hopeless",
+        json!({ "sku": "sku-4", "fail_first_attempts": 100 }),
+    )
+    .await;
+    publish(
+        &broker,
+        "m-healthy",
+        json!({ "sku": "sku-5", "fail_first_attempts": 0 }),
+    )
+    .await;
+    let letters = dead_letters(&broker, 1).await;
+    let letter = &letters[0];
+    assert_eq!(letter.message_id, "m-hopeless");
+    assert_eq!(
+        letter.context[ATTEMPTS_CONTEXT_KEY],
+        DEFAULT_MAX_DELIVERY_ATTEMPTS
+    );
+    let why = letter.context[DEAD_LETTER_REASON_CONTEXT_KEY]
+        .as_str()
+        .unwrap();
+    assert!(why.contains("attempt 5 fails on purpose"), "{why}");
+    let attempts = attempts_of("m-hopeless");
+    assert_eq!(attempts.len(), 5, "tried exactly 5 times");
+    assert!(
+        !attempts[0] && attempts[1..].iter().all(|r| *r),
+        "retries are marked redelivered: {attempts:?}"
+    );
+    settled(&broker).await;
+    assert!(
+        read(&cosmos, "sku-5", "reservation-m-healthy")
+            .await
+            .is_some()
+    );
+    assert!(
+        read(&cosmos, "sku-4", "reservation-m-hopeless")
+            .await
+            .is_none()
+    );
     runtime.shutdown().await;
 }

@@ -29,6 +29,8 @@ const MAX_PARTITION_KEY_PATHS: usize = 3;
 pub struct Checked {
     pub command_name: String,
     pub destination: String,
+    /// `None`: the runtime's default.
+    pub max_delivery_attempts: Option<u32>,
     pub database: String,
     pub container: String,
     pub lease: String,
@@ -241,12 +243,24 @@ fn check_all(cmd: &Command, acc: &mut Accumulator) -> Option<Checked> {
 
     let mut command_name = Some(ident.to_string());
     let mut destination = None;
+    let mut max_delivery_attempts = None;
     if let Some(c) = &cmd.chatter {
         if let Some(n) = &c.args.name {
             command_name = non_blank(acc, n, "name", "chatter");
         }
         if let Some(d) = &c.args.destination {
             destination = non_blank(acc, d, "destination", "chatter");
+        }
+        if let Some(attempts) = &c.args.max_delivery_attempts {
+            if **attempts == 0 {
+                err(
+                    acc,
+                    attempts.span(),
+                    "`#[chatter(max_delivery_attempts = ...)]` must be at least 1: the first delivery is an attempt",
+                );
+            } else {
+                max_delivery_attempts = Some(**attempts);
+            }
         }
     }
 
@@ -255,6 +269,7 @@ fn check_all(cmd: &Command, acc: &mut Accumulator) -> Option<Checked> {
     let command_name = command_name?;
     Some(Checked {
         destination: destination.unwrap_or_else(|| command_name.clone()),
+        max_delivery_attempts,
         command_name,
         database: database?,
         container: container?,

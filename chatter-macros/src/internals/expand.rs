@@ -34,6 +34,7 @@ pub fn contract_doc(ident: &Ident, c: &Checked) -> String {
          database          {database}\n\
          container         {container}\n\
          lease container   {lease}{pk}{identity}\n\
+         delivery attempts {attempts}\n\
          ```\n\n\
          # Delivery contract\n\n\
          - Every delivery of `{name}` must carry a non-empty message id. Without one it fails before \
@@ -47,12 +48,19 @@ pub fn contract_doc(ident: &Ident, c: &Checked) -> String {
          **at least once**: the handler runs before the batch executes, so a duplicate runs it again. \
          Such side effects must be idempotent.\n\
          - Outbox messages are published by the change-feed relay after the batch commits, at least \
-         once; consumers deduplicate by message id.\n",
+         once; consumers deduplicate by message id.\n\
+         - A delivery that can never succeed (a body that is not this command's JSON, no message id) \
+         is dead-lettered at once to `<destination>.dead-letter`; one whose handler keeps failing is \
+         dead-lettered after the delivery attempts above, with the reason and the attempt count.\n",
         name = c.command_name,
         destination = c.destination,
         database = c.database,
         container = c.container,
         lease = c.lease,
+        attempts = c.max_delivery_attempts.map_or_else(
+            || "the runtime default, `chatter_runtime::DEFAULT_MAX_DELIVERY_ATTEMPTS`".to_owned(),
+            |n| n.to_string()
+        ),
     )
 }
 
@@ -69,6 +77,10 @@ pub fn registration(ident: &Ident, c: &Checked) -> TokenStream {
     } = c;
     let paths = &c.partition_key_paths;
     let sources = &c.partition_key_sources;
+    let max_delivery_attempts = match c.max_delivery_attempts {
+        Some(n) => quote! { ::core::option::Option::Some(#n) },
+        None => quote! { ::core::option::Option::None },
+    };
     let declared = match &c.declared_source_identity {
         Some((m, l)) => quote! {
             ::core::option::Option::Some(::chatter_runtime::__private::SourceIdentityDeclaration {
@@ -96,6 +108,7 @@ pub fn registration(ident: &Ident, c: &Checked) -> TokenStream {
                     partition_key_paths: &[#(#paths),*],
                     partition_key_sources: &[#(#sources),*],
                     declared_source_identity: #declared,
+                    max_delivery_attempts: #max_delivery_attempts,
                     location: ::chatter_runtime::__private::SourceLocation {
                         module_path: ::core::module_path!(),
                         file: ::core::file!(),

@@ -66,6 +66,15 @@ pub enum BrokerError {
         /// `ack` or `nack`.
         settlement: &'static str,
     },
+    /// The operation did not finish in time (e.g. a publish waiting for a lost connection to
+    /// come back); it may be retried.
+    #[error("broker {operation} timed out after {after:?}")]
+    Timeout {
+        /// What was being done.
+        operation: String,
+        /// The bound that elapsed.
+        after: std::time::Duration,
+    },
     /// The broker client failed (connection refused or lost, channel closed by the server...).
     #[error("broker {operation} failed: {source}")]
     Transport {

@@ -23,6 +23,7 @@ mod rabbitmq;
 use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use futures::Stream;
@@ -32,7 +33,7 @@ use futures::stream::BoxStream;
 pub use error::{BrokerError, TransportError};
 pub use in_memory::InMemoryBroker;
 #[cfg(feature = "rabbitmq")]
-pub use rabbitmq::{CONTEXT_HEADER, RabbitMqBroker};
+pub use rabbitmq::{CONTEXT_HEADER, DEFAULT_PUBLISH_TIMEOUT, RabbitMqBroker};
 
 use crate::message::BrokeredMessage;
 
@@ -160,27 +161,68 @@ impl fmt::Debug for Delivery {
 /// `Result<Delivery, BrokerError>`.
 ///
 /// An `Err` item does not end the subscription (e.g. [`BrokerError::Undecodable`]); `None` means
-/// the broker ended it (connection closed, consumer cancelled by the server).
+/// the broker ended it (e.g. the broker was closed). A broker that recovers by itself (RabbitMQ)
+/// keeps the stream open across an outage and reports it through [`Subscription::liveness`].
 pub struct Subscription {
     destination: String,
     deliveries: BoxStream<'static, Result<Delivery, BrokerError>>,
+    liveness: Liveness,
+}
+
+/// Whether a subscription is consuming now (`false` while its broker connection is being
+/// re-established). Clones share one flag; set by the [`Broker`] implementation.
+#[derive(Debug, Clone)]
+pub struct Liveness(Arc<AtomicBool>);
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Self(Arc::new(AtomicBool::new(true)))
+    }
+}
+
+impl Liveness {
+    /// Whether the subscription is consuming now.
+    pub fn is_live(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Records whether the subscription is consuming (for [`Broker`] implementations).
+    pub fn set_live(&self, live: bool) {
+        self.0.store(live, Ordering::SeqCst);
+    }
 }
 
 impl Subscription {
-    /// A subscription on `destination` yielding `deliveries` (for [`Broker`] implementations).
+    /// A subscription on `destination` yielding `deliveries` (for [`Broker`] implementations),
+    /// always live.
     pub fn new(
         destination: impl Into<String>,
         deliveries: BoxStream<'static, Result<Delivery, BrokerError>>,
     ) -> Self {
+        Self::with_liveness(destination, deliveries, Liveness::default())
+    }
+
+    /// A subscription whose implementation reports through `liveness` whether it consumes now.
+    pub fn with_liveness(
+        destination: impl Into<String>,
+        deliveries: BoxStream<'static, Result<Delivery, BrokerError>>,
+        liveness: Liveness,
+    ) -> Self {
         Self {
             destination: destination.into(),
             deliveries,
+            liveness,
         }
     }
 
     /// The destination this subscription consumes.
     pub fn destination(&self) -> &str {
         &self.destination
+    }
+
+    /// Whether this subscription consumes now; clone it to watch from elsewhere.
+    pub fn liveness(&self) -> &Liveness {
+        &self.liveness
     }
 
     /// The next delivery; cancel safe (dropping the future loses no message).

@@ -14,7 +14,9 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
@@ -28,7 +30,8 @@ use lapin::{Acker, BasicProperties, Channel, Confirmation, Connection, Connectio
 use serde_json::{Map, Value};
 use tokio::runtime::Handle;
 
-use super::{Broker, BrokerError, Delivery, Settle, Subscription};
+use super::{Broker, BrokerError, Delivery, Liveness, Settle, Subscription};
+use crate::backoff::Backoff;
 use crate::message::BrokeredMessage;
 
 /// The AMQP header carrying a Brokered Message's `context`, as a JSON object string.
@@ -42,7 +45,7 @@ const DEFAULT_PREFETCH: u16 = 1;
 
 /// A [`Broker`] on RabbitMQ: publisher confirms, durable queues, persistent messages, manual ack.
 ///
-/// - [`publish`](Broker::publish) declares the destination's durable queue (once per broker),
+/// - [`publish`](Broker::publish) declares the destination's durable queue (once per connection),
 ///   publishes with `mandatory` set and waits for the publisher confirm: a nack is
 ///   [`BrokerError::Rejected`]; a message returned as unroutable (its queue was deleted since)
 ///   is published once more after declaring the queue again, then is `Rejected` too.
@@ -51,25 +54,57 @@ const DEFAULT_PREFETCH: u16 = 1;
 ///   [`Delivery::nack`] and dropping a delivery unsettled are `basic.nack` with `requeue`, and
 ///   [`Delivery::redelivered`] is the AMQP `redelivered` flag.
 ///
-/// Clones share one connection. There is no automatic reconnection: once the connection is lost
-/// every call fails with [`BrokerError::Transport`] and a new broker must be connected.
+/// **Recovery.** The broker reconnects by itself after a broker restart or a dropped connection,
+/// with exponential backoff (logged at Error when the outage starts, at Info when it ends):
+///
+/// - a publish waits for the connection to come back, bounded by the
+///   [publish timeout](Self::with_publish_timeout) (default 30 s), then fails with
+///   [`BrokerError::Timeout`];
+/// - a subscription consumes again after recovery on a new channel, without the caller
+///   subscribing again; its stream never ends while the broker is open;
+/// - a delivery unacked at the drop is requeued by the server and delivered again (marked
+///   redelivered); settling the old one fails with [`BrokerError::SettlementLost`], so no
+///   message is ever acked on a channel it was not delivered on.
+///
+/// (lapin's own `enable_auto_recover` was not used: it gives up after a fixed number of
+/// attempts, and replaying consumers on a recovered channel would settle old delivery tags on
+/// the new channel. Here each delivery settles only on the channel it came from.)
+///
+/// Clones share one connection.
 #[derive(Clone)]
 pub struct RabbitMqBroker {
     inner: Arc<Inner>,
     prefetch: u16,
 }
 
+/// The default bound of one publish, reconnection included.
+pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The first and the longest wait between reconnection attempts.
+const RECONNECT_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(100), Duration::from_secs(5));
+
 struct Inner {
-    connection: Connection,
+    /// Where to reconnect to.
+    uri: String,
+    /// The current connection; replaced when it was lost.
+    connection: tokio::sync::Mutex<Arc<Connection>>,
     /// The confirm-mode channel publishes go through; replaced when the server closed it.
     publisher: tokio::sync::Mutex<Option<Channel>>,
-    /// Queues this broker already declared.
+    /// Queues declared on the current connection.
     declared: Mutex<HashSet<String>>,
+    /// How long one publish may take, reconnection included.
+    publish_timeout: Mutex<Duration>,
+    /// Set by [`RabbitMqBroker::close`]: nothing reconnects any more.
+    closed: AtomicBool,
 }
 
 impl RabbitMqBroker {
     /// Connect to `uri`, e.g. `amqp://guest:guest@127.0.0.1:5672/%2f` (plain AMQP: this build has
     /// no TLS backend). Must be called within a Tokio runtime, which then runs the connection.
+    ///
+    /// The first connection must succeed (a wrong address or credentials fail here); later
+    /// losses are recovered from.
     pub async fn connect(uri: &str) -> Result<Self, BrokerError> {
         if Handle::try_current().is_err() {
             return Err(BrokerError::transport(
@@ -77,14 +112,15 @@ impl RabbitMqBroker {
                 "RabbitMqBroker::connect must be called within a Tokio runtime",
             ));
         }
-        let connection = Connection::connect(uri, ConnectionProperties::default())
-            .await
-            .map_err(|e| BrokerError::transport(format!("connect to `{}`", redact(uri)), e))?;
+        let connection = open(uri).await?;
         Ok(Self {
             inner: Arc::new(Inner {
-                connection,
+                uri: uri.to_owned(),
+                connection: tokio::sync::Mutex::new(Arc::new(connection)),
                 publisher: tokio::sync::Mutex::new(None),
                 declared: Mutex::new(HashSet::new()),
+                publish_timeout: Mutex::new(DEFAULT_PUBLISH_TIMEOUT),
+                closed: AtomicBool::new(false),
             }),
             prefetch: DEFAULT_PREFETCH,
         })
@@ -98,12 +134,35 @@ impl RabbitMqBroker {
         self
     }
 
-    /// Close the connection (shared by all clones) gracefully. Deliveries not settled by then are
-    /// requeued by the server and delivered again; settling them afterwards fails with
-    /// [`BrokerError::SettlementLost`] or [`BrokerError::Transport`].
-    pub async fn close(&self) -> Result<(), BrokerError> {
+    /// Bounds every publish (waiting for a lost connection, the publish and its confirm) by
+    /// `timeout` (default [`DEFAULT_PUBLISH_TIMEOUT`]), for every clone of this broker.
+    pub fn with_publish_timeout(self, timeout: Duration) -> Self {
+        *self
+            .inner
+            .publish_timeout
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = timeout;
+        self
+    }
+
+    /// Whether the connection is up now (`false` while it is being re-established).
+    pub fn is_connected(&self) -> bool {
         self.inner
             .connection
+            .try_lock()
+            .is_ok_and(|connection| connection.status().connected())
+    }
+
+    /// Close the connection (shared by all clones) gracefully; nothing reconnects afterwards and
+    /// subscriptions end. Deliveries not settled by then are requeued by the server and
+    /// delivered again; settling them afterwards fails with [`BrokerError::SettlementLost`] or
+    /// [`BrokerError::Transport`].
+    pub async fn close(&self) -> Result<(), BrokerError> {
+        self.inner.closed.store(true, Ordering::SeqCst);
+        self.inner
+            .connection
+            .lock()
+            .await
             .close(200, ShortString::from("OK"))
             .await
             .map_err(|e| BrokerError::transport("connection.close", e))
@@ -125,15 +184,63 @@ impl RabbitMqBroker {
 impl fmt::Debug for RabbitMqBroker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RabbitMqBroker")
-            .field("connected", &self.inner.connection.status().connected())
+            .field("uri", &redact(&self.inner.uri))
             .field("prefetch", &self.prefetch)
             .finish_non_exhaustive()
     }
 }
 
+/// One connection attempt.
+async fn open(uri: &str) -> Result<Connection, BrokerError> {
+    Connection::connect(uri, ConnectionProperties::default())
+        .await
+        .map_err(|e| BrokerError::transport(format!("connect to `{}`", redact(uri)), e))
+}
+
 impl Inner {
-    /// The confirm-mode publishing channel, opened again if the server closed it (a failed
-    /// declaration closes the channel it ran on).
+    /// A live connection: the current one, or a new one once the broker is reachable again.
+    /// Waits (with backoff) as long as it takes; callers bound the wait.
+    async fn connection(&self) -> Result<Arc<Connection>, BrokerError> {
+        let mut current = self.connection.lock().await;
+        if current.status().connected() {
+            return Ok(Arc::clone(&current));
+        }
+        let mut backoff = Backoff::new(RECONNECT_BACKOFF.0, RECONNECT_BACKOFF.1);
+        let mut attempts = 0u32;
+        loop {
+            if self.closed.load(Ordering::SeqCst) {
+                return Err(BrokerError::transport(
+                    "connect",
+                    "the broker was closed; it does not reconnect",
+                ));
+            }
+            match open(&self.uri).await {
+                Ok(connection) => {
+                    if attempts > 0 {
+                        tracing::info!(uri = %redact(&self.uri), attempts, "RabbitMQ connection recovered");
+                    }
+                    *current = Arc::new(connection);
+                    self.declared
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clear();
+                    return Ok(Arc::clone(&current));
+                }
+                Err(error) => {
+                    if attempts == 0 {
+                        tracing::error!(uri = %redact(&self.uri), %error, "RabbitMQ connection lost; reconnecting with backoff");
+                    } else {
+                        tracing::debug!(uri = %redact(&self.uri), attempts, %error, "RabbitMQ still unreachable");
+                    }
+                    attempts += 1;
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+            }
+        }
+    }
+
+    /// The confirm-mode publishing channel, opened again if it or its connection closed (a
+    /// failed declaration closes the channel it ran on).
     async fn publisher(&self) -> Result<Channel, BrokerError> {
         let mut publisher = self.publisher.lock().await;
         if let Some(channel) = publisher.as_ref()
@@ -141,8 +248,8 @@ impl Inner {
         {
             return Ok(channel.clone());
         }
-        let channel = self
-            .connection
+        let connection = self.connection().await?;
+        let channel = connection
             .create_channel()
             .await
             .map_err(|e| BrokerError::transport("channel.open", e))?;
@@ -192,10 +299,35 @@ impl Inner {
             .remove(destination);
     }
 
+    fn publish_timeout(&self) -> Duration {
+        *self
+            .publish_timeout
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     async fn publish(&self, message: BrokeredMessage) -> Result<(), BrokerError> {
         let queue = queue_name(&message.destination)?;
         let properties = properties(&message)?;
+        let timeout = self.publish_timeout();
+        let message_id = message.message_id.clone();
+        let destination = message.destination.clone();
+        tokio::time::timeout(timeout, self.publish_once(message, queue, properties))
+            .await
+            .unwrap_or_else(|_| {
+                Err(BrokerError::Timeout {
+                    operation: format!("publish `{message_id}` to `{destination}`"),
+                    after: timeout,
+                })
+            })
+    }
 
+    async fn publish_once(
+        &self,
+        message: BrokeredMessage,
+        queue: ShortString,
+        properties: BasicProperties,
+    ) -> Result<(), BrokerError> {
         let options = BasicPublishOptions {
             mandatory: true,
             immediate: false,
@@ -247,14 +379,15 @@ impl Inner {
         }
     }
 
-    async fn subscribe(
-        self: Arc<Self>,
+    /// A consumer on `destination` on a new channel of a live connection.
+    async fn consume(
+        &self,
         destination: &str,
         prefetch: u16,
-    ) -> Result<Subscription, BrokerError> {
+    ) -> Result<(Channel, lapin::Consumer), BrokerError> {
         let queue = queue_name(destination)?;
-        let channel = self
-            .connection
+        let connection = self.connection().await?;
+        let channel = connection
             .create_channel()
             .await
             .map_err(|e| BrokerError::transport("channel.open", e))?;
@@ -272,38 +405,120 @@ impl Inner {
             )
             .await
             .map_err(|e| BrokerError::transport(format!("basic.consume `{destination}`"), e))?;
+        Ok((channel, consumer))
+    }
 
-        let handle = Handle::try_current().ok();
-        let destination = destination.to_owned();
-        let name = destination.clone();
-        let deliveries = consumer.then(move |item| {
-            let inner = self.clone();
-            let channel = channel.clone();
-            let destination = destination.clone();
-            let handle = handle.clone();
-            async move {
-                let delivery = item
-                    .map_err(|e| BrokerError::transport(format!("consume `{destination}`"), e))?;
-                match decode(&destination, &delivery) {
-                    Ok(message) => {
-                        let settle = AmqpSettle {
-                            message_id: message.message_id.clone(),
-                            acker: delivery.acker,
-                            handle,
-                            _channel: channel,
-                            _inner: inner,
-                        };
-                        Ok(Delivery::new(
-                            message,
-                            delivery.redelivered,
-                            Box::new(settle),
-                        ))
+    /// Consumes `destination` for as long as the broker is open: after the connection or the
+    /// channel is lost, consumes again on a new channel once the broker is reachable.
+    async fn subscribe(
+        self: Arc<Self>,
+        destination: &str,
+        prefetch: u16,
+    ) -> Result<Subscription, BrokerError> {
+        queue_name(destination)?;
+        // The first consumer is made now, so a broker that refuses it fails the subscribe.
+        let first = self.consume(destination, prefetch).await?;
+        let liveness = Liveness::default();
+        let state = Consuming {
+            inner: self,
+            destination: destination.to_owned(),
+            prefetch,
+            current: Some(first),
+            handle: Handle::try_current().ok(),
+            liveness: liveness.clone(),
+        };
+        let deliveries = futures::stream::unfold(state, |mut state| async move {
+            let item = state.next().await?;
+            Some((item, state))
+        });
+        Ok(Subscription::with_liveness(
+            destination,
+            deliveries.boxed(),
+            liveness,
+        ))
+    }
+}
+
+/// The state of one subscription's stream.
+struct Consuming {
+    inner: Arc<Inner>,
+    destination: String,
+    prefetch: u16,
+    current: Option<(Channel, lapin::Consumer)>,
+    handle: Option<Handle>,
+    liveness: Liveness,
+}
+
+impl Consuming {
+    /// The next delivery (or undecodable item); `None` only once the broker was closed.
+    async fn next(&mut self) -> Option<Result<Delivery, BrokerError>> {
+        let mut backoff = Backoff::new(RECONNECT_BACKOFF.0, RECONNECT_BACKOFF.1);
+        let mut lost = false;
+        loop {
+            if self.inner.closed.load(Ordering::SeqCst) {
+                return None;
+            }
+            let Some((channel, consumer)) = self.current.as_mut() else {
+                match self.inner.consume(&self.destination, self.prefetch).await {
+                    Ok(consuming) => {
+                        tracing::info!(destination = %self.destination, "RabbitMQ subscription resumed");
+                        self.liveness.set_live(true);
+                        self.current = Some(consuming);
+                        backoff.reset();
                     }
-                    Err(reason) => Err(reject_undecodable(&destination, &delivery, reason).await),
+                    Err(error) => {
+                        tracing::debug!(destination = %self.destination, %error, "RabbitMQ subscription not resumed yet");
+                        tokio::time::sleep(backoff.next_delay()).await;
+                    }
+                }
+                continue;
+            };
+            match consumer.next().await {
+                Some(Ok(delivery)) => {
+                    let channel = channel.clone();
+                    return Some(self.deliver(channel, delivery).await);
+                }
+                ended => {
+                    if self.inner.closed.load(Ordering::SeqCst) {
+                        return None;
+                    }
+                    if !lost {
+                        let error = match ended {
+                            Some(Err(e)) => e.to_string(),
+                            _ => "the server ended the consumer".to_owned(),
+                        };
+                        tracing::error!(destination = %self.destination, %error, "RabbitMQ subscription lost; it resumes once the broker is reachable");
+                        lost = true;
+                    }
+                    self.liveness.set_live(false);
+                    self.current = None;
                 }
             }
-        });
-        Ok(Subscription::new(name, deliveries.boxed()))
+        }
+    }
+
+    async fn deliver(
+        &self,
+        channel: Channel,
+        delivery: AmqpDelivery,
+    ) -> Result<Delivery, BrokerError> {
+        match decode(&self.destination, &delivery) {
+            Ok(message) => {
+                let settle = AmqpSettle {
+                    message_id: message.message_id.clone(),
+                    acker: delivery.acker,
+                    handle: self.handle.clone(),
+                    _channel: channel,
+                    _inner: Arc::clone(&self.inner),
+                };
+                Ok(Delivery::new(
+                    message,
+                    delivery.redelivered,
+                    Box::new(settle),
+                ))
+            }
+            Err(reason) => Err(reject_undecodable(&self.destination, &delivery, reason).await),
+        }
     }
 }
 

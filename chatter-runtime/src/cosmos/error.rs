@@ -73,6 +73,15 @@ pub enum CosmosStoreError {
         message: String,
     },
 
+    /// A store call did not finish within its timeout; it was cancelled and may be retried.
+    #[error("Cosmos {operation} timed out after {after:?}")]
+    Timeout {
+        /// What was attempted.
+        operation: &'static str,
+        /// The bound that elapsed.
+        after: std::time::Duration,
+    },
+
     /// The connection settings are missing or unusable.
     #[error("{0}")]
     Configuration(String),
@@ -121,6 +130,11 @@ impl CosmosStoreError {
         }
     }
 
+    /// A [`CosmosStoreError::Timeout`] of `operation` after `after`.
+    pub(crate) fn timeout(operation: &'static str, after: std::time::Duration) -> Self {
+        Self::Timeout { operation, after }
+    }
+
     /// The HTTP status code of a failed request, if this error is one.
     pub fn status(&self) -> Option<u16> {
         match self {
@@ -133,6 +147,19 @@ impl CosmosStoreError {
     pub fn sub_status(&self) -> Option<u16> {
         match self {
             Self::Request { sub_status, .. } => *sub_status,
+            _ => None,
+        }
+    }
+
+    /// How long the service asked the caller to wait before retrying (`x-ms-retry-after-ms`,
+    /// sent with 429 Too Many Requests), if it did.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Self::Request { source, .. } => source
+                .response()?
+                .headers()
+                .retry_after_ms
+                .map(std::time::Duration::from_millis),
             _ => None,
         }
     }

@@ -51,7 +51,7 @@ pub enum StageError {
     Unpublishable(#[from] BrokerError),
 }
 
-/// Why a delivery was not handled; the message is not acknowledged and will be redelivered.
+/// Why a delivery was not handled.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
     /// A participant arrived without a message id (catalog R2.05).
@@ -133,4 +133,17 @@ pub enum PipelineError {
         #[source]
         source: crate::broker::BrokerError,
     },
+}
+
+impl PipelineError {
+    /// Whether this delivery can never succeed, however often it is tried: its body does not
+    /// decode into the command, it has no message id, or no inbox marker can be built for its
+    /// message id. The consumer dead-letters such a delivery at once; every other failure is
+    /// tried again.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            Self::MissingMessageId { .. } | Self::Decode { .. } | Self::Marker { .. }
+        )
+    }
 }

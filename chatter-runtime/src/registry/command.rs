@@ -58,6 +58,9 @@ pub struct CommandRegistration {
     pub partition_key_sources: &'static [&'static str],
     /// The declared change-feed source identity, when the derive named one.
     pub declared_source_identity: Option<SourceIdentityDeclaration>,
+    /// `#[chatter(max_delivery_attempts = N)]`: deliveries of one message (the first included)
+    /// before it is dead-lettered; `None` is the runtime's default.
+    pub max_delivery_attempts: Option<u32>,
     /// Where the derive was written.
     pub location: SourceLocation,
 }

@@ -262,6 +262,7 @@ mod tests {
             partition_key_paths: &["/k"],
             partition_key_sources: &["/k"],
             declared_source_identity: declared,
+            max_delivery_attempts: None,
             location: at(line),
         }
     }

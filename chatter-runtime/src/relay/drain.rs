@@ -20,6 +20,7 @@
 //! the gate once, after the whole page.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -128,7 +129,12 @@ pub struct Drain {
     partition_key_paths: &'static [&'static str],
     settings: DeliverySettings,
     gate: Arc<DrainGate>,
+    publish_timeout: Duration,
+    store_timeout: Duration,
 }
+
+/// The default bound of one publish and of one stamp.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl std::fmt::Debug for Drain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -157,7 +163,18 @@ impl Drain {
             partition_key_paths,
             settings,
             gate: Arc::new(DrainGate::new(source_identity)),
+            publish_timeout: DEFAULT_DRAIN_TIMEOUT,
+            store_timeout: DEFAULT_DRAIN_TIMEOUT,
         }
+    }
+
+    /// Bounds each publish (broker confirm included) by `publish` and each stamp by `store`
+    /// (defaults [`DEFAULT_DRAIN_TIMEOUT`]). A publish past its bound fails the page like any
+    /// failed publish; a stamp past its bound is a failed stamp.
+    pub fn with_timeouts(mut self, publish: Duration, store: Duration) -> Self {
+        self.publish_timeout = publish;
+        self.store_timeout = store;
+        self
     }
 
     /// The same drain with its gate on `clock` (and no suspension state).
@@ -230,7 +247,14 @@ impl Drain {
         let message_id = message.message_id.clone();
         let destination = message.destination.clone();
         let published = match self.broker.check(&message) {
-            Ok(()) => self.broker.publish(message).await,
+            Ok(()) => tokio::time::timeout(self.publish_timeout, self.broker.publish(message))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(BrokerError::Timeout {
+                        operation: format!("publish `{message_id}` to `{destination}`"),
+                        after: self.publish_timeout,
+                    })
+                }),
             Err(refusal) => Err(refusal),
         };
         match published {
@@ -311,7 +335,12 @@ impl Drain {
             })
             .collect();
         let key = cosmos::partition_key(&values)?;
-        cosmos::patch_item(&self.container, key, id, ops).await?;
+        tokio::time::timeout(
+            self.store_timeout,
+            cosmos::patch_item(&self.container, key, id, ops),
+        )
+        .await
+        .map_err(|_| CosmosStoreError::timeout("patch_item", self.store_timeout))??;
         Ok(ConfirmationReceipt)
     }
 }

@@ -5,28 +5,45 @@
 //! Container Contract before any processor is built, so the relay never starts degraded.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::FutureExt;
 
 use super::change_feed::{
-    ChangeFeedError, ChangeFeedProcessor, ChangeFeedProcessorOptions, LeaseFault, RunningProcessor,
+    ChangeFeedError, ChangeFeedProcessor, ChangeFeedProcessorOptions, LeaseFault, LeaseStatus,
+    RunningProcessor,
 };
 use super::contract::{self, MonitoredContainersError};
 use super::delivery::{DeliverySettings, DeliverySettingsError};
 use super::diagnostics;
-use super::drain::{Drain, DrainError};
+use super::drain::{DEFAULT_DRAIN_TIMEOUT, Drain, DrainError};
 use super::identity::{self, RelaySource};
 use super::suspension::DrainGate;
 use crate::broker::Broker;
 use crate::cosmos::{CosmosConnection, CosmosStoreError};
 
 /// Options of the pipeline-integrated relay.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RelayOptions {
-    /// The change-feed processor's timings and page size.
+    /// The change-feed processor's timings and page size; its
+    /// [`store_timeout`](ChangeFeedProcessorOptions::store_timeout) bounds the stamps too.
     pub processor: ChangeFeedProcessorOptions,
     /// What a delivered document is stamped with.
     pub delivery: DeliverySettings,
+    /// The bound of one publish, broker confirm included (whatever the broker's own bounds).
+    /// Default **30 s**. A publish past it fails the page: nothing is stamped, the page is read
+    /// again.
+    pub publish_timeout: Duration,
+}
+
+impl Default for RelayOptions {
+    fn default() -> Self {
+        Self {
+            processor: ChangeFeedProcessorOptions::default(),
+            delivery: DeliverySettings::default(),
+            publish_timeout: DEFAULT_DRAIN_TIMEOUT,
+        }
+    }
 }
 
 /// Why the relay did not start.
@@ -88,6 +105,11 @@ impl RelayHost {
             .processor
             .validate()
             .map_err(|e| RelayError::InvalidOptions(e.to_string()))?;
+        if options.publish_timeout.is_zero() {
+            return Err(RelayError::InvalidOptions(
+                "`publish_timeout` must be greater than zero".to_owned(),
+            ));
+        }
         contract::verify_all(cosmos, sources).await?;
 
         let instance = identity::instance_name();
@@ -121,6 +143,19 @@ impl RelayHost {
             .iter()
             .map(|(p, _)| (p.processor_name().to_owned(), p.owned_leases()))
             .collect()
+    }
+
+    /// Every lease this instance owns: its processor, its progress and fault, and whether it is
+    /// under a Drain Suspension.
+    pub fn lease_statuses(&self) -> Vec<(String, LeaseStatus, bool)> {
+        let mut statuses = Vec::new();
+        for (processor, gate) in &self.processors {
+            for status in processor.lease_statuses() {
+                let suspended = gate.is_suspended(&status.lease_token);
+                statuses.push((processor.processor_name().to_owned(), status, suspended));
+            }
+        }
+        statuses
     }
 
     /// The leases under a Drain Suspension now, per processor (only processors with one).
@@ -168,7 +203,8 @@ async fn start_one(
         monitored.clone(),
         source.partition_key_paths,
         options.delivery.clone(),
-    );
+    )
+    .with_timeouts(options.publish_timeout, options.processor.store_timeout);
     let gate = Arc::clone(drain.gate());
     let processor_name = source.processor_name.clone();
     let label = format!("{}/{}", source.database, source.container);

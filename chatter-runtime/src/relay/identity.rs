@@ -419,6 +419,7 @@ mod tests {
             partition_key_paths: &["/tenantId"],
             partition_key_sources: &["tenant_id"],
             declared_source_identity: declared,
+            max_delivery_attempts: None,
             location: SourceLocation {
                 module_path: "tests",
                 file: "commands.rs",

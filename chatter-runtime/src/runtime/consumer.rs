@@ -1,101 +1,289 @@
-//! One consumer per registered command: broker deliveries through the pipeline, acked on success,
-//! nacked (redelivered) on failure.
+//! One consumer per registered command: broker deliveries through the pipeline, acked on
+//! success; a failure that can succeed later is delivered again (counted), one that never can is
+//! dead-lettered.
+//!
+//! - **Attempts survive restarts.** A failed delivery is not nacked: a copy carrying the next
+//!   attempt number in its context (`Chatter.Delivery.Attempts`) is published to the same
+//!   destination, then the original is acked. The count travels with the message, so neither a
+//!   consumer restart nor a broker restart resets it.
+//! - **Dead letters.** A delivery whose body is not the command's JSON or that has no message id
+//!   is dead-lettered at once; one that failed `max_delivery_attempts` times is dead-lettered
+//!   then. A dead letter keeps its id, body and context, adds `Chatter.DeadLetter.Reason` and
+//!   `Chatter.Delivery.Attempts`, and goes to `<destination>.dead-letter` on the same broker,
+//!   logged at Error.
+//! - **Subscriptions.** A subscription the broker ends is made again with backoff, logged at
+//!   Error when it ends and at Info when it is back; the consumer never ends on its own.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{Delivery, Subscription};
-use crate::pipeline::{Outcome, Pipeline};
+use super::health::ConsumerStatus;
+use crate::backoff::Backoff;
+use crate::broker::{Broker, Delivery, Subscription};
+use crate::message::BrokeredMessage;
+use crate::pipeline::{Outcome, Pipeline, PipelineError};
 use crate::registry::RegisteredCommand;
 
-pub(super) async fn run(
-    command: RegisteredCommand,
-    mut subscription: Subscription,
-    pipeline: Pipeline,
-    cancel: CancellationToken,
-    redelivery_delay: Duration,
-) {
-    let name = command.registration.command_name;
-    tracing::info!(
-        command = name,
-        destination = subscription.destination(),
-        "chatter consumer started"
-    );
-    loop {
-        let next = tokio::select! {
-            _ = cancel.cancelled() => break,
-            next = subscription.next() => next,
-        };
-        match next {
-            None => {
-                tracing::error!(
-                    command = name,
-                    destination = subscription.destination(),
-                    "chatter consumer: the broker ended the subscription"
-                );
-                break;
-            }
-            Some(Err(error)) => {
-                tracing::error!(command = name, %error, "chatter consumer: the broker reported a failed delivery");
-            }
-            // A delivery in progress finishes even when shutdown is requested: settling it is what
-            // keeps it from being lost or handled twice.
-            Some(Ok(delivery)) => handle(&command, delivery, &pipeline, redelivery_delay).await,
-        }
-    }
-    tracing::info!(command = name, "chatter consumer stopped");
+/// Deliveries of one message, the first included, before it is dead-lettered, for a command
+/// that does not set `#[chatter(max_delivery_attempts = N)]`.
+pub const DEFAULT_MAX_DELIVERY_ATTEMPTS: u32 = 5;
+
+/// The context key counting a message's deliveries (absent on the first).
+pub const ATTEMPTS_CONTEXT_KEY: &str = "Chatter.Delivery.Attempts";
+
+/// The context key a dead letter carries its reason in.
+pub const DEAD_LETTER_REASON_CONTEXT_KEY: &str = "Chatter.DeadLetter.Reason";
+
+/// The destination dead letters of `destination` go to.
+pub fn dead_letter_destination(destination: &str) -> String {
+    format!("{destination}.dead-letter")
 }
 
-async fn handle(
-    command: &RegisteredCommand,
-    delivery: Delivery,
-    pipeline: &Pipeline,
-    redelivery_delay: Duration,
-) {
-    let name = command.registration.command_name;
-    let message_id = delivery.message.message_id.clone();
-    let result = match serde_json::from_str(&delivery.message.body) {
-        Ok(body) => pipeline
-            .handle(command, body, &message_id, delivery.redelivered)
-            .await
-            .map_err(|e| e.to_string()),
-        Err(e) => Err(format!(
-            "the body of `{name}` message '{message_id}' is not JSON: {e}"
-        )),
-    };
-    match result {
-        Ok(outcome) => {
-            match outcome {
-                Outcome::Committed { operations } => {
+/// What a consumer task needs.
+pub(super) struct Consumer {
+    pub(super) command: RegisteredCommand,
+    pub(super) broker: Arc<dyn Broker>,
+    pub(super) pipeline: Pipeline,
+    pub(super) cancel: CancellationToken,
+    pub(super) redelivery_delay: Duration,
+    pub(super) status: ConsumerStatus,
+}
+
+impl Consumer {
+    pub(super) async fn run(self, mut subscription: Subscription) {
+        let name = self.command.registration.command_name;
+        let destination = self.command.registration.destination;
+        tracing::info!(command = name, destination, "chatter consumer started");
+        loop {
+            self.status.subscribed(subscription.liveness().clone());
+            if !self.consume(&mut subscription).await {
+                break;
+            }
+            tracing::error!(
+                command = name,
+                destination,
+                "chatter consumer: the broker ended the subscription; subscribing again with backoff"
+            );
+            self.status.reconnecting(None);
+            match self.resubscribe().await {
+                Some(again) => {
                     tracing::info!(
                         command = name,
-                        message_id,
-                        operations,
-                        "chatter delivery committed"
-                    )
+                        destination,
+                        "chatter consumer subscribed again"
+                    );
+                    subscription = again;
                 }
-                Outcome::Duplicate => tracing::info!(
-                    command = name,
-                    message_id,
-                    "chatter duplicate delivery acknowledged"
-                ),
-                Outcome::PassedThrough => tracing::info!(
-                    command = name,
-                    message_id,
-                    "chatter delivery handled without a batch"
-                ),
-            }
-            if let Err(error) = delivery.ack().await {
-                tracing::error!(command = name, message_id, %error, "chatter consumer: ack failed; the broker will redeliver");
+                None => break,
             }
         }
-        Err(error) => {
-            tracing::error!(command = name, message_id, %error, "chatter delivery failed; returning it to the broker");
-            tokio::time::sleep(redelivery_delay).await;
-            if let Err(error) = delivery.nack().await {
-                tracing::error!(command = name, message_id, %error, "chatter consumer: nack failed");
+        self.status.stopped();
+        tracing::info!(command = name, "chatter consumer stopped");
+    }
+
+    /// Handles deliveries until the subscription ends (`true`) or shutdown (`false`).
+    async fn consume(&self, subscription: &mut Subscription) -> bool {
+        let name = self.command.registration.command_name;
+        loop {
+            let next = tokio::select! {
+                _ = self.cancel.cancelled() => return false,
+                next = subscription.next() => next,
+            };
+            match next {
+                None => return true,
+                Some(Err(error)) => {
+                    tracing::error!(command = name, %error, "chatter consumer: the broker reported a failed delivery");
+                }
+                // A delivery in progress finishes even when shutdown is requested: settling it
+                // is what keeps it from being lost or handled twice.
+                Some(Ok(delivery)) => self.handle(delivery).await,
             }
         }
+    }
+
+    /// Subscribes again with backoff until it works (`None` on shutdown).
+    async fn resubscribe(&self) -> Option<Subscription> {
+        let destination = self.command.registration.destination;
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        loop {
+            match self.broker.subscribe(destination).await {
+                Ok(subscription) => return Some(subscription),
+                Err(error) => {
+                    tracing::debug!(destination, %error, "chatter consumer: subscribing failed; retrying");
+                    self.status.reconnecting(Some(error.to_string()));
+                }
+            }
+            tokio::select! {
+                _ = self.cancel.cancelled() => return None,
+                () = tokio::time::sleep(backoff.next_delay()) => {}
+            }
+        }
+    }
+
+    async fn handle(&self, delivery: Delivery) {
+        let name = self.command.registration.command_name;
+        let message_id = delivery.message.message_id.clone();
+        let attempt = attempt_of(&delivery.message);
+        let redelivered = delivery.redelivered || attempt > 1;
+        let result = match serde_json::from_str(&delivery.message.body) {
+            Ok(body) => self
+                .pipeline
+                .handle(&self.command, body, &message_id, redelivered)
+                .await
+                .map_err(Failure::from),
+            Err(e) => Err(Failure::Permanent(format!(
+                "the body of `{name}` message '{message_id}' is not JSON: {e}"
+            ))),
+        };
+        match result {
+            Ok(outcome) => {
+                log_outcome(name, &message_id, outcome);
+                if let Err(error) = delivery.ack().await {
+                    tracing::error!(command = name, message_id, %error, "chatter consumer: ack failed; the broker will redeliver");
+                }
+            }
+            Err(Failure::Permanent(reason)) => {
+                self.dead_letter(delivery, attempt, &reason).await;
+            }
+            Err(Failure::Transient(reason)) => {
+                let max = self
+                    .command
+                    .registration
+                    .max_delivery_attempts
+                    .unwrap_or(DEFAULT_MAX_DELIVERY_ATTEMPTS);
+                if attempt >= max {
+                    let reason = format!(
+                        "it failed on each of its {attempt} delivery attempts; the last: {reason}"
+                    );
+                    self.dead_letter(delivery, attempt, &reason).await;
+                } else {
+                    tracing::error!(command = name, message_id, attempt, max_attempts = max, error = %reason, "chatter delivery failed; it is delivered again");
+                    self.retry(delivery, attempt).await;
+                }
+            }
+        }
+    }
+
+    /// Publishes the next attempt, then acks this one; if that publish fails, nacks instead
+    /// (the broker redelivers; the attempt is not counted).
+    async fn retry(&self, delivery: Delivery, attempt: u32) {
+        let name = self.command.registration.command_name;
+        tokio::select! {
+            _ = self.cancel.cancelled() => {}
+            () = tokio::time::sleep(self.redelivery_delay) => {}
+        }
+        let message_id = delivery.message.message_id.clone();
+        let mut next = delivery.message.clone();
+        next.context
+            .insert(ATTEMPTS_CONTEXT_KEY.to_owned(), Value::from(attempt + 1));
+        match self.broker.publish(next).await {
+            Ok(()) => {
+                if let Err(error) = delivery.ack().await {
+                    // The original comes back too: one extra delivery, nothing lost.
+                    tracing::error!(command = name, message_id, %error, "chatter consumer: ack after requeue failed");
+                }
+            }
+            Err(error) => {
+                tracing::error!(command = name, message_id, %error, "chatter consumer: could not requeue the next attempt; returning the delivery to the broker");
+                if let Err(error) = delivery.nack().await {
+                    tracing::error!(command = name, message_id, %error, "chatter consumer: nack failed");
+                }
+            }
+        }
+    }
+
+    /// Publishes `delivery` to the dead-letter destination with `reason`, then acks it; if that
+    /// publish fails, nacks it, so nothing is dropped.
+    async fn dead_letter(&self, delivery: Delivery, attempt: u32, reason: &str) {
+        let name = self.command.registration.command_name;
+        let source = self.command.registration.destination;
+        let mut letter = delivery.message.clone();
+        letter.destination = dead_letter_destination(source);
+        letter.context.insert(
+            DEAD_LETTER_REASON_CONTEXT_KEY.to_owned(),
+            Value::from(reason),
+        );
+        letter
+            .context
+            .insert(ATTEMPTS_CONTEXT_KEY.to_owned(), Value::from(attempt));
+        let message_id = delivery.message.message_id.clone();
+        let dead_letters = letter.destination.clone();
+        match self.broker.publish(letter).await {
+            Ok(()) => {
+                tracing::error!(
+                    command = name,
+                    message_id,
+                    attempts = attempt,
+                    dead_letters,
+                    reason,
+                    "chatter dead-lettered a delivery"
+                );
+                if let Err(error) = delivery.ack().await {
+                    tracing::error!(command = name, message_id, %error, "chatter consumer: ack after dead-lettering failed");
+                }
+            }
+            Err(error) => {
+                tracing::error!(command = name, message_id, %error, reason, "chatter consumer: could not dead-letter the delivery; returning it to the broker");
+                tokio::time::sleep(self.redelivery_delay).await;
+                if let Err(error) = delivery.nack().await {
+                    tracing::error!(command = name, message_id, %error, "chatter consumer: nack failed");
+                }
+            }
+        }
+    }
+}
+
+/// Why a delivery failed.
+enum Failure {
+    /// It can never succeed: dead-letter it now.
+    Permanent(String),
+    /// It may succeed on a later attempt.
+    Transient(String),
+}
+
+impl From<PipelineError> for Failure {
+    fn from(error: PipelineError) -> Self {
+        if error.is_permanent() {
+            Self::Permanent(error.to_string())
+        } else {
+            Self::Transient(error.to_string())
+        }
+    }
+}
+
+/// This delivery's attempt number: 1 for a first delivery.
+fn attempt_of(message: &BrokeredMessage) -> u32 {
+    message
+        .context
+        .get(ATTEMPTS_CONTEXT_KEY)
+        .and_then(Value::as_u64)
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|n| *n >= 1)
+        .unwrap_or(1)
+}
+
+fn log_outcome(name: &str, message_id: &str, outcome: Outcome) {
+    match outcome {
+        Outcome::Committed { operations } => {
+            tracing::info!(
+                command = name,
+                message_id,
+                operations,
+                "chatter delivery committed"
+            )
+        }
+        Outcome::Duplicate => tracing::info!(
+            command = name,
+            message_id,
+            "chatter duplicate delivery acknowledged"
+        ),
+        Outcome::PassedThrough => tracing::info!(
+            command = name,
+            message_id,
+            "chatter delivery handled without a batch"
+        ),
     }
 }

@@ -2,8 +2,14 @@
 
 mod consumer;
 mod error;
+mod health;
 
+pub use consumer::{
+    ATTEMPTS_CONTEXT_KEY, DEAD_LETTER_REASON_CONTEXT_KEY, DEFAULT_MAX_DELIVERY_ATTEMPTS,
+    dead_letter_destination,
+};
 pub use error::{DispatchError, StartError};
+pub use health::{ConsumerHealth, ConsumerState, Health, LeaseHealth};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -157,6 +163,7 @@ impl Builder {
         let pipeline = Pipeline::new(cosmos.clone(), broker.clone());
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
+        let mut consumers = Vec::new();
         if self.consume {
             for command in registry.commands() {
                 let destination = command.registration.destination;
@@ -176,13 +183,18 @@ impl Builder {
                         });
                     }
                 };
-                tracker.spawn(consumer::run(
-                    *command,
-                    subscription,
-                    pipeline.clone(),
-                    cancel.clone(),
-                    self.redelivery_delay,
-                ));
+                let status =
+                    health::ConsumerStatus::new(command.registration.command_name, destination);
+                consumers.push(status.clone());
+                let consumer = consumer::Consumer {
+                    command: *command,
+                    broker: broker.clone(),
+                    pipeline: pipeline.clone(),
+                    cancel: cancel.clone(),
+                    redelivery_delay: self.redelivery_delay,
+                    status,
+                };
+                tracker.spawn(consumer.run(subscription));
             }
         }
         let relay = tokio::sync::Mutex::new(relay);
@@ -195,6 +207,7 @@ impl Builder {
                 cancel,
                 tracker,
                 relay,
+                consumers,
             }),
         })
     }
@@ -215,6 +228,7 @@ struct Inner {
     cancel: CancellationToken,
     tracker: TaskTracker,
     relay: tokio::sync::Mutex<Option<RelayHost>>,
+    consumers: Vec<health::ConsumerStatus>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -278,6 +292,35 @@ impl Runtime {
             .as_ref()
             .map(RelayHost::owned_leases)
             .unwrap_or_default()
+    }
+
+    /// What every consumer and every lease this instance owns is doing now: back a liveness or
+    /// readiness probe with [`Health::is_healthy`].
+    pub async fn health(&self) -> Health {
+        let consumers = self
+            .inner
+            .consumers
+            .iter()
+            .map(health::ConsumerStatus::health)
+            .collect();
+        let leases = self
+            .inner
+            .relay
+            .lock()
+            .await
+            .as_ref()
+            .map(RelayHost::lease_statuses)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(processor, status, suspended)| LeaseHealth {
+                processor,
+                lease_token: status.lease_token,
+                last_checkpoint_age: status.last_checkpoint_age,
+                last_error: status.last_error,
+                suspended,
+            })
+            .collect();
+        Health { consumers, leases }
     }
 
     /// The leases under a Drain Suspension now (their confirmations kept failing, so their pages

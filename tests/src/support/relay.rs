@@ -15,6 +15,6 @@ pub fn fast_relay(lease_expiry: Duration) -> RelayOptions {
             .with_lease_expiry(lease_expiry)
             .with_lease_renew_interval(Duration::from_millis(400))
             .with_lease_acquire_interval(Duration::from_millis(250)),
-        delivery: Default::default(),
+        ..RelayOptions::default()
     }
 }

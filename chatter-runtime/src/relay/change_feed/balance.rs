@@ -4,9 +4,11 @@
 //! deciding instance itself), the fair share is `ceil(L / N)`. An instance below it takes, in
 //! this order and never beyond it:
 //! 1. free or expired leases;
-//! 2. leases of an over-loaded live owner, one at a time: an owner is over-loaded when it owns
-//!    at least two more leases than the taker (after the leases already planned). Stealing
-//!    therefore strictly narrows the spread and two instances never steal back and forth.
+//! 2. only when no lease is free or expired: **one** lease of an over-loaded live owner per
+//!    cycle (as .NET's equal-partitions strategy). An owner is over-loaded when it owns at
+//!    least two more leases than the taker. Stealing therefore strictly narrows the spread, two
+//!    instances never steal back and forth, and each hand-over (which may republish the page in
+//!    flight) is paced by the acquire interval.
 //!
 //! An instance above its fair share does not give leases away; under-loaded instances steal.
 
@@ -61,12 +63,16 @@ pub(crate) fn plan(leases: &[LeaseView], me: &str, running: &BTreeSet<String>) -
         .filter(|l| l.live_owner.as_deref().is_none_or(|o| o == me))
         .collect();
     available.sort_by_key(|l| spread_key(me, &l.id));
-    for lease in available {
-        if mine >= target {
-            return takes;
+    if !available.is_empty() {
+        for lease in available {
+            if mine >= target {
+                break;
+            }
+            takes.push(Take::Available(lease.id.clone()));
+            mine += 1;
         }
-        takes.push(Take::Available(lease.id.clone()));
-        mine += 1;
+        // Free or expired leases are someone's to take first; nobody steals meanwhile.
+        return takes;
     }
 
     // Steal from over-loaded owners.
@@ -82,27 +88,21 @@ pub(crate) fn plan(leases: &[LeaseView], me: &str, running: &BTreeSet<String>) -
     for victims in stealable.values_mut() {
         victims.sort_by_key(|l| std::cmp::Reverse(spread_key(me, &l.id)));
     }
-    while mine < target {
+    if mine < target {
         let richest = counts
             .iter()
             .filter(|(owner, _)| **owner != me)
             .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
             .map(|(owner, count)| (*owner, *count));
-        let Some((owner, count)) = richest else { break };
-        if count < mine + 2 {
-            break;
+        if let Some((owner, count)) = richest
+            && count >= mine + 2
+            && let Some(lease) = stealable.get_mut(owner).and_then(Vec::pop)
+        {
+            takes.push(Take::Steal {
+                id: lease.id.clone(),
+                from: owner.to_owned(),
+            });
         }
-        let Some(lease) = stealable.get_mut(owner).and_then(Vec::pop) else {
-            break;
-        };
-        takes.push(Take::Steal {
-            id: lease.id.clone(),
-            from: owner.to_owned(),
-        });
-        if let Some(c) = counts.get_mut(owner) {
-            *c -= 1;
-        }
-        mine += 1;
     }
     takes
 }
@@ -154,7 +154,7 @@ mod tests {
     }
 
     #[test]
-    fn an_instance_steals_from_an_overloaded_owner_until_balanced() {
+    fn an_instance_steals_one_lease_per_cycle_from_an_overloaded_owner() {
         let leases = [
             view("a", Some("other")),
             view("b", Some("other")),
@@ -162,11 +162,48 @@ mod tests {
             view("d", Some("other")),
         ];
         let takes = plan(&leases, "me", &running(&[]));
-        assert_eq!(takes.len(), 2);
+        assert_eq!(takes.len(), 1, "{takes:?}");
+        assert!(matches!(&takes[0], Take::Steal { from, .. } if from == "other"));
+        // The next cycle, running one, it steals the second and is balanced.
+        let Take::Steal { id, .. } = &takes[0] else {
+            unreachable!()
+        };
+        let leases: Vec<LeaseView> = leases
+            .iter()
+            .map(|l| {
+                if &l.id == id {
+                    view(id, Some("me"))
+                } else {
+                    l.clone()
+                }
+            })
+            .collect();
+        assert_eq!(plan(&leases, "me", &running(&[id.as_str()])).len(), 1);
+    }
+
+    #[test]
+    fn nobody_steals_while_a_free_or_expired_lease_exists() {
+        // `me` is at its share (2 of 5 over 3 owners) with a free lease left for the third
+        // instance: no steal from the over-loaded `x`, though it holds 3.
+        let leases = [
+            view("a", Some("x")),
+            view("b", Some("x")),
+            view("c", Some("x")),
+            view("d", Some("me")),
+            view("e", None),
+        ];
+        let takes = plan(&leases, "me", &running(&["d"]));
+        assert_eq!(takes, vec![Take::Available("e".into())]);
+        let leases = [
+            view("a", Some("x")),
+            view("b", Some("x")),
+            view("c", Some("x")),
+            view("d", None),
+        ];
+        let takes = plan(&leases, "me", &running(&[]));
         assert!(
-            takes
-                .iter()
-                .all(|t| matches!(t, Take::Steal { from, .. } if from == "other"))
+            takes.iter().all(|t| matches!(t, Take::Available(_))),
+            "{takes:?}"
         );
     }
 

@@ -79,3 +79,15 @@ impl HandlerPanicked {
         Self { message }
     }
 }
+
+/// The batch handler did not finish within
+/// [`handler_timeout`](super::ChangeFeedProcessorOptions::handler_timeout); it was cancelled and
+/// the page is read again.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the batch handler did not finish within {after:?}; it was cancelled and the page is read again"
+)]
+pub struct HandlerTimedOut {
+    /// The timeout that elapsed.
+    pub after: std::time::Duration,
+}

@@ -213,8 +213,15 @@ impl LeaseStore {
         }
     }
 
-    /// Replaces the lease while its ETag is still `lease.etag`.
+    /// Replaces the lease while its ETag is still `lease.etag`. A lease without an ETag is never
+    /// written: an unguarded write could overwrite another instance's (the guard fails closed).
     pub(crate) async fn replace(&self, lease: &LeaseDocument) -> LeaseWrite {
+        if lease.etag.is_none() {
+            return LeaseWrite::Failed(CosmosStoreError::codec(
+                "replace_lease",
+                "the lease has no ETag to guard the write with",
+            ));
+        }
         let doc = match serde_json::to_value(lease) {
             Ok(doc) => doc,
             Err(e) => return LeaseWrite::Failed(CosmosStoreError::codec("replace_lease", e)),
@@ -230,8 +237,14 @@ impl LeaseStore {
         }
     }
 
-    /// Deletes the lease while its ETag is still `lease.etag`.
+    /// Deletes the lease while its ETag is still `lease.etag` (never without one).
     pub(crate) async fn delete(&self, lease: &LeaseDocument) -> LeaseWrite {
+        if lease.etag.is_none() {
+            return LeaseWrite::Failed(CosmosStoreError::codec(
+                "delete_lease",
+                "the lease has no ETag to guard the delete with",
+            ));
+        }
         let key = match pk(&lease.id) {
             Ok(key) => key,
             Err(e) => return LeaseWrite::Failed(e),

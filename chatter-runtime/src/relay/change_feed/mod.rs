@@ -66,7 +66,7 @@ mod lease;
 mod options;
 mod worker;
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use azure_data_cosmos::clients::ContainerClient;
@@ -76,7 +76,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use error::ChangeFeedError;
-pub use fault::{HandlerPanicked, LeaseFault, LeaseFaultStage};
+pub use fault::{HandlerPanicked, HandlerTimedOut, LeaseFault, LeaseFaultStage};
 pub use lease::{LeaseDocument, LeaseFeedRange, lease_id, read_leases};
 pub use options::{ChangeFeedProcessorOptions, StartFrom};
 
@@ -214,7 +214,7 @@ impl ChangeFeedProcessorBuilder {
             .await
             .map_err(store_error("create its leases in the lease container"))?;
 
-        let owned = Arc::new(Mutex::new(BTreeSet::new()));
+        let owned = Arc::new(Mutex::new(BTreeMap::new()));
         let ctx = WorkerContext {
             monitored: self.monitored,
             store,
@@ -254,7 +254,20 @@ pub struct RunningProcessor {
     instance: String,
     shutdown: CancellationToken,
     tracker: TaskTracker,
-    owned: Arc<Mutex<BTreeSet<String>>>,
+    owned: Arc<Mutex<BTreeMap<String, worker::LeaseProgress>>>,
+}
+
+/// What one lease this instance owns has done lately ([`RunningProcessor::lease_statuses`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseStatus {
+    /// The lease token.
+    pub lease_token: String,
+    /// How long ago the lease last confirmed its position (a page handled and checkpointed, or
+    /// a read that found nothing new); `None` before its first.
+    pub last_checkpoint_age: Option<std::time::Duration>,
+    /// The fault since then, if the lease is failing now.
+    pub last_error: Option<String>,
 }
 
 impl RunningProcessor {
@@ -273,8 +286,22 @@ impl RunningProcessor {
         self.owned
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .iter()
+            .keys()
             .cloned()
+            .collect()
+    }
+
+    /// What each lease this instance polls has done lately, in lease-token order.
+    pub fn lease_statuses(&self) -> Vec<LeaseStatus> {
+        self.owned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(lease_token, progress)| LeaseStatus {
+                lease_token: lease_token.clone(),
+                last_checkpoint_age: progress.last_progress.map(|at| at.elapsed()),
+                last_error: progress.last_error.clone(),
+            })
             .collect()
     }
 

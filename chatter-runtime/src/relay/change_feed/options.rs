@@ -59,6 +59,17 @@ pub struct ChangeFeedProcessorOptions {
     pub lease_acquire_interval: Duration,
     /// Where a lease without a checkpoint starts. Default [`StartFrom::Beginning`].
     pub start_from: StartFrom,
+    /// The bound of every store call the processor makes (a change-feed read, a lease write);
+    /// a call past it is cancelled and counts as a failure. Default **30 s**, above the SDK's own
+    /// retries of throttled requests.
+    pub store_timeout: Duration,
+    /// The bound of one batch handler call; past it the call is cancelled, reported as a
+    /// [`LeaseFault`](super::LeaseFault) and the page is read again. Default **5 min**.
+    pub handler_timeout: Duration,
+    /// The longest wait between two attempts after failures. Failures back off exponentially
+    /// (with jitter) from [`poll_interval`](Self::poll_interval) up to this; a success starts
+    /// over. Default **10 s**.
+    pub max_backoff: Duration,
 }
 
 impl Default for ChangeFeedProcessorOptions {
@@ -70,6 +81,9 @@ impl Default for ChangeFeedProcessorOptions {
             lease_expiry: Duration::from_secs(30),
             lease_acquire_interval: Duration::from_secs(5),
             start_from: StartFrom::Beginning,
+            store_timeout: Duration::from_secs(30),
+            handler_timeout: Duration::from_secs(300),
+            max_backoff: Duration::from_secs(10),
         }
     }
 }
@@ -105,6 +119,24 @@ impl ChangeFeedProcessorOptions {
         self
     }
 
+    /// Sets [`store_timeout`](Self::store_timeout).
+    pub fn with_store_timeout(mut self, timeout: Duration) -> Self {
+        self.store_timeout = timeout;
+        self
+    }
+
+    /// Sets [`handler_timeout`](Self::handler_timeout).
+    pub fn with_handler_timeout(mut self, timeout: Duration) -> Self {
+        self.handler_timeout = timeout;
+        self
+    }
+
+    /// Sets [`max_backoff`](Self::max_backoff).
+    pub fn with_max_backoff(mut self, max_backoff: Duration) -> Self {
+        self.max_backoff = max_backoff;
+        self
+    }
+
     /// Sets [`start_from`](Self::start_from).
     pub fn with_start_from(mut self, start_from: StartFrom) -> Self {
         self.start_from = start_from;
@@ -119,6 +151,9 @@ impl ChangeFeedProcessorOptions {
             ("lease_renew_interval", self.lease_renew_interval),
             ("lease_expiry", self.lease_expiry),
             ("lease_acquire_interval", self.lease_acquire_interval),
+            ("store_timeout", self.store_timeout),
+            ("handler_timeout", self.handler_timeout),
+            ("max_backoff", self.max_backoff),
         ]
         .into_iter()
         .find(|(_, value)| value.is_zero());

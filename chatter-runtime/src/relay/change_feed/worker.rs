@@ -2,7 +2,7 @@
 //! renewer, sharing the lease document under a lock so every write is ETag-guarded against
 //! the latest ETag.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
@@ -15,10 +15,11 @@ use futures::{FutureExt, StreamExt};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::fault::{FaultHandler, HandlerPanicked, LeaseFault, LeaseFaultStage};
+use super::fault::{FaultHandler, HandlerPanicked, HandlerTimedOut, LeaseFault, LeaseFaultStage};
 use super::lease::{LeaseDocument, LeaseStore, LeaseWrite, now_millis};
 use super::options::{ChangeFeedProcessorOptions, StartFrom};
 use super::{BatchHandler, ChangeFeedBatch};
+use crate::backoff::Backoff;
 use crate::cosmos::CosmosStoreError;
 use crate::registry::BoxError;
 
@@ -41,6 +42,11 @@ pub(crate) struct LeaseSlot {
     pub(crate) id: String,
     stop: CancellationToken,
     reason: Mutex<Option<StopReason>>,
+    /// Cancelled once the poller has finished (its last page handed over, the lease released):
+    /// only then does the renewer stop, so a long page never lets the lease expire under it.
+    poller_done: CancellationToken,
+    /// When the lease was last written successfully (acquired, renewed, checkpointed).
+    last_written: Mutex<std::time::Instant>,
 }
 
 impl LeaseSlot {
@@ -56,7 +62,16 @@ impl LeaseSlot {
             range,
             stop: shutdown.child_token(),
             reason: Mutex::new(None),
+            poller_done: CancellationToken::new(),
+            last_written: Mutex::new(std::time::Instant::now()),
         }
+    }
+
+    fn since_last_written(&self) -> Duration {
+        self.last_written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed()
     }
 
     /// Asks the worker to stop for `reason` (the first reason given wins).
@@ -102,10 +117,20 @@ impl LeaseSlot {
         let mut updated = lease.clone();
         change(&mut updated);
         updated.timestamp = now_millis();
-        match store.replace(&updated).await {
+        let written = tokio::time::timeout(ctx.options.store_timeout, store.replace(&updated))
+            .await
+            .unwrap_or_else(|_| {
+                LeaseWrite::Failed(CosmosStoreError::timeout(
+                    "replace_lease",
+                    ctx.options.store_timeout,
+                ))
+            });
+        match written {
             LeaseWrite::Written(etag) => {
                 updated.etag = etag;
                 *lease = updated;
+                *self.last_written.lock().unwrap_or_else(|p| p.into_inner()) =
+                    std::time::Instant::now();
                 Ok(())
             }
             LeaseWrite::Conflict => {
@@ -144,7 +169,7 @@ pub(crate) struct WorkerContext {
     pub(crate) instance: String,
     pub(crate) options: ChangeFeedProcessorOptions,
     pub(crate) handler: BatchHandler,
-    pub(crate) owned: Arc<Mutex<BTreeSet<String>>>,
+    pub(crate) owned: Arc<Mutex<BTreeMap<String, LeaseProgress>>>,
     /// Wakes the coordinator early (e.g. after a 410 hinting at a split).
     pub(crate) wake: Arc<tokio::sync::Notify>,
     /// Told about every lease fault.
@@ -158,36 +183,109 @@ impl WorkerContext {
     }
 }
 
-/// Renews the lease every `lease_renew_interval` until the worker stops.
+/// Renews the lease every `lease_renew_interval` until its poller has finished (not merely been
+/// asked to stop: a page in flight keeps its lease). A lease that could not be written for
+/// longer than the expiry minus one renew interval may already be someone else's: its poller
+/// is stopped rather than serving a lease this instance can no longer vouch for.
 pub(crate) async fn renew(ctx: WorkerContext, slot: Arc<LeaseSlot>) {
-    while slot.pause(ctx.options.lease_renew_interval).await {
-        if slot.write(&ctx, LeaseFaultStage::Renew, |_| {}).await == Err(WriteError::Lost) {
-            return;
+    let processor = ctx.store.processor.as_str();
+    let give_up_after = ctx
+        .options
+        .lease_expiry
+        .saturating_sub(ctx.options.lease_renew_interval);
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(ctx.options.lease_renew_interval) => {}
+            () = slot.poller_done.cancelled() => return,
         }
-        tracing::trace!(lease = %slot.lease_token, "lease renewed");
+        match slot.write(&ctx, LeaseFaultStage::Renew, |_| {}).await {
+            Ok(()) => tracing::trace!(lease = %slot.lease_token, "lease renewed"),
+            Err(WriteError::Lost) => return,
+            Err(WriteError::Failed) if slot.since_last_written() >= give_up_after => {
+                tracing::error!(
+                    processor, lease = %slot.lease_token, unwritten_for = ?slot.since_last_written(),
+                    "the lease could not be renewed for almost its expiry; this instance stops serving it, and any instance (this one included) may acquire it again"
+                );
+                slot.stop(StopReason::Lost);
+                return;
+            }
+            Err(WriteError::Failed) => {}
+        }
     }
 }
 
 /// Polls the lease's feed range until the worker stops, then releases the lease if it stopped
 /// for a graceful shutdown.
 pub(crate) async fn poll(ctx: WorkerContext, slot: Arc<LeaseSlot>) {
-    lock_owned(&ctx.owned).insert(slot.lease_token.clone());
+    lock_owned(&ctx.owned).insert(slot.lease_token.clone(), LeaseProgress::default());
     poll_until_stopped(&ctx, &slot).await;
     lock_owned(&ctx.owned).remove(&slot.lease_token);
+    slot.poller_done.cancel();
     if slot.reason() == StopReason::Shutdown {
         release(&ctx, &slot).await;
     }
 }
 
-fn lock_owned(owned: &Mutex<BTreeSet<String>>) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+/// What an owned lease has done lately, for health reports.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LeaseProgress {
+    /// When the lease last confirmed its position: a page handled and checkpointed, or a read
+    /// that found nothing new.
+    pub(crate) last_progress: Option<std::time::Instant>,
+    /// The fault since the last progress, if any.
+    pub(crate) last_error: Option<String>,
+}
+
+fn lock_owned(
+    owned: &Mutex<BTreeMap<String, LeaseProgress>>,
+) -> std::sync::MutexGuard<'_, BTreeMap<String, LeaseProgress>> {
     owned.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Records a fault of the lease for health reports.
+fn record_fault(ctx: &WorkerContext, slot: &LeaseSlot, error: &dyn std::fmt::Display) {
+    if let Some(progress) = lock_owned(&ctx.owned).get_mut(&slot.lease_token) {
+        progress.last_error = Some(error.to_string());
+    }
+}
+
+/// Records progress; a lease that had faulted logs that it recovered.
+fn record_progress(ctx: &WorkerContext, slot: &LeaseSlot) {
+    let recovered = lock_owned(&ctx.owned)
+        .get_mut(&slot.lease_token)
+        .and_then(|progress| {
+            progress.last_progress = Some(std::time::Instant::now());
+            progress.last_error.take()
+        });
+    if let Some(error) = recovered {
+        tracing::info!(
+            processor = %ctx.store.processor, lease = %slot.lease_token, previous_error = %error,
+            "change-feed lease recovered: it advances again"
+        );
+    }
 }
 
 async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) {
     let processor = ctx.store.processor.as_str();
+    // Failures back off from the poll interval up to `max_backoff`; a success starts over.
+    let mut backoff = Backoff::new(ctx.options.poll_interval, ctx.options.max_backoff);
+    // Where the next read starts. It advances after every handled page even when writing the
+    // checkpoint fails, so a `Now` start keeps its position and a handled page is not handed
+    // over again by this owner; the written checkpoint catches up on the next write.
+    let mut position = slot.lease.lock().await.continuation_token.clone();
     while !slot.is_stopping() {
-        let continuation = slot.lease.lock().await.continuation_token.clone();
-        let (documents, next) = match read_page(ctx, &slot.range, continuation.as_deref()).await {
+        let read = tokio::time::timeout(
+            ctx.options.store_timeout,
+            read_page(ctx, &slot.range, position.as_deref()),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(CosmosStoreError::timeout(
+                "query_change_feed",
+                ctx.options.store_timeout,
+            ))
+        });
+        let (documents, next) = match read {
             Ok(page) => page,
             Err(error) => {
                 if error.status() == Some(410) {
@@ -197,13 +295,16 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) {
                     );
                     ctx.wake.notify_one();
                 } else {
+                    record_fault(ctx, slot, &error);
                     ctx.report(&LeaseFault {
                         lease_token: &slot.lease_token,
                         stage: LeaseFaultStage::Read,
                         error: &error,
                     });
                 }
-                slot.pause(ctx.options.poll_interval).await;
+                // A throttled read waits at least as long as the service asked.
+                slot.pause(backoff.next_delay_at_least(error.retry_after()))
+                    .await;
                 continue;
             }
         };
@@ -211,16 +312,26 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) {
         if documents.is_empty() {
             // Nothing to hand over; keep the (possibly advanced) position, e.g. the first
             // `Now` position of a fresh lease.
-            if next != continuation
-                && slot
+            let moved = next != position;
+            position = next.clone();
+            if moved {
+                match slot
                     .write(ctx, LeaseFaultStage::Checkpoint, |l| {
                         l.continuation_token = next;
                     })
                     .await
-                    == Err(WriteError::Lost)
-            {
-                return;
+                {
+                    Err(WriteError::Lost) => return,
+                    Err(WriteError::Failed) => {
+                        record_fault(ctx, slot, &"the checkpoint could not be written");
+                        slot.pause(backoff.next_delay()).await;
+                        continue;
+                    }
+                    Ok(()) => {}
+                }
             }
+            record_progress(ctx, slot);
+            backoff.reset();
             slot.pause(ctx.options.poll_interval).await;
             continue;
         }
@@ -231,13 +342,23 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) {
             documents,
             lease_token: slot.lease_token.clone(),
         };
-        let outcome = AssertUnwindSafe((ctx.handler)(batch)).catch_unwind().await;
-        let failure = match outcome {
-            Ok(Ok(())) => None,
-            Ok(Err(error)) => Some(error),
-            Err(panic) => Some(Box::new(HandlerPanicked::from_payload(panic.as_ref())) as BoxError),
+        let handled = tokio::time::timeout(
+            ctx.options.handler_timeout,
+            AssertUnwindSafe((ctx.handler)(batch)).catch_unwind(),
+        )
+        .await;
+        let failure = match handled {
+            Ok(Ok(Ok(()))) => None,
+            Ok(Ok(Err(error))) => Some(error),
+            Ok(Err(panic)) => {
+                Some(Box::new(HandlerPanicked::from_payload(panic.as_ref())) as BoxError)
+            }
+            Err(_) => Some(Box::new(HandlerTimedOut {
+                after: ctx.options.handler_timeout,
+            }) as BoxError),
         };
         if let Some(error) = &failure {
+            record_fault(ctx, slot, error);
             ctx.report(&LeaseFault {
                 lease_token: &slot.lease_token,
                 stage: LeaseFaultStage::Handler,
@@ -245,14 +366,12 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) {
             });
             tracing::debug!(
                 processor, lease = %slot.lease_token, documents = count,
-                "the same documents are read again after the poll interval"
+                "the same documents are read again after a backoff"
             );
-        }
-        let handled = failure.is_none();
-        if !handled {
-            slot.pause(ctx.options.poll_interval).await;
+            slot.pause(backoff.next_delay()).await;
             continue;
         }
+        position = next.clone();
         match slot
             .write(ctx, LeaseFaultStage::Checkpoint, |l| {
                 l.continuation_token = next;
@@ -261,13 +380,16 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) {
         {
             Ok(()) => {
                 tracing::debug!(processor, lease = %slot.lease_token, documents = count, "checkpointed");
+                record_progress(ctx, slot);
+                backoff.reset();
                 if !full {
                     slot.pause(ctx.options.poll_interval).await;
                 }
             }
             Err(WriteError::Lost) => return,
             Err(WriteError::Failed) => {
-                slot.pause(ctx.options.poll_interval).await;
+                record_fault(ctx, slot, &"the checkpoint could not be written");
+                slot.pause(backoff.next_delay()).await;
             }
         }
     }
