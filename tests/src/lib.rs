@@ -14,6 +14,7 @@
 //! | [`relay`] | [`relay::fast_relay`]: relay options with short timings |
 //! | [`runtime`] | [`runtime::writer`]: a runtime that only dispatches (no consumers, no relay) |
 //! | [`process`] | [`process::ChildProcess`]: a spawned process read line by line, killed on drop |
+//! | [`proxy`] | [`proxy::TcpProxy`]: a TCP proxy that cuts the network to a real server (RabbitMQ) |
 //! | [`logs`] | [`logs::capture`]: what chatter logs through `tracing`, for asserting the always-on logs |
 //! | `rabbitmq` (feature `rabbitmq`) | the RabbitMQ URI, bounded connect / subscribe / delete |
 
@@ -21,6 +22,7 @@ mod support {
     pub mod broker;
     pub mod logs;
     pub mod process;
+    pub mod proxy;
     #[cfg(feature = "rabbitmq")]
     pub mod rabbitmq;
     pub mod relay;
@@ -31,4 +33,4 @@ mod support {
 
 #[cfg(feature = "rabbitmq")]
 pub use support::rabbitmq;
-pub use support::{broker, logs, process, relay, runtime, store, wait};
+pub use support::{broker, logs, process, proxy, relay, runtime, store, wait};

@@ -87,8 +87,8 @@ const RECONNECT_BACKOFF: (Duration, Duration) =
 struct Inner {
     /// Where to reconnect to.
     uri: String,
-    /// The current connection; replaced when it was lost.
-    connection: tokio::sync::Mutex<Arc<Connection>>,
+    /// The current connection; `None` after it failed a call, replaced when it was lost.
+    connection: tokio::sync::Mutex<Option<Arc<Connection>>>,
     /// The confirm-mode channel publishes go through; replaced when the server closed it.
     publisher: tokio::sync::Mutex<Option<Channel>>,
     /// Queues declared on the current connection.
@@ -116,7 +116,7 @@ impl RabbitMqBroker {
         Ok(Self {
             inner: Arc::new(Inner {
                 uri: uri.to_owned(),
-                connection: tokio::sync::Mutex::new(Arc::new(connection)),
+                connection: tokio::sync::Mutex::new(Some(Arc::new(connection))),
                 publisher: tokio::sync::Mutex::new(None),
                 declared: Mutex::new(HashSet::new()),
                 publish_timeout: Mutex::new(DEFAULT_PUBLISH_TIMEOUT),
@@ -150,7 +150,7 @@ impl RabbitMqBroker {
         self.inner
             .connection
             .try_lock()
-            .is_ok_and(|connection| connection.status().connected())
+            .is_ok_and(|connection| connection.as_ref().is_some_and(|c| c.status().connected()))
     }
 
     /// Close the connection (shared by all clones) gracefully; nothing reconnects afterwards and
@@ -159,10 +159,10 @@ impl RabbitMqBroker {
     /// [`BrokerError::Transport`].
     pub async fn close(&self) -> Result<(), BrokerError> {
         self.inner.closed.store(true, Ordering::SeqCst);
-        self.inner
-            .connection
-            .lock()
-            .await
+        let Some(connection) = self.inner.connection.lock().await.take() else {
+            return Ok(());
+        };
+        connection
             .close(200, ShortString::from("OK"))
             .await
             .map_err(|e| BrokerError::transport("connection.close", e))
@@ -202,8 +202,10 @@ impl Inner {
     /// Waits (with backoff) as long as it takes; callers bound the wait.
     async fn connection(&self) -> Result<Arc<Connection>, BrokerError> {
         let mut current = self.connection.lock().await;
-        if current.status().connected() {
-            return Ok(Arc::clone(&current));
+        if let Some(connection) = current.as_ref()
+            && connection.status().connected()
+        {
+            return Ok(Arc::clone(connection));
         }
         let mut backoff = Backoff::new(RECONNECT_BACKOFF.0, RECONNECT_BACKOFF.1);
         let mut attempts = 0u32;
@@ -219,12 +221,13 @@ impl Inner {
                     if attempts > 0 {
                         tracing::info!(uri = %redact(&self.uri), attempts, "RabbitMQ connection recovered");
                     }
-                    *current = Arc::new(connection);
+                    let connection = Arc::new(connection);
+                    *current = Some(Arc::clone(&connection));
                     self.declared
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .clear();
-                    return Ok(Arc::clone(&current));
+                    return Ok(connection);
                 }
                 Err(error) => {
                     if attempts == 0 {
@@ -239,6 +242,16 @@ impl Inner {
         }
     }
 
+    /// Forgets `connection` after a call on it failed, so the next call reconnects (the
+    /// client may not have noticed the drop yet).
+    async fn invalidate(&self, connection: &Arc<Connection>) {
+        let mut current = self.connection.lock().await;
+        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, connection)) {
+            *current = None;
+        }
+        *self.publisher.lock().await = None;
+    }
+
     /// The confirm-mode publishing channel, opened again if it or its connection closed (a
     /// failed declaration closes the channel it ran on).
     async fn publisher(&self) -> Result<Channel, BrokerError> {
@@ -249,16 +262,29 @@ impl Inner {
             return Ok(channel.clone());
         }
         let connection = self.connection().await?;
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| BrokerError::transport("channel.open", e))?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(|e| BrokerError::transport("confirm.select", e))?;
-        *publisher = Some(channel.clone());
-        Ok(channel)
+        let opened = async {
+            let channel = connection
+                .create_channel()
+                .await
+                .map_err(|e| BrokerError::transport("channel.open", e))?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .map_err(|e| BrokerError::transport("confirm.select", e))?;
+            Ok::<_, BrokerError>(channel)
+        }
+        .await;
+        match opened {
+            Ok(channel) => {
+                *publisher = Some(channel.clone());
+                Ok(channel)
+            }
+            Err(error) => {
+                drop(publisher);
+                self.invalidate(&connection).await;
+                Err(error)
+            }
+        }
     }
 
     async fn declare(
@@ -310,16 +336,42 @@ impl Inner {
         let queue = queue_name(&message.destination)?;
         let properties = properties(&message)?;
         let timeout = self.publish_timeout();
-        let message_id = message.message_id.clone();
-        let destination = message.destination.clone();
-        tokio::time::timeout(timeout, self.publish_once(message, queue, properties))
-            .await
-            .unwrap_or_else(|_| {
-                Err(BrokerError::Timeout {
-                    operation: format!("publish `{message_id}` to `{destination}`"),
-                    after: timeout,
-                })
-            })
+        let operation = format!(
+            "publish `{}` to `{}`",
+            message.message_id, message.destination
+        );
+        let mut last_error = None;
+        let attempts = async {
+            // A transport failure (the connection dropped before or during the publish) is
+            // retried on a new connection until the bound: the broker never confirmed, so at
+            // worst the message is stored twice, which consumers deduplicate.
+            let mut backoff = Backoff::new(RECONNECT_BACKOFF.0, RECONNECT_BACKOFF.1);
+            loop {
+                match self
+                    .publish_once(message.clone(), queue.clone(), properties.clone())
+                    .await
+                {
+                    Err(error @ BrokerError::Transport { .. }) => {
+                        tracing::debug!(%error, "RabbitMQ publish failed; retrying on a new connection");
+                        last_error = Some(error.to_string());
+                        // Its channel may be dead before the client noticed: open a new one.
+                        *self.publisher.lock().await = None;
+                        tokio::time::sleep(backoff.next_delay()).await;
+                    }
+                    done => return done,
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, attempts).await {
+            Ok(done) => done,
+            Err(_) => Err(BrokerError::Timeout {
+                operation: match last_error {
+                    Some(error) => format!("{operation} (last error: {error})"),
+                    None => operation,
+                },
+                after: timeout,
+            }),
+        }
     }
 
     async fn publish_once(
@@ -387,10 +439,13 @@ impl Inner {
     ) -> Result<(Channel, lapin::Consumer), BrokerError> {
         let queue = queue_name(destination)?;
         let connection = self.connection().await?;
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| BrokerError::transport("channel.open", e))?;
+        let channel = match connection.create_channel().await {
+            Ok(channel) => channel,
+            Err(e) => {
+                self.invalidate(&connection).await;
+                return Err(BrokerError::transport("channel.open", e));
+            }
+        };
         channel
             .basic_qos(prefetch, BasicQosOptions::default())
             .await

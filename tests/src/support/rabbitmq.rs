@@ -33,3 +33,13 @@ pub async fn delete_queue(broker: &RabbitMqBroker, queue: &str, within: Duration
         .expect("deleting the queue takes less than the bound")
         .expect("the queue is deleted")
 }
+
+/// The RabbitMQ server's address, for a [`TcpProxy`](crate::proxy::TcpProxy) in front of it.
+pub fn server_addr() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], 5672))
+}
+
+/// The URI of RabbitMQ reached through `proxy`.
+pub fn uri_through(proxy: &crate::proxy::TcpProxy) -> String {
+    format!("amqp://guest:guest@{}/%2f", proxy.addr())
+}

@@ -1,0 +1,86 @@
+//! A TCP proxy on 127.0.0.1 in front of a real server (RabbitMQ), that can cut the network: every
+//! connection through it is dropped and new ones are refused for a while. A real network fault
+//! for the clients behind it, while every other test keeps its direct connection.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// A running proxy; it stops (dropping every connection) when this drops.
+#[derive(Debug)]
+pub struct TcpProxy {
+    addr: SocketAddr,
+    refuse_until: Arc<Mutex<Option<Instant>>>,
+    /// Bumped on every cut: each connection task ends when it changes.
+    cuts: watch::Sender<u64>,
+    task: JoinHandle<()>,
+}
+
+impl TcpProxy {
+    /// Listens on a free port of 127.0.0.1 and forwards every connection to `upstream`.
+    pub async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
+        let addr = listener.local_addr().expect("a bound address");
+        let refuse_until = Arc::new(Mutex::new(None::<Instant>));
+        let (cuts, _) = watch::channel(0u64);
+        let task = {
+            let refuse_until = refuse_until.clone();
+            let cuts = cuts.clone();
+            tokio::spawn(async move {
+                loop {
+                    let Ok((client, _)) = listener.accept().await else {
+                        continue;
+                    };
+                    let refusing = refuse_until
+                        .lock()
+                        .unwrap()
+                        .is_some_and(|until| Instant::now() < until);
+                    if refusing {
+                        drop(client);
+                        continue;
+                    }
+                    let mut cut = cuts.subscribe();
+                    tokio::spawn(async move {
+                        let Ok(mut server) = TcpStream::connect(upstream).await else {
+                            return;
+                        };
+                        let mut client = client;
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                            _ = cut.changed() => {}
+                        }
+                    });
+                }
+            })
+        };
+        Self {
+            addr,
+            refuse_until,
+            cuts,
+            task,
+        }
+    }
+
+    /// The proxy's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Drops every connection through the proxy now and refuses new ones for `outage`.
+    pub fn cut_for(&self, outage: Duration) {
+        *self.refuse_until.lock().unwrap() = Some(Instant::now() + outage);
+        self.cuts.send_modify(|n| *n += 1);
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.cuts.send_modify(|n| *n += 1);
+    }
+}
