@@ -1,0 +1,152 @@
+//! A runtime (consumers and relay) rides out a broker outage: RabbitMQ reached through a TCP
+//! proxy that drops every connection and refuses new ones for 5 s. The relay keeps draining and
+//! every outbox document is delivered; the consumer receives the commands sent after the outage;
+//! `Runtime::health` shows the consumer reconnecting during the outage and subscribed after it.
+#![cfg(feature = "rabbitmq")]
+
+use std::time::Duration;
+
+use chatter_runtime::broker::{Broker, RabbitMqBroker};
+use chatter_runtime::message::BrokeredMessage;
+use chatter_runtime::{
+    BoxError, ConsumerState, DocumentReliable, HandlerContext, Runtime, handler,
+};
+use chatter_tests::broker::Received;
+use chatter_tests::proxy::TcpProxy;
+use chatter_tests::rabbitmq;
+use chatter_tests::relay::fast_relay;
+use chatter_tests::store::{emulator_server, outbox_document, provisioned_with_leases};
+use chatter_tests::wait::eventually;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(60);
+const POLL: Duration = Duration::from_millis(50);
+const OUTAGE: Duration = Duration::from_secs(5);
+
+/// Books a ticket; its handler sends `TicketBooked` to the queue the command names.
+#[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "outage", container = "tickets", lease = "tickets-leases")]
+#[partition_key(path = "/ticketId")]
+#[chatter(destination = "chatter-test-outage-book-ticket")]
+#[serde(rename_all = "camelCase")]
+pub struct BookTicket {
+    pub ticket_id: String,
+    pub events: String,
+}
+
+#[handler]
+async fn book_ticket(command: BookTicket, ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    ctx.upsert(json!({ "id": command.ticket_id, "ticketId": command.ticket_id }))?;
+    let event = format!("{}:TicketBooked", ctx.message_id());
+    ctx.send(BrokeredMessage::json(
+        event,
+        command.events,
+        json!({ "ticketId": command.ticket_id }).to_string(),
+    ))?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn consumers_and_the_relay_carry_on_after_a_broker_outage() {
+    let (_emulator, cosmos) = emulator_server().await;
+    let tickets = provisioned_with_leases(
+        &cosmos,
+        "outage",
+        "tickets",
+        &["/ticketId"],
+        "tickets-leases",
+    )
+    .await;
+    let events = format!(
+        "chatter-test-outage-events-{}",
+        uuid::Uuid::new_v4().simple()
+    );
+    let direct = rabbitmq::connect(WAIT).await;
+    // The command queue is shared across runs of this test: start it empty.
+    let commands = BookTicket::DOCUMENT_RELIABILITY.destination;
+    rabbitmq::delete_queue(&direct, commands, WAIT).await;
+    let received = Received::consume(rabbitmq::subscribe(&direct, &events, WAIT).await);
+
+    let proxy = TcpProxy::start(rabbitmq::server_addr()).await;
+    let broker = RabbitMqBroker::connect(&rabbitmq::uri_through(&proxy))
+        .await
+        .unwrap();
+    let runtime = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .broker(broker)
+        .relay_options(fast_relay(Duration::from_secs(10)))
+        .redelivery_delay(Duration::from_millis(50))
+        .start()
+        .await
+        .unwrap();
+    let send = |n: usize| {
+        let direct = direct.clone();
+        let events = events.clone();
+        async move {
+            let command = BookTicket {
+                ticket_id: format!("t-{n}"),
+                events,
+            };
+            let body = serde_json::to_string(&command).unwrap();
+            direct
+                .publish(BrokeredMessage::json(format!("cmd-{n}"), commands, body))
+                .await
+                .unwrap();
+        }
+    };
+    for n in 0..5 {
+        send(n).await;
+    }
+    eventually(WAIT, POLL, "the first events arrived", || {
+        let done = (0..5).all(|n| received.count(&format!("cmd-{n}:TicketBooked")) >= 1);
+        async move { done }
+    })
+    .await;
+    assert!(
+        runtime.health().await.is_healthy(),
+        "{:?}",
+        runtime.health().await
+    );
+
+    proxy.cut_for(OUTAGE);
+    eventually(WAIT, POLL, "the consumer reports reconnecting", || async {
+        runtime.health().await.consumers[0].state == ConsumerState::Reconnecting
+    })
+    .await;
+    // Commands sent during the outage wait in RabbitMQ; the runtime cannot reach it yet.
+    for n in 5..10 {
+        send(n).await;
+    }
+    eventually(WAIT, POLL, "every event arrived after the outage", || {
+        let done = (0..10).all(|n| received.count(&format!("cmd-{n}:TicketBooked")) >= 1);
+        async move { done }
+    })
+    .await;
+    for n in 0..10 {
+        let id = format!("cmd-{n}:TicketBooked");
+        let key = json!(format!("t-{n}"));
+        eventually(
+            WAIT,
+            POLL,
+            "the outbox document is stamped delivered",
+            || async {
+                outbox_document(&tickets, std::slice::from_ref(&key), &id).await["status"]
+                    == "delivered"
+            },
+        )
+        .await;
+    }
+    eventually(WAIT, POLL, "healthy again", || async {
+        runtime.health().await.is_healthy()
+    })
+    .await;
+    let health = runtime.health().await;
+    assert_eq!(health.consumers[0].state, ConsumerState::Subscribed);
+    assert!(
+        !health.leases.is_empty(),
+        "the relay owns leases: {health:?}"
+    );
+    runtime.shutdown().await;
+    rabbitmq::delete_queue(&direct, &events, WAIT).await;
+}
