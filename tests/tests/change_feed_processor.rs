@@ -586,3 +586,92 @@ async fn read_and_handler_faults_are_reported_with_their_lease_and_retried() {
     }
     processor.shutdown().await;
 }
+
+// Lease protocol: the renewer keeps renewing until the poller has finished, also on shutdown, so
+// a page still in flight never lets its lease expire and be taken (and handed over twice).
+#[tokio::test]
+async fn a_page_in_flight_during_shutdown_keeps_its_lease_until_it_is_done() {
+    let store = embedded_store().await;
+    write_orders(&store, 0..1, 1).await;
+    let started = Arc::new(AtomicBool::new(false));
+    let seen_by_a = Seen::default();
+    let slow = {
+        let (started, seen) = (started.clone(), seen_by_a.clone());
+        move |batch: ChangeFeedBatch| -> BatchFuture {
+            let (started, seen) = (started.clone(), seen.clone());
+            Box::pin(async move {
+                started.store(true, Ordering::SeqCst);
+                // Longer than twice the lease expiry (3 s).
+                tokio::time::sleep(Duration::from_secs(7)).await;
+                seen.record_all(batch.documents.iter().filter_map(|d| d["id"].as_str()));
+                Ok(())
+            })
+        }
+    };
+    let a = start(&store, "in-flight", "host-a", slow).await;
+    eventually(WAIT, POLL, "host-a is handling the page", || {
+        let going = started.load(Ordering::SeqCst);
+        async move { going }
+    })
+    .await;
+    let stopping = tokio::spawn(a.shutdown());
+    let ranges = feed_range_count(&store).await;
+    // host-b starts once host-a released its idle leases, so it takes free leases and never
+    // needs to steal: the only way to the busy lease is its expiry.
+    eventually(WAIT, POLL, "host-a released every idle lease", || async {
+        let leases = leases_of(&store, "in-flight").await;
+        leases.iter().filter(|l| l.owner.is_none()).count() == ranges - 1
+    })
+    .await;
+    let seen_by_b = Seen::default();
+    let b = start(&store, "in-flight", "host-b", recording(&seen_by_b)).await;
+    stopping.await.unwrap();
+    assert_eq!(seen_by_a.count("order-0"), 1, "host-a finished its page");
+    eventually(WAIT, POLL, "host-b owns every lease", || {
+        let all = b.owned_leases().len() == ranges;
+        async move { all }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        seen_by_b.count("order-0"),
+        0,
+        "host-b never got the page host-a was still handling"
+    );
+    b.shutdown().await;
+}
+
+// Lease protocol: an owner that cannot write its lease for almost the expiry stops serving it
+// (another instance may own it by now), and takes it up again once the store is back.
+#[tokio::test]
+async fn an_owner_that_cannot_renew_its_lease_stops_serving_it_and_takes_it_up_again() {
+    let (emulator, connection) = emulator_server().await;
+    let store = store_on(&connection).await;
+    let seen = Seen::default();
+    let processor = start(&store, "unwritable", "host-1", recording(&seen)).await;
+    let ranges = feed_range_count(&store).await;
+    eventually(WAIT, POLL, "every lease is owned", || {
+        let all = processor.owned_leases().len() == ranges;
+        async move { all }
+    })
+    .await;
+    // Lease writes (PUT) refused: renewals fail.
+    emulator.faults().refuse("PUT", 503, Duration::from_secs(6));
+    eventually(WAIT, POLL, "the unwritable leases are given up", || {
+        let none = processor.owned_leases().is_empty();
+        async move { none }
+    })
+    .await;
+    eventually(WAIT, POLL, "taken up again once writes work", || {
+        let all = processor.owned_leases().len() == ranges;
+        async move { all }
+    })
+    .await;
+    write_orders(&store, 0..20, 1).await;
+    eventually(WAIT, POLL, "documents flow again", || {
+        let done = seen.ids().is_superset(&order_ids(0..20));
+        async move { done }
+    })
+    .await;
+    processor.shutdown().await;
+}
