@@ -126,6 +126,36 @@ impl RabbitMqBroker {
         })
     }
 
+    /// [`connect`](Self::connect), retried with backoff while the broker is unreachable, for up
+    /// to `give_up_after`: for a process that may start while the broker restarts. The first
+    /// failure is logged at Error; the last one is returned.
+    pub async fn connect_retrying(uri: &str, give_up_after: Duration) -> Result<Self, BrokerError> {
+        let deadline = tokio::time::Instant::now() + give_up_after;
+        let mut backoff = Backoff::new(RECONNECT_BACKOFF.0, RECONNECT_BACKOFF.1);
+        let mut attempts = 0u32;
+        loop {
+            match Self::connect(uri).await {
+                Ok(broker) => {
+                    if attempts > 0 {
+                        tracing::info!(uri = %redact(uri), attempts, "RabbitMQ reachable; connected");
+                    }
+                    return Ok(broker);
+                }
+                Err(error) => {
+                    let delay = backoff.next_delay();
+                    if tokio::time::Instant::now() + delay > deadline {
+                        return Err(error);
+                    }
+                    if attempts == 0 {
+                        tracing::error!(uri = %redact(uri), %error, "RabbitMQ unreachable; retrying the connection with backoff");
+                    }
+                    attempts += 1;
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
     /// The same broker, whose new subscriptions hold up to `prefetch` unacked deliveries each
     /// (AMQP `basic.qos`; 0 means no limit). The default, 1, gives each message to whichever
     /// competing consumer is free.

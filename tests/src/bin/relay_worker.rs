@@ -112,7 +112,8 @@ async fn run() -> Result<(), BoxError> {
     let mut options = fast_relay(expiry);
     options.processor = options.processor.with_lease_renew_interval(expiry / 4);
     let cosmos = CosmosConnection::connect(&endpoint, None).await?;
-    let rabbitmq = RabbitMqBroker::connect(&uri).await?;
+    // It may start while the broker is cut off (the chaos test): wait for it.
+    let rabbitmq = RabbitMqBroker::connect_retrying(&uri, Duration::from_secs(60)).await?;
     let builder = Runtime::builder()
         .cosmos(cosmos)
         .consume(false)
