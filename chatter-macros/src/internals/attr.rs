@@ -30,7 +30,7 @@ pub struct PartitionKeyArgs {
 pub struct ChatterArgs {
     pub name: Option<SpannedValue<String>>,
     pub destination: Option<SpannedValue<String>>,
-    pub max_delivery_attempts: Option<SpannedValue<u32>>,
+    pub max_delivery_attempts: Option<syn::Lit>,
 }
 
 /// `#[partition_key]` or `#[partition_key(path = "...")]` on a field: this field carries the value.

@@ -69,6 +69,28 @@ fn name(
     non_blank(acc, value, key, "cosmos")
 }
 
+/// `max_delivery_attempts = N`: a whole number from 1 to `u32::MAX`.
+fn delivery_attempts(acc: &mut Accumulator, lit: &syn::Lit) -> Option<u32> {
+    let parsed = match lit {
+        syn::Lit::Int(int) => int.base10_parse::<u32>().ok(),
+        _ => None,
+    };
+    match parsed {
+        Some(0) => err(
+            acc,
+            lit.span(),
+            "`#[chatter(max_delivery_attempts = ...)]` must be at least 1: the first delivery is an attempt",
+        ),
+        Some(n) => return Some(n),
+        None => err(
+            acc,
+            lit.span(),
+            "`#[chatter(max_delivery_attempts = ...)]` expects a whole number of deliveries, e.g. `max_delivery_attempts = 5`",
+        ),
+    }
+    None
+}
+
 fn non_blank(
     acc: &mut Accumulator,
     value: &SpannedValue<String>,
@@ -251,16 +273,8 @@ fn check_all(cmd: &Command, acc: &mut Accumulator) -> Option<Checked> {
         if let Some(d) = &c.args.destination {
             destination = non_blank(acc, d, "destination", "chatter");
         }
-        if let Some(attempts) = &c.args.max_delivery_attempts {
-            if **attempts == 0 {
-                err(
-                    acc,
-                    attempts.span(),
-                    "`#[chatter(max_delivery_attempts = ...)]` must be at least 1: the first delivery is an attempt",
-                );
-            } else {
-                max_delivery_attempts = Some(**attempts);
-            }
+        if let Some(lit) = &c.args.max_delivery_attempts {
+            max_delivery_attempts = delivery_attempts(acc, lit);
         }
     }
 
