@@ -12,7 +12,7 @@ use chatter_runtime::cosmos::store::upsert_item;
 use chatter_runtime::cosmos::{ContainerClient, CosmosConnection, partition_key};
 use chatter_runtime::relay::change_feed::{
     BatchFuture, ChangeFeedBatch, ChangeFeedProcessor, ChangeFeedProcessorOptions, LeaseDocument,
-    LeaseFault, LeaseFaultStage, RunningProcessor, read_leases,
+    LeaseFault, LeaseFaultStage, RunningProcessor, lease_id, read_leases,
 };
 use chatter_tests::broker::Received;
 use chatter_tests::store::{embedded, emulator_server, provisioned_with_leases};
@@ -673,5 +673,39 @@ async fn an_owner_that_cannot_renew_its_lease_stops_serving_it_and_takes_it_up_a
         async move { done }
     })
     .await;
+    processor.shutdown().await;
+}
+
+// Lease protocol: a lease document that cannot be read is reported at Error, and its feed range
+// is still served (the document is replaced by a new lease).
+#[tokio::test]
+async fn a_malformed_lease_document_is_reported_and_its_range_still_served() {
+    let (logs, _guard) = chatter_tests::logs::capture();
+    let store = embedded_store().await;
+    for range in store.monitored.read_feed_ranges(None).await.unwrap() {
+        let token = format!("{}-{}", range.min_inclusive(), range.max_exclusive());
+        let id = lease_id("malformed", &token);
+        upsert_item(
+            &store.leases,
+            partition_key(&[json!(id)]).unwrap(),
+            &json!({ "id": id, "processorName": "malformed", "leaseToken": 7, "owner": ["?"] }),
+        )
+        .await
+        .unwrap();
+    }
+    write_orders(&store, 0..20, 1).await;
+    let seen = Seen::default();
+    let processor = start(&store, "malformed", "host-1", recording(&seen)).await;
+    eventually(WAIT, POLL, "every document is handed over", || {
+        let done = seen.ids().is_superset(&order_ids(0..20));
+        async move { done }
+    })
+    .await;
+    assert!(
+        !logs
+            .matching(tracing::Level::ERROR, "malformed lease document")
+            .is_empty(),
+        "reported at Error"
+    );
     processor.shutdown().await;
 }

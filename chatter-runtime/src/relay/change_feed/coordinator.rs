@@ -56,6 +56,14 @@ pub(crate) async fn create_missing_leases(
         if store.create(&lease).await? {
             tracing::info!(processor = %store.processor, lease = %lease.lease_token, "lease created");
             created += 1;
+        } else if store.repair(&lease).await? {
+            // A document holds the lease's id but is no readable lease: without this its range
+            // would never be served.
+            tracing::error!(
+                processor = %store.processor, lease = %lease.lease_token,
+                "replaced a malformed lease document by a new lease (its continuation kept if it had one)"
+            );
+            created += 1;
         }
     }
     Ok(created)

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::cosmos::store::{create_item, delete_item, replace_item};
+use crate::cosmos::store::{create_item, delete_item, read_item, replace_item};
 use crate::cosmos::{CosmosStoreError, PartitionKey, partition_key};
 
 /// The bounds of a lease's feed range: hex effective-partition-key values, `min` inclusive,
@@ -191,15 +191,45 @@ impl LeaseStore {
             match serde_json::from_value::<LeaseDocument>(item.clone()) {
                 Ok(lease) if lease.processor_name == self.processor => leases.push(lease),
                 Ok(_) => {}
-                Err(error) => tracing::warn!(
+                // Reported every cycle while it stays malformed; `repair` serves its range.
+                Err(error) => tracing::error!(
                     processor = %self.processor,
                     id = item.get("id").and_then(serde_json::Value::as_str).unwrap_or("?"),
                     %error,
-                    "ignoring a malformed lease document"
+                    "a lease document of this processor cannot be read; its feed range gets a new lease"
                 ),
             }
         }
         Ok(leases)
+    }
+
+    /// Replaces the document at `lease.id`, which exists but is not a readable lease, by
+    /// `lease` (keeping a string `continuationToken` it still carries), guarded by its ETag.
+    /// `Ok(true)` when replaced; `Ok(false)` when it is a readable lease after all.
+    pub(crate) async fn repair(&self, lease: &LeaseDocument) -> Result<bool, CosmosStoreError> {
+        let key = pk(&lease.id)?;
+        let Some(existing) = read_item(&self.container, key.clone(), &lease.id)
+            .await?
+            .into_document()
+        else {
+            return Ok(false);
+        };
+        if serde_json::from_value::<LeaseDocument>(existing.clone()).is_ok() {
+            return Ok(false);
+        }
+        let mut fresh = lease.clone();
+        fresh.continuation_token = existing
+            .get("continuationToken")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let doc =
+            serde_json::to_value(&fresh).map_err(|e| CosmosStoreError::codec("repair_lease", e))?;
+        let etag = existing.get("_etag").and_then(Value::as_str);
+        match replace_item(&self.container, key, &lease.id, &doc, etag).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_status(412) || e.is_status(404) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Creates `lease` unless a document with its id exists. `Ok(true)` when created.
