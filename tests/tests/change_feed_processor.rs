@@ -709,3 +709,111 @@ async fn a_malformed_lease_document_is_reported_and_its_range_still_served() {
     );
     processor.shutdown().await;
 }
+
+// Lease protocol: when deleting the parent lease after a split fails, the parent is never
+// polled again beside its children (which would hand its documents over twice); its delete is
+// retried until it goes.
+#[tokio::test]
+async fn a_split_parent_whose_delete_failed_is_never_polled_beside_its_children() {
+    let (emulator, connection) = emulator_server().await;
+    let store = store_on(&connection).await;
+    let ranges_before = feed_range_count(&store).await;
+    write_orders(&store, 0..40, 1).await;
+    let batches: Arc<Mutex<Vec<(String, Vec<String>)>>> = Arc::default();
+    let handler = {
+        let batches = batches.clone();
+        move |batch: ChangeFeedBatch| -> BatchFuture {
+            let ids = batch
+                .documents
+                .iter()
+                .filter_map(|d| d["id"].as_str().map(str::to_owned))
+                .collect();
+            batches
+                .lock()
+                .unwrap()
+                .push((batch.lease_token.clone(), ids));
+            Box::pin(async { Ok(()) })
+        }
+    };
+    let processor = start(&store, "parent", "host-1", handler).await;
+    let handed_over = |batches: &Arc<Mutex<Vec<(String, Vec<String>)>>>,
+                       range: std::ops::Range<usize>| {
+        let seen: BTreeSet<String> = batches
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|(_, ids)| ids.clone())
+            .collect();
+        seen.is_superset(&order_ids(range))
+    };
+    eventually(WAIT, POLL, "every document was handed over", || {
+        let done = handed_over(&batches, 0..40);
+        async move { done }
+    })
+    .await;
+    let tokens_before: BTreeSet<String> = leases_of(&store, "parent")
+        .await
+        .into_iter()
+        .map(|l| l.lease_token)
+        .collect();
+
+    // Lease deletes refused: the parent stays behind after the split.
+    emulator
+        .faults()
+        .refuse("DELETE", 503, Duration::from_secs(8));
+    emulator
+        .store()
+        .split_partition(DB, MONITORED, 0, Duration::from_millis(10));
+    eventually(
+        WAIT,
+        POLL,
+        "child leases exist beside the undeleted parent",
+        || async { leases_of(&store, "parent").await.len() == ranges_before + 2 },
+    )
+    .await;
+    let parent = {
+        let now: BTreeSet<String> = store
+            .monitored
+            .read_feed_ranges(None)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| format!("{}-{}", r.min_inclusive(), r.max_exclusive()))
+            .collect();
+        tokens_before
+            .difference(&now)
+            .next()
+            .cloned()
+            .expect("one range split")
+    };
+    let since = batches.lock().unwrap().len();
+    write_orders(&store, 0..40, 2).await;
+    eventually(
+        WAIT,
+        POLL,
+        "the changes after the split were handed over",
+        || {
+            let done = batches.lock().unwrap()[since..]
+                .iter()
+                .flat_map(|(_, ids)| ids)
+                .collect::<BTreeSet<_>>()
+                .len()
+                == 40;
+            async move { done }
+        },
+    )
+    .await;
+    eventually(
+        WAIT,
+        POLL,
+        "the parent lease is deleted once deletes work",
+        || async { leases_of(&store, "parent").await.len() == ranges_before + 1 },
+    )
+    .await;
+    let after: Vec<(String, Vec<String>)> = batches.lock().unwrap()[since..].to_vec();
+    assert!(
+        after.iter().all(|(token, _)| *token != parent),
+        "the split parent {parent} was polled after the split: {after:?}"
+    );
+    processor.shutdown().await;
+}

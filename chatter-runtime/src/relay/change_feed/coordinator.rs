@@ -147,10 +147,53 @@ impl Coordinator {
             }
         }
 
+        let leases = self.retire_split_parents(leases).await;
         self.balance(&leases).await;
         if let Some(ranges) = &ranges {
             self.split_leases(ranges).await;
         }
+    }
+
+    /// A lease whose range contains another lease's range is the parent of a split whose
+    /// delete failed: it is never polled again (its children serve its range, and polling both
+    /// would hand documents over twice); its delete is retried. Returns the other leases.
+    async fn retire_split_parents(&self, leases: Vec<LeaseDocument>) -> Vec<LeaseDocument> {
+        let ranges: Vec<Option<FeedRange>> = leases.iter().map(LeaseDocument::range).collect();
+        let is_parent = |i: usize| {
+            let Some(range) = &ranges[i] else {
+                return false;
+            };
+            ranges.iter().enumerate().any(|(j, other)| {
+                j != i
+                    && other.as_ref().is_some_and(|child| {
+                        child.is_subset_of(range) && bounds(child) != bounds(range)
+                    })
+            })
+        };
+        let parents: Vec<usize> = (0..leases.len()).filter(|i| is_parent(*i)).collect();
+        if parents.is_empty() {
+            return leases;
+        }
+        let processor = &self.ctx.store.processor;
+        for &i in &parents {
+            let parent = &leases[i];
+            match self.ctx.store.delete(parent).await {
+                LeaseWrite::Written(_) | LeaseWrite::Conflict => tracing::info!(
+                    %processor, parent = %parent.lease_token,
+                    "deleted the lease of a split feed range after an earlier failed delete"
+                ),
+                LeaseWrite::Failed(error) => tracing::warn!(
+                    %processor, parent = %parent.lease_token, %error,
+                    "could not delete the lease of a split feed range; it is not polled, and the delete is retried next cycle"
+                ),
+            }
+        }
+        leases
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| !parents.contains(i))
+            .map(|(_, lease)| lease)
+            .collect()
     }
 
     async fn balance(&mut self, leases: &[LeaseDocument]) {
