@@ -817,3 +817,81 @@ async fn a_split_parent_whose_delete_failed_is_never_polled_beside_its_children(
     );
     processor.shutdown().await;
 }
+
+/// `[min, max)` as a feed range of the SDK.
+fn feed_range(min: &str, max: &str) -> azure_data_cosmos::feed::FeedRange {
+    use azure_data_cosmos::models::EffectivePartitionKey;
+    azure_data_cosmos::feed::FeedRange::new(
+        EffectivePartitionKey::try_from(min).unwrap(),
+        EffectivePartitionKey::try_from(max).unwrap(),
+    )
+    .unwrap()
+}
+
+/// An effective partition key strictly between `min` and `max` (hex strings, compared as such).
+fn midpoint(min: &str, max: &str) -> String {
+    let value = |hex: &str| {
+        let padded = format!("{hex:0<32}");
+        u128::from_str_radix(&padded[..32], 16).unwrap()
+    };
+    let mid = value(min) / 2 + value(max) / 2;
+    format!("{mid:032X}")
+}
+
+// Lease protocol: after a merge and a split at another boundary the leases still tile the whole
+// key range. The emulator cannot merge, so the lease state is made directly: the first physical
+// range's keys are split at a point of its own, and the second lease spans from there over the
+// whole second range, as after merging both and splitting elsewhere.
+#[tokio::test]
+async fn leases_that_cross_range_boundaries_still_tile_the_key_range() {
+    let store = embedded_store().await;
+    let ranges = store.monitored.read_feed_ranges(None).await.unwrap();
+    assert!(ranges.len() >= 2, "{} feed ranges", ranges.len());
+    let (first, second) = (&ranges[0], &ranges[1]);
+    let (a, b, c) = (
+        first.min_inclusive().to_string(),
+        first.max_exclusive().to_string(),
+        second.max_exclusive().to_string(),
+    );
+    assert_eq!(second.min_inclusive().to_string(), b, "adjacent ranges");
+    let m = midpoint(&a, &b);
+    for (min, max) in [(a.as_str(), m.as_str()), (m.as_str(), c.as_str())] {
+        let token = format!("{min}-{max}");
+        let id = lease_id("tile", &token);
+        let lease = json!({
+            "id": id,
+            "processorName": "tile",
+            "leaseToken": token,
+            "feedRange": { "min": min, "max": max },
+            "feedRangeToken": feed_range(min, max).to_string(),
+            "owner": null,
+            "continuationToken": null,
+            "timestamp": 0,
+        });
+        upsert_item(&store.leases, partition_key(&[json!(id)]).unwrap(), &lease)
+            .await
+            .unwrap();
+    }
+    write_orders(&store, 0..200, 1).await;
+    let seen = Seen::default();
+    let processor = start(&store, "tile", "host-1", recording(&seen)).await;
+    eventually(WAIT, POLL, "every document is handed over", || {
+        let done = seen.ids().is_superset(&order_ids(0..200));
+        async move { done }
+    })
+    .await;
+    // Every key is in exactly one lease: they tile `""..FF` without overlap.
+    let mut tiles: Vec<(String, String)> = leases_of(&store, "tile")
+        .await
+        .into_iter()
+        .map(|l| (l.feed_range.min, l.feed_range.max))
+        .collect();
+    tiles.sort();
+    assert_eq!(tiles.first().map(|t| t.0.as_str()), Some(""), "{tiles:?}");
+    assert_eq!(tiles.last().map(|t| t.1.as_str()), Some("FF"), "{tiles:?}");
+    assert!(
+        tiles.windows(2).all(|w| w[0].1 == w[1].0),
+        "no gap, no overlap: {tiles:?}"
+    );
+    processor.shutdown().await;
+}

@@ -13,16 +13,9 @@ use tokio_util::task::TaskTracker;
 
 use super::balance::{self, LeaseView, Take};
 use super::lease::{LeaseDocument, LeaseStore, LeaseWrite, now_millis};
+use super::ranges::{self, Bounds, bounds};
 use super::worker::{self, LeaseSlot, StopReason, WorkerContext};
 use crate::cosmos::CosmosStoreError;
-
-/// `(min, max)` of a feed range, for exact comparisons.
-fn bounds(range: &FeedRange) -> (String, String) {
-    (
-        range.min_inclusive().to_string(),
-        range.max_exclusive().to_string(),
-    )
-}
 
 /// Reads the monitored container's feed ranges (physical partitions), bypassing the SDK's
 /// cache when `refresh` so that splits are seen.
@@ -37,36 +30,60 @@ pub(crate) async fn read_ranges(
         .map_err(|e| CosmosStoreError::request("read_feed_ranges", e))
 }
 
-/// Creates a free lease for every feed range no lease of the processor overlaps (a new
-/// processor, or a container that gained ranges). A range inside an existing lease's range (a
-/// split not yet handled) or spanning several leases (a merge) is covered already. Returns how
-/// many leases were created.
+/// Creates a free lease for every part of a feed range that no lease of the processor covers
+/// (a new processor, a container that gained ranges, or leases that stopped tiling the key range
+/// after merges and splits at other boundaries). Coverage, not a single overlap, decides: a range
+/// half covered by a lease gets a lease for its other half. Returns how many were created.
 pub(crate) async fn create_missing_leases(
     store: &LeaseStore,
     leases: &[LeaseDocument],
     ranges: &[FeedRange],
 ) -> Result<usize, CosmosStoreError> {
-    let existing: Vec<FeedRange> = leases.iter().filter_map(LeaseDocument::range).collect();
+    let existing: Vec<Bounds> = leases
+        .iter()
+        .filter_map(LeaseDocument::range)
+        .map(|r| bounds(&r))
+        .collect();
     let mut created = 0;
     for range in ranges {
-        if existing.iter().any(|lease| lease.overlaps(range)) {
-            continue;
-        }
-        let lease = LeaseDocument::new(&store.processor, range);
-        if store.create(&lease).await? {
-            tracing::info!(processor = %store.processor, lease = %lease.lease_token, "lease created");
-            created += 1;
-        } else if store.repair(&lease).await? {
-            // A document holds the lease's id but is no readable lease: without this its range
-            // would never be served.
-            tracing::error!(
-                processor = %store.processor, lease = %lease.lease_token,
-                "replaced a malformed lease document by a new lease (its continuation kept if it had one)"
-            );
-            created += 1;
+        for piece in ranges::uncovered(&bounds(range), &existing) {
+            let Some(piece) = ranges::feed_range(&piece) else {
+                tracing::error!(processor = %store.processor, min = %piece.0, max = %piece.1, "an uncovered key range has invalid bounds; no lease can be made for it");
+                continue;
+            };
+            let lease = LeaseDocument::new(&store.processor, &piece);
+            if store.create(&lease).await? {
+                tracing::info!(processor = %store.processor, lease = %lease.lease_token, "lease created");
+                created += 1;
+            } else if store.repair(&lease).await? {
+                // A document holds the lease's id but is no readable lease: without this its
+                // range would never be served.
+                tracing::error!(
+                    processor = %store.processor, lease = %lease.lease_token,
+                    "replaced a malformed lease document by a new lease (its continuation kept if it had one)"
+                );
+                created += 1;
+            }
         }
     }
     Ok(created)
+}
+
+/// Logs at Error when the leases do not tile the whole key range `""..FF`: documents in a gap
+/// would never be relayed.
+fn check_coverage(processor: &str, leases: &[LeaseDocument]) {
+    let covered: Vec<Bounds> = leases
+        .iter()
+        .filter_map(LeaseDocument::range)
+        .map(|r| bounds(&r))
+        .collect();
+    let gaps = ranges::gaps(&covered);
+    if !gaps.is_empty() {
+        tracing::error!(
+            processor, gaps = ?gaps,
+            "the leases do not cover the whole key range; the gaps get leases when the feed ranges can be read"
+        );
+    }
 }
 
 struct Running {
@@ -147,6 +164,7 @@ impl Coordinator {
             }
         }
 
+        check_coverage(&processor, &leases);
         let leases = self.retire_split_parents(leases).await;
         self.balance(&leases).await;
         if let Some(ranges) = &ranges {
@@ -277,18 +295,27 @@ impl Coordinator {
     /// child range), then deletes the parent. Nothing is skipped: children begin where the
     /// parent's last successful batch ended.
     async fn split_leases(&mut self, ranges: &[FeedRange]) {
-        let current: BTreeSet<(String, String)> = ranges.iter().map(bounds).collect();
+        let current: BTreeSet<Bounds> = ranges.iter().map(bounds).collect();
         let split: Vec<(String, Vec<FeedRange>)> = self
             .running
             .iter()
             .filter(|(_, running)| !current.contains(&bounds(&running.slot.range)))
             .filter_map(|(id, running)| {
-                let children: Vec<FeedRange> = ranges
+                // Children come from every range overlapping the lease, intersected with it, so
+                // a lease that spans a boundary after a merge and a split elsewhere keeps all of
+                // its keys.
+                let lease = bounds(&running.slot.range);
+                let pieces: Vec<Bounds> = current
                     .iter()
-                    .filter(|r| r.is_subset_of(&running.slot.range))
-                    .cloned()
+                    .filter_map(|range| ranges::intersect(&lease, range))
                     .collect();
-                (!children.is_empty()).then(|| (id.clone(), children))
+                if pieces.len() < 2 {
+                    // Within one range (e.g. a lease left by a merge): it stays as it is.
+                    return None;
+                }
+                let children: Option<Vec<FeedRange>> =
+                    pieces.iter().map(ranges::feed_range).collect();
+                children.map(|children| (id.clone(), children))
             })
             .collect();
         for (id, children) in split {

@@ -64,6 +64,7 @@ mod error;
 mod fault;
 mod lease;
 mod options;
+mod ranges;
 mod worker;
 
 use std::collections::BTreeMap;
