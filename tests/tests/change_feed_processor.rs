@@ -107,6 +107,9 @@ async fn start(
 /// One handed-over batch: its lease token and document ids.
 type Attempt = (String, Vec<String>);
 
+/// Every handed-over batch, in order.
+type Batches = Arc<Mutex<Vec<Attempt>>>;
+
 async fn leases_of(store: &Store, processor: &str) -> Vec<LeaseDocument> {
     read_leases(&store.leases, processor).await.unwrap()
 }
@@ -719,7 +722,7 @@ async fn a_split_parent_whose_delete_failed_is_never_polled_beside_its_children(
     let store = store_on(&connection).await;
     let ranges_before = feed_range_count(&store).await;
     write_orders(&store, 0..40, 1).await;
-    let batches: Arc<Mutex<Vec<(String, Vec<String>)>>> = Arc::default();
+    let batches: Batches = Arc::default();
     let handler = {
         let batches = batches.clone();
         move |batch: ChangeFeedBatch| -> BatchFuture {
@@ -736,8 +739,7 @@ async fn a_split_parent_whose_delete_failed_is_never_polled_beside_its_children(
         }
     };
     let processor = start(&store, "parent", "host-1", handler).await;
-    let handed_over = |batches: &Arc<Mutex<Vec<(String, Vec<String>)>>>,
-                       range: std::ops::Range<usize>| {
+    let handed_over = |batches: &Batches, range: std::ops::Range<usize>| {
         let seen: BTreeSet<String> = batches
             .lock()
             .unwrap()
