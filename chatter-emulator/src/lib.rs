@@ -103,7 +103,10 @@ impl Faults {
         state.refusals.push(Refusal {
             method,
             status,
-            until: Instant::now() + period,
+            // A period too long to add is as good as forever (a century).
+            until: Instant::now()
+                .checked_add(period)
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)),
         });
     }
 

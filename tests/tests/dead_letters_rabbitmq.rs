@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use chatter_runtime::broker::Broker;
 use chatter_runtime::message::BrokeredMessage;
+use chatter_runtime::registry::Registry;
 use chatter_runtime::{
     ATTEMPTS_CONTEXT_KEY, BoxError, DEAD_LETTER_REASON_CONTEXT_KEY, DocumentReliable,
     HandlerContext, Runtime, dead_letter_destination, handler,
@@ -38,6 +39,59 @@ async fn register_user(command: RegisterUser, ctx: &mut HandlerContext) -> Resul
     Ok(())
 }
 
+/// A command whose destination leaves no room for `.dead-letter` in an AMQP queue name.
+#[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "accounts", container = "users", lease = "users-leases")]
+#[partition_key(path = "/userId")]
+#[chatter(
+    destination = "chatter-test-a-destination-so-long-that-its-dead-letter-queue-name-would-be-longer-than-the-255-bytes-amqp-allows-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct RenameUser {
+    pub user_id: String,
+}
+
+#[handler]
+async fn rename_user(_command: RenameUser, _ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    Ok(())
+}
+
+/// The registry of this binary holding only `command`.
+fn only(command: &str) -> Registry {
+    use chatter_runtime::__private::{CommandRegistration, HandlerRegistration, inventory};
+    Registry::build(
+        inventory::iter::<CommandRegistration>
+            .into_iter()
+            .filter(|c| c.command_name == command),
+        inventory::iter::<HandlerRegistration>
+            .into_iter()
+            .filter(|h| (h.command)().command_name == command),
+    )
+    .unwrap()
+}
+
+// A command whose dead letters the broker could never carry would redeliver a poison forever:
+// the runtime refuses to start, naming it.
+#[tokio::test]
+async fn start_refuses_a_command_whose_dead_letters_rabbitmq_could_never_carry() {
+    let cosmos = embedded().await;
+    provisioned(&cosmos, "accounts", "users", &["/userId"]).await;
+    let direct = rabbitmq::connect(WAIT).await;
+    let err = Runtime::builder()
+        .registry(only("RenameUser"))
+        .cosmos(cosmos)
+        .broker(direct)
+        .without_relay()
+        .start()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("the dead letters of command `RenameUser` could never be published"),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn poison_commands_are_dead_lettered_with_their_reason_and_healthy_ones_are_handled() {
     let cosmos = embedded().await;
@@ -49,6 +103,7 @@ async fn poison_commands_are_dead_lettered_with_their_reason_and_healthy_ones_ar
         rabbitmq::delete_queue(&direct, queue, WAIT).await;
     }
     let runtime = Runtime::builder()
+        .registry(only("RegisterUser"))
         .cosmos(cosmos.clone())
         .broker(direct.clone())
         .without_relay()

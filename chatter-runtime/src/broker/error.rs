@@ -39,12 +39,11 @@ pub enum BrokerError {
         reason: String,
     },
     /// A delivery could not be read back as a Brokered Message (e.g. a body that is not UTF-8,
-    /// published by a foreign client). The broker was told to reject it without requeue, so it
-    /// goes to the queue's dead-letter exchange if one is configured.
+    /// published by a foreign client). It was moved as it is to `<destination>.dead-letter`
+    /// (or, if that failed, returned to its queue): it is not lost.
     #[error(
         "a delivery from `{destination}` (message id {message_id}) is not a Brokered Message: \
-         {reason}; it was rejected without requeue (dead-lettered if the queue has a dead-letter \
-         exchange)"
+         {reason}; it was moved to the dead-letter queue"
     )]
     Undecodable {
         /// The queue it came from.

@@ -33,9 +33,17 @@ use futures::stream::BoxStream;
 pub use error::{BrokerError, TransportError};
 pub use in_memory::InMemoryBroker;
 #[cfg(feature = "rabbitmq")]
-pub use rabbitmq::{CONTEXT_HEADER, DEFAULT_PUBLISH_TIMEOUT, RabbitMqBroker};
+pub use rabbitmq::{
+    CONTEXT_HEADER, DEAD_LETTER_REASON_HEADER, DEFAULT_PUBLISH_TIMEOUT, RabbitMqBroker,
+};
 
 use crate::message::BrokeredMessage;
+
+/// The destination the dead letters of `destination` go to: `<destination>.dead-letter` on the
+/// same broker.
+pub fn dead_letter_destination(destination: &str) -> String {
+    format!("{destination}.dead-letter")
+}
 
 /// A message broker the runtime publishes to and consumes from.
 ///

@@ -23,7 +23,7 @@ use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
-    BasicRejectOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Acker, BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
@@ -36,6 +36,9 @@ use crate::message::BrokeredMessage;
 
 /// The AMQP header carrying a Brokered Message's `context`, as a JSON object string.
 pub const CONTEXT_HEADER: &str = "chatter-context";
+
+/// The AMQP header a dead-lettered delivery that is not a Brokered Message carries its reason in.
+pub const DEAD_LETTER_REASON_HEADER: &str = "chatter-dead-letter-reason";
 
 /// The `delivery-mode` of a persistent message.
 const PERSISTENT: u8 = 2;
@@ -274,10 +277,15 @@ impl Inner {
 
     /// Forgets `connection` after a call on it failed, so the next call reconnects (the
     /// client may not have noticed the drop yet).
+    ///
+    /// The two locks are never held together here: `publisher()` holds the publisher lock while
+    /// it waits for the connection lock.
     async fn invalidate(&self, connection: &Arc<Connection>) {
-        let mut current = self.connection.lock().await;
-        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, connection)) {
-            *current = None;
+        {
+            let mut current = self.connection.lock().await;
+            if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, connection)) {
+                *current = None;
+            }
         }
         *self.publisher.lock().await = None;
     }
@@ -333,7 +341,7 @@ impl Inner {
         channel
             .queue_declare(queue, options, FieldTable::default())
             .await
-            .map_err(|e| BrokerError::transport(format!("queue.declare `{destination}`"), e))?;
+            .map_err(|e| declare_error(destination, e))?;
         self.declared
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -461,6 +469,60 @@ impl Inner {
         }
     }
 
+    /// Publishes `delivery`'s body and properties verbatim to `destination` (with the reason in
+    /// a header) and waits for the confirm, bounded by the publish timeout.
+    async fn publish_raw(
+        &self,
+        destination: &str,
+        delivery: &AmqpDelivery,
+        reason: &str,
+    ) -> Result<(), BrokerError> {
+        let queue = queue_name(destination)?;
+        let mut headers = delivery.properties.headers().clone().unwrap_or_default();
+        headers.insert(
+            ShortString::from(DEAD_LETTER_REASON_HEADER),
+            AMQPValue::LongString(LongString::from(reason.to_owned())),
+        );
+        let properties = delivery.properties.clone().with_headers(headers);
+        let options = BasicPublishOptions {
+            mandatory: true,
+            immediate: false,
+        };
+        let attempt = async {
+            let channel = self.publisher().await?;
+            self.declare(&channel, destination, queue.clone()).await?;
+            let operation = || format!("basic.publish to `{destination}`");
+            let confirmation = channel
+                .basic_publish(
+                    ShortString::default(),
+                    queue,
+                    options,
+                    &delivery.data,
+                    properties,
+                )
+                .await
+                .map_err(|e| BrokerError::transport(operation(), e))?
+                .await
+                .map_err(|e| BrokerError::transport(operation(), e))?;
+            match confirmation {
+                Confirmation::Ack(None) => Ok(()),
+                _ => Err(BrokerError::transport(
+                    operation(),
+                    "the broker did not confirm the dead letter",
+                )),
+            }
+        };
+        let timeout = self.publish_timeout();
+        tokio::time::timeout(timeout, attempt)
+            .await
+            .unwrap_or_else(|_| {
+                Err(BrokerError::Timeout {
+                    operation: format!("dead-letter to `{destination}`"),
+                    after: timeout,
+                })
+            })
+    }
+
     /// A consumer on `destination` on a new channel of a live connection.
     async fn consume(
         &self,
@@ -480,6 +542,9 @@ impl Inner {
             .basic_qos(prefetch, BasicQosOptions::default())
             .await
             .map_err(|e| BrokerError::transport("basic.qos", e))?;
+        // Declared on every (re)subscription: the queue may have been deleted by another client
+        // since, and consuming a missing queue fails with 404 forever.
+        self.forget(destination);
         self.declare(&channel, destination, queue.clone()).await?;
         let consumer = channel
             .basic_consume(
@@ -602,7 +667,12 @@ impl Consuming {
                     Box::new(settle),
                 ))
             }
-            Err(reason) => Err(reject_undecodable(&self.destination, &delivery, reason).await),
+            Err(reason) => {
+                Err(
+                    dead_letter_undecodable(&self.inner, &self.destination, &delivery, reason)
+                        .await,
+                )
+            }
         }
     }
 }
@@ -626,6 +696,21 @@ impl Broker for RabbitMqBroker {
         queue_name(&message.destination)?;
         properties(message).map(|_| ())
     }
+}
+
+/// A failed `queue.declare`: the server's refusal of the queue itself (403 access refused, 406
+/// a queue of that name with other arguments) is permanent; anything else is a transport error.
+fn declare_error(destination: &str, error: lapin::Error) -> BrokerError {
+    if let lapin::ErrorKind::ProtocolError(amqp) = error.kind() {
+        let code = amqp.kind().get_id();
+        if code == 403 || code == 406 {
+            return BrokerError::InvalidDestination {
+                destination: destination.to_owned(),
+                reason: format!("RabbitMQ refuses to declare the queue ({code}): {amqp}"),
+            };
+        }
+    }
+    BrokerError::transport(format!("queue.declare `{destination}`"), error)
 }
 
 /// `destination` as an AMQP queue name: non-blank, at most 255 bytes (a short string), and not
@@ -723,9 +808,12 @@ fn parse_context(json: &[u8]) -> Result<Map<String, Value>, String> {
     }
 }
 
-/// Reject a delivery that is not a Brokered Message without requeue (requeueing would hand it
-/// back forever), and describe it.
-async fn reject_undecodable(
+/// Moves a delivery that is not a Brokered Message to `<destination>.dead-letter` as it is
+/// (body and properties verbatim, plus a `chatter-dead-letter-reason` header), then acks it;
+/// requeueing would hand it back forever. If the dead letter cannot be published it is returned
+/// to the queue instead, so nothing is dropped.
+async fn dead_letter_undecodable(
+    inner: &Inner,
     destination: &str,
     delivery: &AmqpDelivery,
     reason: String,
@@ -735,14 +823,25 @@ async fn reject_undecodable(
         .message_id()
         .as_ref()
         .map_or_else(|| "<none>".to_owned(), |id| id.as_str().to_owned());
-    tracing::error!(%destination, %message_id, %reason, "rejecting a delivery that is not a Brokered Message");
-    let outcome = delivery
-        .acker
-        .reject(BasicRejectOptions { requeue: false })
-        .await;
-    if let Err(e) = outcome {
-        // The channel is gone: the server requeues it, and it is reported again next time.
-        tracing::warn!(%destination, %message_id, error = %e, "could not reject the delivery");
+    let dead_letters = super::dead_letter_destination(destination);
+    match inner.publish_raw(&dead_letters, delivery, &reason).await {
+        Ok(()) => {
+            tracing::error!(%destination, %message_id, %reason, %dead_letters, "dead-lettered a delivery that is not a Brokered Message");
+            if let Err(e) = delivery.acker.ack(BasicAckOptions::default()).await {
+                // The channel is gone: the server requeues it, and it is dead-lettered again.
+                tracing::warn!(%destination, %message_id, error = %e, "could not ack the dead-lettered delivery");
+            }
+        }
+        Err(error) => {
+            tracing::error!(%destination, %message_id, %reason, %error, "could not dead-letter a delivery that is not a Brokered Message; returning it to the queue");
+            let options = BasicNackOptions {
+                multiple: false,
+                requeue: true,
+            };
+            if let Err(e) = delivery.acker.nack(options).await {
+                tracing::warn!(%destination, %message_id, error = %e, "could not return the delivery");
+            }
+        }
     }
     BrokerError::Undecodable {
         destination: destination.to_owned(),

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::health::ConsumerStatus;
 use crate::backoff::Backoff;
-use crate::broker::{Broker, Delivery, Subscription};
+use crate::broker::{Broker, Delivery, Subscription, dead_letter_destination};
 use crate::message::BrokeredMessage;
 use crate::pipeline::{Outcome, Pipeline, PipelineError};
 use crate::registry::RegisteredCommand;
@@ -36,11 +36,6 @@ pub const ATTEMPTS_CONTEXT_KEY: &str = "Chatter.Delivery.Attempts";
 
 /// The context key a dead letter carries its reason in.
 pub const DEAD_LETTER_REASON_CONTEXT_KEY: &str = "Chatter.DeadLetter.Reason";
-
-/// The destination dead letters of `destination` go to.
-pub fn dead_letter_destination(destination: &str) -> String {
-    format!("{destination}.dead-letter")
-}
 
 /// What a consumer task needs.
 pub(super) struct Consumer {

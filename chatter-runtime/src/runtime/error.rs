@@ -33,6 +33,20 @@ pub enum StartError {
     /// The change-feed relay did not start (e.g. a monitored container breaks the contract).
     #[error(transparent)]
     Relay(#[from] crate::relay::host::RelayError),
+    /// The broker could never carry a command's dead letters (e.g. `<destination>.dead-letter`
+    /// is longer than AMQP allows): choose a shorter destination.
+    #[error(
+        "the dead letters of command `{command}` could never be published to `{dead_letters}`: {source}"
+    )]
+    DeadLetters {
+        /// The command name.
+        command: &'static str,
+        /// Its dead-letter destination.
+        dead_letters: String,
+        /// The broker's refusal.
+        #[source]
+        source: BrokerError,
+    },
     /// A command's destination could not be consumed.
     #[error("chatter could not subscribe to destination `{destination}`: {source}")]
     Subscribe {

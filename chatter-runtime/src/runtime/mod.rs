@@ -4,9 +4,9 @@ mod consumer;
 mod error;
 mod health;
 
+pub use crate::broker::dead_letter_destination;
 pub use consumer::{
     ATTEMPTS_CONTEXT_KEY, DEAD_LETTER_REASON_CONTEXT_KEY, DEFAULT_MAX_DELIVERY_ATTEMPTS,
-    dead_letter_destination,
 };
 pub use error::{DispatchError, StartError};
 pub use health::{ConsumerHealth, ConsumerState, Health, LeaseHealth};
@@ -165,6 +165,25 @@ impl Builder {
         let tracker = TaskTracker::new();
         let mut consumers = Vec::new();
         if self.consume {
+            // A dead letter the broker could never carry would loop forever: refuse to start.
+            for command in registry.commands() {
+                let dead_letters = dead_letter_destination(command.registration.destination);
+                let probe = crate::message::BrokeredMessage::json(
+                    "dead-letter-check",
+                    dead_letters.clone(),
+                    "{}",
+                );
+                if let Err(source) = broker.check(&probe) {
+                    if let Some(relay) = relay {
+                        relay.shutdown().await;
+                    }
+                    return Err(StartError::DeadLetters {
+                        command: command.registration.command_name,
+                        dead_letters,
+                        source,
+                    });
+                }
+            }
             for command in registry.commands() {
                 let destination = command.registration.destination;
                 let subscription = match broker.subscribe(destination).await {

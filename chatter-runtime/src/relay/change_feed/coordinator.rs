@@ -176,17 +176,27 @@ impl Coordinator {
     /// delete failed: it is never polled again (its children serve its range, and polling both
     /// would hand documents over twice); its delete is retried. Returns the other leases.
     async fn retire_split_parents(&self, leases: Vec<LeaseDocument>) -> Vec<LeaseDocument> {
-        let ranges: Vec<Option<FeedRange>> = leases.iter().map(LeaseDocument::range).collect();
+        let ranges: Vec<Option<Bounds>> = leases
+            .iter()
+            .map(|l| l.range().map(|r| bounds(&r)))
+            .collect();
+        // A parent only once its children cover all of it: a split that created some children
+        // and failed on the others is finished by its owner first (the children start from the
+        // parent's checkpoint), so no key range restarts from nothing.
         let is_parent = |i: usize| {
             let Some(range) = &ranges[i] else {
                 return false;
             };
-            ranges.iter().enumerate().any(|(j, other)| {
-                j != i
-                    && other.as_ref().is_some_and(|child| {
-                        child.is_subset_of(range) && bounds(child) != bounds(range)
-                    })
-            })
+            let children: Vec<Bounds> = ranges
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .filter_map(|(_, other)| other.clone())
+                .filter(|child| {
+                    child != range && ranges::intersect(child, range).as_ref() == Some(child)
+                })
+                .collect();
+            !children.is_empty() && ranges::uncovered(range, &children).is_empty()
         };
         let parents: Vec<usize> = (0..leases.len()).filter(|i| is_parent(*i)).collect();
         if parents.is_empty() {
@@ -196,9 +206,13 @@ impl Coordinator {
         for &i in &parents {
             let parent = &leases[i];
             match self.ctx.store.delete(parent).await {
-                LeaseWrite::Written(_) | LeaseWrite::Conflict => tracing::info!(
+                LeaseWrite::Written(_) => tracing::info!(
                     %processor, parent = %parent.lease_token,
                     "deleted the lease of a split feed range after an earlier failed delete"
+                ),
+                LeaseWrite::Conflict => tracing::info!(
+                    %processor, parent = %parent.lease_token,
+                    "the lease of a split feed range changed or went since it was read; it is not polled, and looked at again next cycle"
                 ),
                 LeaseWrite::Failed(error) => tracing::warn!(
                     %processor, parent = %parent.lease_token, %error,

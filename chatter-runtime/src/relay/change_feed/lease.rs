@@ -214,7 +214,10 @@ impl LeaseStore {
         else {
             return Ok(false);
         };
-        if serde_json::from_value::<LeaseDocument>(existing.clone()).is_ok() {
+        // Readable, with a usable range: a real lease (another instance made it first).
+        if serde_json::from_value::<LeaseDocument>(existing.clone())
+            .is_ok_and(|lease| lease.range().is_some())
+        {
             return Ok(false);
         }
         let mut fresh = lease.clone();

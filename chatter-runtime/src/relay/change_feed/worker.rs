@@ -198,7 +198,16 @@ pub(crate) async fn renew(ctx: WorkerContext, slot: Arc<LeaseSlot>) {
             () = tokio::time::sleep(ctx.options.lease_renew_interval) => {}
             () = slot.poller_done.cancelled() => return,
         }
-        match slot.write(&ctx, LeaseFaultStage::Renew, |_| {}).await {
+        // The write may not outlast the point where the lease must be given up: past it another
+        // instance may own the lease while this one still serves it.
+        let left = give_up_after.saturating_sub(slot.since_last_written());
+        let renewed = tokio::time::timeout(
+            left.max(Duration::from_millis(1)),
+            slot.write(&ctx, LeaseFaultStage::Renew, |_| {}),
+        )
+        .await
+        .unwrap_or(Err(WriteError::Failed));
+        match renewed {
             Ok(()) => tracing::trace!(lease = %slot.lease_token, "lease renewed"),
             Err(WriteError::Lost) => return,
             Err(WriteError::Failed) if slot.since_last_written() >= give_up_after => {
@@ -218,11 +227,11 @@ pub(crate) async fn renew(ctx: WorkerContext, slot: Arc<LeaseSlot>) {
 /// for a graceful shutdown.
 pub(crate) async fn poll(ctx: WorkerContext, slot: Arc<LeaseSlot>) {
     lock_owned(&ctx.owned).insert(slot.lease_token.clone(), LeaseProgress::default());
-    poll_until_stopped(&ctx, &slot).await;
+    let position = poll_until_stopped(&ctx, &slot).await;
     lock_owned(&ctx.owned).remove(&slot.lease_token);
     slot.poller_done.cancel();
     if slot.reason() == StopReason::Shutdown {
-        release(&ctx, &slot).await;
+        release(&ctx, &slot, position).await;
     }
 }
 
@@ -265,7 +274,9 @@ fn record_progress(ctx: &WorkerContext, slot: &LeaseSlot) {
     }
 }
 
-async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) {
+/// Returns the position reached (handed-over pages and empty reads only), which a release
+/// writes even when the last checkpoint write failed.
+async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<String> {
     let processor = ctx.store.processor.as_str();
     // Failures back off from the poll interval up to `max_backoff`; a success starts over.
     let mut backoff = Backoff::new(ctx.options.poll_interval, ctx.options.max_backoff);
@@ -273,6 +284,9 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) {
     // checkpoint fails, so a `Now` start keeps its position and a handled page is not handed
     // over again by this owner; the written checkpoint catches up on the next write.
     let mut position = slot.lease.lock().await.continuation_token.clone();
+    // The continuation last written to the lease; a position ahead of it is written as soon as
+    // a write works again.
+    let mut written = position.clone();
     while !slot.is_stopping() {
         let read = tokio::time::timeout(
             ctx.options.store_timeout,
@@ -312,22 +326,21 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) {
         if documents.is_empty() {
             // Nothing to hand over; keep the (possibly advanced) position, e.g. the first
             // `Now` position of a fresh lease.
-            let moved = next != position;
             position = next.clone();
-            if moved {
+            if next != written {
                 match slot
                     .write(ctx, LeaseFaultStage::Checkpoint, |l| {
-                        l.continuation_token = next;
+                        l.continuation_token = next.clone();
                     })
                     .await
                 {
-                    Err(WriteError::Lost) => return,
+                    Err(WriteError::Lost) => return position,
                     Err(WriteError::Failed) => {
                         record_fault(ctx, slot, &"the checkpoint could not be written");
                         slot.pause(backoff.next_delay()).await;
                         continue;
                     }
-                    Ok(()) => {}
+                    Ok(()) => written = next,
                 }
             }
             record_progress(ctx, slot);
@@ -374,11 +387,12 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) {
         position = next.clone();
         match slot
             .write(ctx, LeaseFaultStage::Checkpoint, |l| {
-                l.continuation_token = next;
+                l.continuation_token = next.clone();
             })
             .await
         {
             Ok(()) => {
+                written = next;
                 tracing::debug!(processor, lease = %slot.lease_token, documents = count, "checkpointed");
                 record_progress(ctx, slot);
                 backoff.reset();
@@ -386,13 +400,14 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) {
                     slot.pause(ctx.options.poll_interval).await;
                 }
             }
-            Err(WriteError::Lost) => return,
+            Err(WriteError::Lost) => return position,
             Err(WriteError::Failed) => {
                 record_fault(ctx, slot, &"the checkpoint could not be written");
                 slot.pause(backoff.next_delay()).await;
             }
         }
     }
+    position
 }
 
 /// Reads one page of the lease's feed range from `continuation`: the documents and the
@@ -436,10 +451,11 @@ async fn read_page(
 }
 
 /// Clears the owner (keeping the checkpoint) so another instance may take the lease at once.
-async fn release(ctx: &WorkerContext, slot: &LeaseSlot) {
+async fn release(ctx: &WorkerContext, slot: &LeaseSlot, position: Option<String>) {
     let mut lease = slot.lease.lock().await;
     let mut released = lease.clone();
     released.owner = None;
+    released.continuation_token = position;
     released.timestamp = now_millis();
     match ctx.store.replace(&released).await {
         LeaseWrite::Written(etag) => {
