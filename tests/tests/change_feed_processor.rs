@@ -897,3 +897,47 @@ async fn leases_that_cross_range_boundaries_still_tile_the_key_range() {
     );
     processor.shutdown().await;
 }
+
+// Every store call is bounded: a store that hangs (here: answers after 2 s, past a 500 ms store
+// timeout) fails the lease's reads with a timeout, reported as a fault, and the lease carries
+// on once the store answers in time again.
+#[tokio::test]
+async fn a_hanging_store_times_out_as_a_reported_fault_and_the_lease_carries_on() {
+    let (emulator, connection) = emulator_server().await;
+    let store = store_on(&connection).await;
+    let faults: Faults = Arc::default();
+    let seen = Seen::default();
+    let processor = ChangeFeedProcessor::builder(
+        "slow",
+        "host-1",
+        store.monitored.clone(),
+        store.leases.clone(),
+    )
+    .options(fast_options().with_store_timeout(Duration::from_millis(500)))
+    .on_fault(collecting(&faults))
+    .start(recording(&seen))
+    .await
+    .unwrap();
+    let ranges = feed_range_count(&store).await;
+    eventually(WAIT, POLL, "every lease is owned", || {
+        let all = processor.owned_leases().len() == ranges;
+        async move { all }
+    })
+    .await;
+    emulator.faults().set_latency(Duration::from_secs(2));
+    eventually(WAIT, POLL, "a read timed out and was reported", || {
+        let found = faults.lock().unwrap().iter().any(|(_, stage, error)| {
+            *stage == LeaseFaultStage::Read && error.contains("timed out")
+        });
+        async move { found }
+    })
+    .await;
+    emulator.faults().clear();
+    write_orders(&store, 0..10, 1).await;
+    eventually(WAIT, POLL, "documents flow again", || {
+        let done = seen.ids().is_superset(&order_ids(0..10));
+        async move { done }
+    })
+    .await;
+    processor.shutdown().await;
+}

@@ -22,11 +22,12 @@ use crate::cosmos::CosmosStoreError;
 pub(crate) async fn read_ranges(
     monitored: &ContainerClient,
     refresh: bool,
+    timeout: std::time::Duration,
 ) -> Result<Vec<FeedRange>, CosmosStoreError> {
     let options = ReadFeedRangesOptions::default().with_force_refresh(refresh);
-    monitored
-        .read_feed_ranges(Some(options))
+    tokio::time::timeout(timeout, monitored.read_feed_ranges(Some(options)))
         .await
+        .map_err(|_| CosmosStoreError::timeout("read_feed_ranges", timeout))?
         .map_err(|e| CosmosStoreError::request("read_feed_ranges", e))
 }
 
@@ -136,7 +137,9 @@ impl Coordinator {
         self.running
             .retain(|_, running| !running.poller.is_finished() && !running.slot.is_stopping());
 
-        let ranges = match read_ranges(&self.ctx.monitored, true).await {
+        let ranges = match read_ranges(&self.ctx.monitored, true, self.ctx.options.store_timeout)
+            .await
+        {
             Ok(ranges) => Some(ranges),
             Err(error) => {
                 tracing::warn!(%processor, %error, "could not read the monitored container's feed ranges");

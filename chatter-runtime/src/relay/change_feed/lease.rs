@@ -150,6 +150,7 @@ pub async fn read_leases(
     LeaseStore {
         container: std::sync::Arc::clone(leases),
         processor: processor_name.to_owned(),
+        timeout: super::ChangeFeedProcessorOptions::default().store_timeout,
     }
     .list()
     .await
@@ -171,11 +172,58 @@ pub(crate) enum LeaseWrite {
 pub(crate) struct LeaseStore {
     pub(crate) container: std::sync::Arc<ContainerClient>,
     pub(crate) processor: String,
+    /// The bound of every call on the lease container.
+    pub(crate) timeout: Duration,
 }
 
 impl LeaseStore {
-    /// Every lease document of this processor.
+    /// Every lease document of this processor (a malformed one is reported at Error).
     pub(crate) async fn list(&self) -> Result<Vec<LeaseDocument>, CosmosStoreError> {
+        self.bounded("query_leases", self.list_unbounded()).await
+    }
+
+    /// See `repair_unbounded`, bounded by the store timeout.
+    pub(crate) async fn repair(&self, lease: &LeaseDocument) -> Result<bool, CosmosStoreError> {
+        self.bounded("repair_lease", self.repair_unbounded(lease))
+            .await
+    }
+
+    /// See `create_unbounded`, bounded by the store timeout.
+    pub(crate) async fn create(&self, lease: &LeaseDocument) -> Result<bool, CosmosStoreError> {
+        self.bounded("create_lease", self.create_unbounded(lease))
+            .await
+    }
+
+    /// See `replace_unbounded`, bounded by the store timeout (a timeout is a failed write).
+    pub(crate) async fn replace(&self, lease: &LeaseDocument) -> LeaseWrite {
+        tokio::time::timeout(self.timeout, self.replace_unbounded(lease))
+            .await
+            .unwrap_or_else(|_| {
+                LeaseWrite::Failed(CosmosStoreError::timeout("replace_lease", self.timeout))
+            })
+    }
+
+    /// See `delete_unbounded`, bounded by the store timeout (a timeout is a failed write).
+    pub(crate) async fn delete(&self, lease: &LeaseDocument) -> LeaseWrite {
+        tokio::time::timeout(self.timeout, self.delete_unbounded(lease))
+            .await
+            .unwrap_or_else(|_| {
+                LeaseWrite::Failed(CosmosStoreError::timeout("delete_lease", self.timeout))
+            })
+    }
+
+    async fn bounded<T>(
+        &self,
+        operation: &'static str,
+        call: impl std::future::Future<Output = Result<T, CosmosStoreError>>,
+    ) -> Result<T, CosmosStoreError> {
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .unwrap_or_else(|_| Err(CosmosStoreError::timeout(operation, self.timeout)))
+    }
+
+    /// Every lease document of this processor.
+    async fn list_unbounded(&self) -> Result<Vec<LeaseDocument>, CosmosStoreError> {
         const OPERATION: &str = "query_leases";
         let query = Query::from("SELECT * FROM c WHERE c.processorName = @processor")
             .with_parameter("@processor", &self.processor)
@@ -206,7 +254,7 @@ impl LeaseStore {
     /// Replaces the document at `lease.id`, which exists but is not a readable lease, by
     /// `lease` (keeping a string `continuationToken` it still carries), guarded by its ETag.
     /// `Ok(true)` when replaced; `Ok(false)` when it is a readable lease after all.
-    pub(crate) async fn repair(&self, lease: &LeaseDocument) -> Result<bool, CosmosStoreError> {
+    async fn repair_unbounded(&self, lease: &LeaseDocument) -> Result<bool, CosmosStoreError> {
         let key = pk(&lease.id)?;
         let Some(existing) = read_item(&self.container, key.clone(), &lease.id)
             .await?
@@ -236,7 +284,7 @@ impl LeaseStore {
     }
 
     /// Creates `lease` unless a document with its id exists. `Ok(true)` when created.
-    pub(crate) async fn create(&self, lease: &LeaseDocument) -> Result<bool, CosmosStoreError> {
+    async fn create_unbounded(&self, lease: &LeaseDocument) -> Result<bool, CosmosStoreError> {
         let doc =
             serde_json::to_value(lease).map_err(|e| CosmosStoreError::codec("create_lease", e))?;
         match create_item(&self.container, pk(&lease.id)?, &doc).await {
@@ -248,7 +296,7 @@ impl LeaseStore {
 
     /// Replaces the lease while its ETag is still `lease.etag`. A lease without an ETag is never
     /// written: an unguarded write could overwrite another instance's (the guard fails closed).
-    pub(crate) async fn replace(&self, lease: &LeaseDocument) -> LeaseWrite {
+    async fn replace_unbounded(&self, lease: &LeaseDocument) -> LeaseWrite {
         if lease.etag.is_none() {
             return LeaseWrite::Failed(CosmosStoreError::codec(
                 "replace_lease",
@@ -271,7 +319,7 @@ impl LeaseStore {
     }
 
     /// Deletes the lease while its ETag is still `lease.etag` (never without one).
-    pub(crate) async fn delete(&self, lease: &LeaseDocument) -> LeaseWrite {
+    async fn delete_unbounded(&self, lease: &LeaseDocument) -> LeaseWrite {
         if lease.etag.is_none() {
             return LeaseWrite::Failed(CosmosStoreError::codec(
                 "delete_lease",

@@ -201,8 +201,9 @@ impl ChangeFeedProcessorBuilder {
         let store = LeaseStore {
             container: self.leases,
             processor: processor.clone(),
+            timeout: self.options.store_timeout,
         };
-        let ranges = read_ranges(&self.monitored, false)
+        let ranges = read_ranges(&self.monitored, false, self.options.store_timeout)
             .await
             .map_err(store_error(
                 "read the feed ranges of the monitored container",
