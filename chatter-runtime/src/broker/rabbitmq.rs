@@ -40,6 +40,9 @@ pub const CONTEXT_HEADER: &str = "chatter-context";
 /// The AMQP header a dead-lettered delivery that is not a Brokered Message carries its reason in.
 pub const DEAD_LETTER_REASON_HEADER: &str = "chatter-dead-letter-reason";
 
+/// How long a delivery that could not be dead-lettered waits before it is returned to its queue.
+const UNDELIVERABLE_REQUEUE_DELAY: Duration = Duration::from_secs(1);
+
 /// The `delivery-mode` of a persistent message.
 const PERSISTENT: u8 = 2;
 
@@ -478,12 +481,32 @@ impl Inner {
         reason: &str,
     ) -> Result<(), BrokerError> {
         let queue = queue_name(destination)?;
-        let mut headers = delivery.properties.headers().clone().unwrap_or_default();
+        let original = &delivery.properties;
+        let mut headers = original.headers().clone().unwrap_or_default();
         headers.insert(
             ShortString::from(DEAD_LETTER_REASON_HEADER),
             AMQPValue::LongString(LongString::from(reason.to_owned())),
         );
-        let properties = delivery.properties.clone().with_headers(headers);
+        // The copy is kept like every dead letter: persistent, and without the original's
+        // per-message expiration, so it neither vanishes on a broker restart nor expires.
+        let mut properties = BasicProperties::default()
+            .with_delivery_mode(PERSISTENT)
+            .with_headers(headers);
+        if let Some(id) = original.message_id() {
+            properties = properties.with_message_id(id.clone());
+        }
+        if let Some(content_type) = original.content_type() {
+            properties = properties.with_content_type(content_type.clone());
+        }
+        if let Some(encoding) = original.content_encoding() {
+            properties = properties.with_content_encoding(encoding.clone());
+        }
+        if let Some(correlation) = original.correlation_id() {
+            properties = properties.with_correlation_id(correlation.clone());
+        }
+        if let Some(kind) = original.kind() {
+            properties = properties.with_type(kind.clone());
+        }
         let options = BasicPublishOptions {
             mandatory: true,
             immediate: false,
@@ -834,6 +857,9 @@ async fn dead_letter_undecodable(
         }
         Err(error) => {
             tracing::error!(%destination, %message_id, %reason, %error, "could not dead-letter a delivery that is not a Brokered Message; returning it to the queue");
+            // Not at once: it comes straight back, and a dead-letter path that is down for a
+            // while must not turn into a hot loop.
+            tokio::time::sleep(UNDELIVERABLE_REQUEUE_DELAY).await;
             let options = BasicNackOptions {
                 multiple: false,
                 requeue: true,

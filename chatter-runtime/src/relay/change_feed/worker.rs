@@ -185,14 +185,17 @@ impl WorkerContext {
 
 /// Renews the lease every `lease_renew_interval` until its poller has finished (not merely been
 /// asked to stop: a page in flight keeps its lease). A lease that could not be written for
-/// longer than the expiry minus one renew interval may already be someone else's: its poller
+/// longer than the expiry minus a margin may already be someone else's: its poller
 /// is stopped rather than serving a lease this instance can no longer vouch for.
 pub(crate) async fn renew(ctx: WorkerContext, slot: Arc<LeaseSlot>) {
     let processor = ctx.store.processor.as_str();
-    let give_up_after = ctx
+    // Give up a margin before the expiry: the smaller of one renew interval and a fifth of the
+    // expiry, so even a renew interval close to the expiry leaves renewals room to work.
+    let margin = ctx
         .options
-        .lease_expiry
-        .saturating_sub(ctx.options.lease_renew_interval);
+        .lease_renew_interval
+        .min(ctx.options.lease_expiry / 5);
+    let give_up_after = ctx.options.lease_expiry.saturating_sub(margin);
     loop {
         tokio::select! {
             () = tokio::time::sleep(ctx.options.lease_renew_interval) => {}
