@@ -28,6 +28,11 @@ impl Backoff {
         }
     }
 
+    /// The schedule of loops waiting for a broker to come back: 100 ms doubling to 5 s.
+    pub(crate) fn reconnect() -> Self {
+        Self::new(Duration::from_millis(100), Duration::from_secs(5))
+    }
+
     /// The delay before the next attempt.
     pub(crate) fn next_delay(&mut self) -> Duration {
         // Without a retry limit the schedule never ends; the fallback is only a guard.

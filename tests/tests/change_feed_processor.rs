@@ -110,6 +110,15 @@ type Attempt = (String, Vec<String>);
 /// Every handed-over batch, in order.
 type Batches = Arc<Mutex<Vec<Attempt>>>;
 
+/// Waits until `processor` polls all `ranges` leases.
+async fn every_lease_owned(processor: &RunningProcessor, ranges: usize) {
+    eventually(WAIT, POLL, "every lease is owned", || {
+        let all = processor.owned_leases().len() == ranges;
+        async move { all }
+    })
+    .await;
+}
+
 async fn leases_of(store: &Store, processor: &str) -> Vec<LeaseDocument> {
     read_leases(&store.leases, processor).await.unwrap()
 }
@@ -653,11 +662,7 @@ async fn an_owner_that_cannot_renew_its_lease_stops_serving_it_and_takes_it_up_a
     let seen = Seen::default();
     let processor = start(&store, "unwritable", "host-1", recording(&seen)).await;
     let ranges = feed_range_count(&store).await;
-    eventually(WAIT, POLL, "every lease is owned", || {
-        let all = processor.owned_leases().len() == ranges;
-        async move { all }
-    })
-    .await;
+    every_lease_owned(&processor, ranges).await;
     // Lease writes (PUT) refused: renewals fail.
     emulator.faults().refuse("PUT", 503, Duration::from_secs(6));
     eventually(WAIT, POLL, "the unwritable leases are given up", || {
@@ -919,11 +924,7 @@ async fn a_hanging_store_times_out_as_a_reported_fault_and_the_lease_carries_on(
     .await
     .unwrap();
     let ranges = feed_range_count(&store).await;
-    eventually(WAIT, POLL, "every lease is owned", || {
-        let all = processor.owned_leases().len() == ranges;
-        async move { all }
-    })
-    .await;
+    every_lease_owned(&processor, ranges).await;
     emulator.faults().set_latency(Duration::from_secs(2));
     eventually(WAIT, POLL, "a read timed out and was reported", || {
         let found = faults.lock().unwrap().iter().any(|(_, stage, error)| {

@@ -33,27 +33,8 @@ const OUTAGE: Duration = Duration::from_secs(5);
 const DRAIN_WAIT: Duration = Duration::from_secs(300);
 const START_WAIT: Duration = Duration::from_secs(60);
 
-/// The same declaration as in `relay_worker`, so both register the same monitored container.
-#[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
-#[cosmos(database = "relay-kill", container = "orders", lease = "orders-leases")]
-#[partition_key(path = "/orderId")]
-#[serde(rename_all = "camelCase")]
-pub struct PlaceOrder {
-    pub order_id: String,
-    pub events: String,
-}
-
-#[handler]
-async fn place_order(command: PlaceOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
-    ctx.upsert(json!({ "id": command.order_id, "orderId": command.order_id }))?;
-    let event = format!("{}:OrderPlaced", ctx.message_id());
-    ctx.send(BrokeredMessage::json(
-        event,
-        command.events,
-        json!({ "orderId": command.order_id }).to_string(),
-    ))?;
-    Ok(())
-}
+// The same `PlaceOrder` as `relay_worker`, so both register the same monitored container.
+include!("../src/relay_commands/place_order.rs");
 
 fn spawn_relay(endpoint: &str, broker_uri: &str) -> ChildProcess {
     let mut command = Command::new(env!("CARGO_BIN_EXE_relay_worker"));

@@ -259,6 +259,13 @@ impl Fixture {
         .await
     }
 
+    /// Drains `doc` on lease "0" `times` times, each a Confirmation Failure.
+    async fn fail_confirmations(&self, doc: &Value, times: usize) {
+        for _ in 0..times {
+            confirmation_failure(&self.drain, "0", std::slice::from_ref(doc)).await;
+        }
+    }
+
     fn published(&self) -> usize {
         self.broker.published_count("orders")
     }
@@ -322,9 +329,7 @@ async fn five_failed_confirmations_suspend_the_lease_and_the_sixth_page_publishe
     let f = Fixture::new().await;
     let doc = f.pending("msg-1", "t").await;
     f.refuse_stamps();
-    for _ in 0..5 {
-        confirmation_failure(&f.drain, "0", std::slice::from_ref(&doc)).await;
-    }
+    f.fail_confirmations(&doc, 5).await;
     let err = f.drain.drain("0", &[doc]).await.unwrap_err();
     assert!(matches!(err, DrainError::Suspended { .. }), "{err}");
     assert_eq!(
@@ -345,9 +350,7 @@ async fn a_suspended_lease_refuses_a_page_of_domain_documents_or_poison_before_l
     let mut poison = f.pending("msg-poison", "t").await;
     poison["Destination"] = json!("");
     f.refuse_stamps();
-    for _ in 0..5 {
-        confirmation_failure(&f.drain, "0", std::slice::from_ref(&doc)).await;
-    }
+    f.fail_confirmations(&doc, 5).await;
     f.faults().clear();
     let domain = json!({ "id": "order-1", "tenantId": "t" });
     for page in [vec![domain], vec![poison.clone()]] {
@@ -367,9 +370,7 @@ async fn another_lease_keeps_draining_while_one_is_suspended() {
     let f = Fixture::new().await;
     let doc = f.pending("msg-1", "t").await;
     f.refuse_stamps();
-    for _ in 0..5 {
-        confirmation_failure(&f.drain, "0", std::slice::from_ref(&doc)).await;
-    }
+    f.fail_confirmations(&doc, 5).await;
     let other = f.pending("msg-2", "u").await;
     // Lease "1" publishes and its own refused stamp comes back as itself.
     confirmation_failure(&f.drain, "1", &[other]).await;
@@ -382,16 +383,12 @@ async fn a_confirmed_page_between_failures_resets_the_count() {
     let f = Fixture::new().await;
     let doc = f.pending("msg-1", "t").await;
     f.refuse_stamps();
-    for _ in 0..4 {
-        confirmation_failure(&f.drain, "0", std::slice::from_ref(&doc)).await;
-    }
+    f.fail_confirmations(&doc, 4).await;
     f.faults().clear();
     let good = f.pending("msg-2", "t").await;
     assert_eq!(f.drain.drain("0", &[good]).await.unwrap().published, 1);
     f.refuse_stamps();
-    for _ in 0..5 {
-        confirmation_failure(&f.drain, "0", std::slice::from_ref(&doc)).await;
-    }
+    f.fail_confirmations(&doc, 5).await;
     assert!(
         f.drain.gate().is_suspended("0"),
         "the fifth after the reset suspends"
@@ -405,16 +402,12 @@ async fn four_failures_after_a_confirmed_page_do_not_suspend() {
     let f = Fixture::new().await;
     let doc = f.pending("msg-1", "t").await;
     f.refuse_stamps();
-    for _ in 0..4 {
-        confirmation_failure(&f.drain, "0", std::slice::from_ref(&doc)).await;
-    }
+    f.fail_confirmations(&doc, 4).await;
     f.faults().clear();
     let good = f.pending("msg-2", "t").await;
     f.drain.drain("0", &[good]).await.unwrap();
     f.refuse_stamps();
-    for _ in 0..4 {
-        confirmation_failure(&f.drain, "0", std::slice::from_ref(&doc)).await;
-    }
+    f.fail_confirmations(&doc, 4).await;
     assert!(!f.drain.gate().is_suspended("0"));
 }
 
@@ -425,9 +418,7 @@ async fn an_empty_page_or_a_page_of_domain_documents_neither_resets_nor_lifts() 
         let f = Fixture::new().await;
         let doc = f.pending("msg-1", "t").await;
         f.refuse_stamps();
-        for _ in 0..4 {
-            confirmation_failure(&f.drain, "0", std::slice::from_ref(&doc)).await;
-        }
+        f.fail_confirmations(&doc, 4).await;
         let report = f.drain.drain("0", &page).await.unwrap();
         assert_eq!(report.published, 0);
         confirmation_failure(&f.drain, "0", std::slice::from_ref(&doc)).await;
@@ -441,9 +432,7 @@ async fn an_empty_probe_consumes_the_probe_and_the_next_page_is_refused() {
     let f = Fixture::new().await;
     let doc = f.pending("msg-1", "t").await;
     f.refuse_stamps();
-    for _ in 0..5 {
-        confirmation_failure(&f.drain, "0", std::slice::from_ref(&doc)).await;
-    }
+    f.fail_confirmations(&doc, 5).await;
     f.clock.advance(SUSPENSION_WINDOW);
     assert_eq!(
         f.drain.drain("0", &[]).await.unwrap(),
@@ -462,9 +451,7 @@ async fn a_probe_whose_stamp_lands_resumes_the_lease_whether_delivered_or_undeli
         let f = Fixture::new().await;
         let doc = f.pending("msg-1", "t").await;
         f.refuse_stamps();
-        for _ in 0..5 {
-            confirmation_failure(&f.drain, "0", std::slice::from_ref(&doc)).await;
-        }
+        f.fail_confirmations(&doc, 5).await;
         f.faults().clear();
         f.clock.advance(SUSPENSION_WINDOW);
         let probe = if poison_probe {
@@ -499,9 +486,7 @@ async fn two_sources_on_the_same_lease_token_have_their_own_gates() {
     );
     let doc = f.pending("msg-1", "t").await;
     f.refuse_stamps();
-    for _ in 0..4 {
-        confirmation_failure(&f.drain, "0", std::slice::from_ref(&doc)).await;
-    }
+    f.fail_confirmations(&doc, 4).await;
     f.faults().clear();
     let good = f.pending("msg-2", "t").await;
     b.drain("0", &[good]).await.unwrap();
@@ -519,9 +504,7 @@ async fn a_page_whose_first_stamp_lands_and_second_fails_records_only_the_failur
     let f = Fixture::new().await;
     let wedged = f.pending("msg-1", "t").await;
     f.refuse_stamps();
-    for _ in 0..4 {
-        confirmation_failure(&f.drain, "0", std::slice::from_ref(&wedged)).await;
-    }
+    f.fail_confirmations(&wedged, 4).await;
     f.faults().clear();
     // The second document was deleted after the change feed read it: its stamp fails (404).
     let good = f.pending("msg-2", "t").await;

@@ -34,27 +34,8 @@ const LEASE_EXPIRY_MS: &str = "3000";
 /// start included).
 const WAIT: Duration = Duration::from_secs(120);
 
-/// The same declaration as in `relay_worker`, so both register the same monitored container.
-#[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
-#[cosmos(database = "relay-kill", container = "orders", lease = "orders-leases")]
-#[partition_key(path = "/orderId")]
-#[serde(rename_all = "camelCase")]
-pub struct PlaceOrder {
-    pub order_id: String,
-    pub events: String,
-}
-
-#[handler]
-async fn place_order(command: PlaceOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
-    ctx.upsert(json!({ "id": command.order_id, "orderId": command.order_id }))?;
-    let event = format!("{}:OrderPlaced", ctx.message_id());
-    ctx.send(BrokeredMessage::json(
-        event,
-        command.events,
-        json!({ "orderId": command.order_id }).to_string(),
-    ))?;
-    Ok(())
-}
+// The same `PlaceOrder` as `relay_worker`, so both register the same monitored container.
+include!("../src/relay_commands/place_order.rs");
 
 /// Starts a `relay_worker` on the store at `endpoint`; it is killed when the guard drops.
 fn spawn_worker(endpoint: &str, hang_after_publish: bool) -> ChildProcess {

@@ -86,10 +86,6 @@ pub struct RabbitMqBroker {
 /// The default bound of one publish, reconnection included.
 pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The first and the longest wait between reconnection attempts.
-const RECONNECT_BACKOFF: (Duration, Duration) =
-    (Duration::from_millis(100), Duration::from_secs(5));
-
 struct Inner {
     /// Where to reconnect to.
     uri: String,
@@ -137,7 +133,7 @@ impl RabbitMqBroker {
     /// failure is logged at Error; the last one is returned.
     pub async fn connect_retrying(uri: &str, give_up_after: Duration) -> Result<Self, BrokerError> {
         let deadline = tokio::time::Instant::now() + give_up_after;
-        let mut backoff = Backoff::new(RECONNECT_BACKOFF.0, RECONNECT_BACKOFF.1);
+        let mut backoff = Backoff::reconnect();
         let mut attempts = 0u32;
         loop {
             match Self::connect(uri).await {
@@ -243,7 +239,7 @@ impl Inner {
         {
             return Ok(Arc::clone(connection));
         }
-        let mut backoff = Backoff::new(RECONNECT_BACKOFF.0, RECONNECT_BACKOFF.1);
+        let mut backoff = Backoff::reconnect();
         let mut attempts = 0u32;
         loop {
             if self.closed.load(Ordering::SeqCst) {
@@ -386,7 +382,7 @@ impl Inner {
             // A transport failure (the connection dropped before or during the publish) is
             // retried on a new connection until the bound: the broker never confirmed, so at
             // worst the message is stored twice, which consumers deduplicate.
-            let mut backoff = Backoff::new(RECONNECT_BACKOFF.0, RECONNECT_BACKOFF.1);
+            let mut backoff = Backoff::reconnect();
             loop {
                 match self
                     .publish_once(message.clone(), queue.clone(), properties.clone())
@@ -421,14 +417,34 @@ impl Inner {
         queue: ShortString,
         properties: BasicProperties,
     ) -> Result<(), BrokerError> {
+        self.publish_bytes(
+            &message.message_id,
+            &message.destination,
+            queue,
+            message.body.as_bytes(),
+            properties,
+        )
+        .await
+    }
+
+    /// Publishes `body` with `properties` to the queue of `destination` and waits for the
+    /// publisher confirm.
+    async fn publish_bytes(
+        &self,
+        message_id: &str,
+        destination: &str,
+        queue: ShortString,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<(), BrokerError> {
         let options = BasicPublishOptions {
             mandatory: true,
             immediate: false,
         };
-        let operation = || format!("basic.publish `{}`", message.message_id);
+        let operation = || format!("basic.publish `{message_id}`");
         let rejected = |reason: String| BrokerError::Rejected {
-            message_id: message.message_id.clone(),
-            destination: message.destination.clone(),
+            message_id: message_id.to_owned(),
+            destination: destination.to_owned(),
             reason,
         };
         // A second attempt only after the message came back unroutable: the queue was deleted
@@ -438,14 +454,13 @@ impl Inner {
         loop {
             attempt += 1;
             let channel = self.publisher().await?;
-            self.declare(&channel, &message.destination, queue.clone())
-                .await?;
+            self.declare(&channel, destination, queue.clone()).await?;
             let confirmation = channel
                 .basic_publish(
                     ShortString::default(),
                     queue.clone(),
                     options,
-                    message.body.as_bytes(),
+                    body,
                     properties.clone(),
                 )
                 .await
@@ -455,7 +470,7 @@ impl Inner {
             return match confirmation {
                 Confirmation::Ack(None) => Ok(()),
                 Confirmation::Ack(Some(returned)) => {
-                    self.forget(&message.destination);
+                    self.forget(destination);
                     if attempt < 2 {
                         continue;
                     }
@@ -507,34 +522,13 @@ impl Inner {
         if let Some(kind) = original.kind() {
             properties = properties.with_type(kind.clone());
         }
-        let options = BasicPublishOptions {
-            mandatory: true,
-            immediate: false,
-        };
-        let attempt = async {
-            let channel = self.publisher().await?;
-            self.declare(&channel, destination, queue.clone()).await?;
-            let operation = || format!("basic.publish to `{destination}`");
-            let confirmation = channel
-                .basic_publish(
-                    ShortString::default(),
-                    queue,
-                    options,
-                    &delivery.data,
-                    properties,
-                )
-                .await
-                .map_err(|e| BrokerError::transport(operation(), e))?
-                .await
-                .map_err(|e| BrokerError::transport(operation(), e))?;
-            match confirmation {
-                Confirmation::Ack(None) => Ok(()),
-                _ => Err(BrokerError::transport(
-                    operation(),
-                    "the broker did not confirm the dead letter",
-                )),
-            }
-        };
+        let message_id = original
+            .message_id()
+            .as_ref()
+            .map_or("<none>", |id| id.as_str())
+            .to_owned();
+        let attempt =
+            self.publish_bytes(&message_id, destination, queue, &delivery.data, properties);
         let timeout = self.publish_timeout();
         tokio::time::timeout(timeout, attempt)
             .await
@@ -625,7 +619,7 @@ struct Consuming {
 impl Consuming {
     /// The next delivery (or undecodable item); `None` only once the broker was closed.
     async fn next(&mut self) -> Option<Result<Delivery, BrokerError>> {
-        let mut backoff = Backoff::new(RECONNECT_BACKOFF.0, RECONNECT_BACKOFF.1);
+        let mut backoff = Backoff::reconnect();
         let mut lost = false;
         loop {
             if self.inner.closed.load(Ordering::SeqCst) {

@@ -19,6 +19,18 @@ use super::error::CosmosStoreError;
 /// operation of the same batch failed.
 pub const FAILED_DEPENDENCY: u16 = 424;
 
+/// Runs one store call, failing it with [`CosmosStoreError::Timeout`] past `timeout` (the call
+/// is cancelled).
+pub(crate) async fn bounded<T>(
+    operation: &'static str,
+    timeout: std::time::Duration,
+    call: impl std::future::Future<Output = Result<T, CosmosStoreError>>,
+) -> Result<T, CosmosStoreError> {
+    tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or_else(|_| Err(CosmosStoreError::timeout(operation, timeout)))
+}
+
 /// Builds a partition key from the JSON values found at a container's partition-key paths,
 /// in path order: one value for a single path, two or three for a hierarchical key.
 ///

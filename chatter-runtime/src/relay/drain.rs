@@ -246,17 +246,15 @@ impl Drain {
         };
         let message_id = message.message_id.clone();
         let destination = message.destination.clone();
-        let published = match self.broker.check(&message) {
-            Ok(()) => tokio::time::timeout(self.publish_timeout, self.broker.publish(message))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(BrokerError::Timeout {
-                        operation: format!("publish `{message_id}` to `{destination}`"),
-                        after: self.publish_timeout,
-                    })
-                }),
-            Err(refusal) => Err(refusal),
-        };
+        // `Broker::publish` refuses what `Broker::check` would, with the same permanent error.
+        let published = tokio::time::timeout(self.publish_timeout, self.broker.publish(message))
+            .await
+            .unwrap_or_else(|_| {
+                Err(BrokerError::Timeout {
+                    operation: format!("publish `{message_id}` to `{destination}`"),
+                    after: self.publish_timeout,
+                })
+            });
         match published {
             Ok(()) => {}
             Err(refusal) if refusal.is_permanent() => {
@@ -335,12 +333,12 @@ impl Drain {
             })
             .collect();
         let key = cosmos::partition_key(&values)?;
-        tokio::time::timeout(
+        cosmos::store::bounded(
+            "patch_item",
             self.store_timeout,
             cosmos::patch_item(&self.container, key, id, ops),
         )
-        .await
-        .map_err(|_| CosmosStoreError::timeout("patch_item", self.store_timeout))??;
+        .await?;
         Ok(ConfirmationReceipt)
     }
 }

@@ -102,7 +102,7 @@ impl Consumer {
     /// Subscribes again with backoff until it works (`None` on shutdown).
     async fn resubscribe(&self) -> Option<Subscription> {
         let destination = self.command.registration.destination;
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut backoff = Backoff::reconnect();
         loop {
             match self.broker.subscribe(destination).await {
                 Ok(subscription) => return Some(subscription),

@@ -29,28 +29,8 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-/// Places an order and sends `OrderPlaced` to the queue named by `events` (the same declaration
-/// as in `tests/relay_kill_restart.rs`, so both register the same monitored container).
-#[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
-#[cosmos(database = "relay-kill", container = "orders", lease = "orders-leases")]
-#[partition_key(path = "/orderId")]
-#[serde(rename_all = "camelCase")]
-pub struct PlaceOrder {
-    pub order_id: String,
-    pub events: String,
-}
-
-#[handler]
-async fn place_order(command: PlaceOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
-    ctx.upsert(json!({ "id": command.order_id, "orderId": command.order_id }))?;
-    let event = format!("{}:OrderPlaced", ctx.message_id());
-    ctx.send(BrokeredMessage::json(
-        event,
-        command.events,
-        json!({ "orderId": command.order_id }).to_string(),
-    ))?;
-    Ok(())
-}
+// `PlaceOrder`, shared with the tests that run this worker (the same monitored container).
+include!("../relay_commands/place_order.rs");
 
 /// Test double (a fault the real parts cannot produce at a precise moment): the process
 /// "dies" between the broker's confirm and the delivered stamp. Publishes through the real

@@ -16,6 +16,7 @@ use super::lease::{LeaseDocument, LeaseStore, LeaseWrite, now_millis};
 use super::ranges::{self, Bounds, bounds};
 use super::worker::{self, LeaseSlot, StopReason, WorkerContext};
 use crate::cosmos::CosmosStoreError;
+use crate::cosmos::store::bounded;
 
 /// Reads the monitored container's feed ranges (physical partitions), bypassing the SDK's
 /// cache when `refresh` so that splits are seen.
@@ -25,10 +26,13 @@ pub(crate) async fn read_ranges(
     timeout: std::time::Duration,
 ) -> Result<Vec<FeedRange>, CosmosStoreError> {
     let options = ReadFeedRangesOptions::default().with_force_refresh(refresh);
-    tokio::time::timeout(timeout, monitored.read_feed_ranges(Some(options)))
-        .await
-        .map_err(|_| CosmosStoreError::timeout("read_feed_ranges", timeout))?
-        .map_err(|e| CosmosStoreError::request("read_feed_ranges", e))
+    bounded("read_feed_ranges", timeout, async {
+        monitored
+            .read_feed_ranges(Some(options))
+            .await
+            .map_err(|e| CosmosStoreError::request("read_feed_ranges", e))
+    })
+    .await
 }
 
 /// Creates a free lease for every part of a feed range that no lease of the processor covers
@@ -40,11 +44,7 @@ pub(crate) async fn create_missing_leases(
     leases: &[LeaseDocument],
     ranges: &[FeedRange],
 ) -> Result<usize, CosmosStoreError> {
-    let existing: Vec<Bounds> = leases
-        .iter()
-        .filter_map(LeaseDocument::range)
-        .map(|r| bounds(&r))
-        .collect();
+    let existing = lease_bounds(leases);
     let mut created = 0;
     for range in ranges {
         for piece in ranges::uncovered(&bounds(range), &existing) {
@@ -70,14 +70,19 @@ pub(crate) async fn create_missing_leases(
     Ok(created)
 }
 
-/// Logs at Error when the leases do not tile the whole key range `""..FF`: documents in a gap
-/// would never be relayed.
-fn check_coverage(processor: &str, leases: &[LeaseDocument]) {
-    let covered: Vec<Bounds> = leases
+/// The key ranges of `leases` (those whose range can be read).
+fn lease_bounds(leases: &[LeaseDocument]) -> Vec<Bounds> {
+    leases
         .iter()
         .filter_map(LeaseDocument::range)
         .map(|r| bounds(&r))
-        .collect();
+        .collect()
+}
+
+/// Logs at Error when the leases do not tile the whole key range `""..FF`: documents in a gap
+/// would never be relayed.
+fn check_coverage(processor: &str, leases: &[LeaseDocument]) {
+    let covered = lease_bounds(leases);
     let gaps = ranges::gaps(&covered);
     if !gaps.is_empty() {
         tracing::error!(

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::cosmos::store::{create_item, delete_item, read_item, replace_item};
+use crate::cosmos::store::{bounded, create_item, delete_item, read_item, replace_item};
 use crate::cosmos::{CosmosStoreError, PartitionKey, partition_key};
 
 /// The bounds of a lease's feed range: hex effective-partition-key values, `min` inclusive,
@@ -179,19 +179,17 @@ pub(crate) struct LeaseStore {
 impl LeaseStore {
     /// Every lease document of this processor (a malformed one is reported at Error).
     pub(crate) async fn list(&self) -> Result<Vec<LeaseDocument>, CosmosStoreError> {
-        self.bounded("query_leases", self.list_unbounded()).await
+        bounded("query_leases", self.timeout, self.list_unbounded()).await
     }
 
     /// See `repair_unbounded`, bounded by the store timeout.
     pub(crate) async fn repair(&self, lease: &LeaseDocument) -> Result<bool, CosmosStoreError> {
-        self.bounded("repair_lease", self.repair_unbounded(lease))
-            .await
+        bounded("repair_lease", self.timeout, self.repair_unbounded(lease)).await
     }
 
     /// See `create_unbounded`, bounded by the store timeout.
     pub(crate) async fn create(&self, lease: &LeaseDocument) -> Result<bool, CosmosStoreError> {
-        self.bounded("create_lease", self.create_unbounded(lease))
-            .await
+        bounded("create_lease", self.timeout, self.create_unbounded(lease)).await
     }
 
     /// See `replace_unbounded`, bounded by the store timeout (a timeout is a failed write).
@@ -210,16 +208,6 @@ impl LeaseStore {
             .unwrap_or_else(|_| {
                 LeaseWrite::Failed(CosmosStoreError::timeout("delete_lease", self.timeout))
             })
-    }
-
-    async fn bounded<T>(
-        &self,
-        operation: &'static str,
-        call: impl std::future::Future<Output = Result<T, CosmosStoreError>>,
-    ) -> Result<T, CosmosStoreError> {
-        tokio::time::timeout(self.timeout, call)
-            .await
-            .unwrap_or_else(|_| Err(CosmosStoreError::timeout(operation, self.timeout)))
     }
 
     /// Every lease document of this processor.

@@ -21,6 +21,7 @@ use super::options::{ChangeFeedProcessorOptions, StartFrom};
 use super::{BatchHandler, ChangeFeedBatch};
 use crate::backoff::Backoff;
 use crate::cosmos::CosmosStoreError;
+use crate::cosmos::store::bounded;
 use crate::registry::BoxError;
 
 /// Why a lease's worker stops.
@@ -117,15 +118,8 @@ impl LeaseSlot {
         let mut updated = lease.clone();
         change(&mut updated);
         updated.timestamp = now_millis();
-        let written = tokio::time::timeout(ctx.options.store_timeout, store.replace(&updated))
-            .await
-            .unwrap_or_else(|_| {
-                LeaseWrite::Failed(CosmosStoreError::timeout(
-                    "replace_lease",
-                    ctx.options.store_timeout,
-                ))
-            });
-        match written {
+        // `replace` is bounded by the store timeout.
+        match store.replace(&updated).await {
             LeaseWrite::Written(etag) => {
                 updated.etag = etag;
                 *lease = updated;
@@ -291,17 +285,12 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
     // a write works again.
     let mut written = position.clone();
     while !slot.is_stopping() {
-        let read = tokio::time::timeout(
+        let read = bounded(
+            "query_change_feed",
             ctx.options.store_timeout,
             read_page(ctx, &slot.range, position.as_deref()),
         )
-        .await
-        .unwrap_or_else(|_| {
-            Err(CosmosStoreError::timeout(
-                "query_change_feed",
-                ctx.options.store_timeout,
-            ))
-        });
+        .await;
         let (documents, next) = match read {
             Ok(page) => page,
             Err(error) => {
