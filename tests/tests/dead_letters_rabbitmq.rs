@@ -168,3 +168,116 @@ async fn poison_commands_are_dead_lettered_with_their_reason_and_healthy_ones_ar
         );
     }
 }
+
+/// A raw AMQP channel: a foreign client publishing what chatter itself never would.
+async fn foreign_channel() -> lapin::Channel {
+    let connection =
+        lapin::Connection::connect(rabbitmq::URI, lapin::ConnectionProperties::default())
+            .await
+            .unwrap();
+    // The connection lives as long as the channel needs it.
+    let connection = Box::leak(Box::new(connection));
+    connection.create_channel().await.unwrap()
+}
+
+/// Publishes a message without a message id (so no Brokered Message), non-persistent and
+/// expiring, to `queue`.
+async fn publish_foreign(channel: &lapin::Channel, queue: &str, body: &[u8]) {
+    use lapin::options::BasicPublishOptions;
+    use lapin::types::ShortString;
+    let properties = lapin::BasicProperties::default().with_expiration(ShortString::from("600000"));
+    channel
+        .basic_publish(
+            ShortString::default(),
+            ShortString::from(queue),
+            BasicPublishOptions::default(),
+            body,
+            properties,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
+/// The next message on `queue`, pulled raw; panics if none arrives within the wait.
+async fn pull(channel: &lapin::Channel, queue: &str) -> lapin::message::Delivery {
+    use lapin::options::{BasicAckOptions, BasicGetOptions};
+    use lapin::types::ShortString;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(message) = channel
+            .basic_get(ShortString::from(queue), BasicGetOptions::default())
+            .await
+            .unwrap()
+        {
+            message
+                .delivery
+                .acker
+                .ack(BasicAckOptions::default())
+                .await
+                .unwrap();
+            return message.delivery;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nothing arrived on {queue}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// A delivery that is no Brokered Message (a foreign client's message without a message id) is
+// moved verbatim to the dead-letter queue with its reason, persistent and without its expiration,
+// and the queue behind it keeps flowing; a dead-letter queue deleted meanwhile is declared again.
+#[tokio::test]
+async fn a_delivery_that_is_no_brokered_message_is_moved_verbatim_to_the_dead_letter_queue() {
+    let consumer = rabbitmq::connect(WAIT).await;
+    let admin = rabbitmq::connect(WAIT).await;
+    let queue = format!("chatter-test-foreign-{}", uuid::Uuid::new_v4().simple());
+    let dead_letters = dead_letter_destination(&queue);
+    let mut subscription = rabbitmq::subscribe(&consumer, &queue, WAIT).await;
+    let foreign = foreign_channel().await;
+
+    for round in ["first", "after the dead-letter queue was deleted"] {
+        publish_foreign(&foreign, &queue, round.as_bytes()).await;
+        let item = tokio::time::timeout(WAIT, subscription.next())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(
+                item,
+                Err(chatter_runtime::broker::BrokerError::Undecodable { .. })
+            ),
+            "{item:?}"
+        );
+        let letter = pull(&foreign, &dead_letters).await;
+        assert_eq!(letter.data, round.as_bytes(), "the body is kept");
+        assert_eq!(*letter.properties.delivery_mode(), Some(2), "persistent");
+        assert_eq!(*letter.properties.expiration(), None, "does not expire");
+        let reason = match letter.properties.headers().as_ref().and_then(|h| {
+            h.inner()
+                .get(chatter_runtime::broker::DEAD_LETTER_REASON_HEADER)
+                .cloned()
+        }) {
+            Some(lapin::types::AMQPValue::LongString(text)) => {
+                String::from_utf8_lossy(text.as_bytes()).into_owned()
+            }
+            other => panic!("no reason header: {other:?}"),
+        };
+        assert!(reason.contains("no message-id"), "{reason}");
+        // The next round finds the dead-letter queue gone (the consumer's broker declared it).
+        rabbitmq::delete_queue(&admin, &dead_letters, WAIT).await;
+    }
+    // A Brokered Message behind them is delivered as usual.
+    consumer
+        .publish(BrokeredMessage::json("fine", &queue, "{}"))
+        .await
+        .unwrap();
+    let delivery = next_delivery(&mut subscription, WAIT).await;
+    assert_eq!(delivery.message.message_id, "fine");
+    delivery.ack().await.unwrap();
+    drop(subscription);
+    assert_eq!(rabbitmq::delete_queue(&admin, &queue, WAIT).await, 0);
+}
