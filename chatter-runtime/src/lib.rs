@@ -38,6 +38,7 @@ mod backoff;
 pub mod broker;
 pub mod cosmos;
 pub mod document;
+mod error_chain;
 pub mod message;
 pub mod pipeline;
 pub mod registry;
@@ -45,6 +46,7 @@ pub mod relay;
 mod runtime;
 
 pub use chatter_macros::{DocumentReliable, handler};
+pub use error_chain::ErrorChain;
 pub use pipeline::HandlerContext;
 pub use registry::{BoxError, DocumentReliable};
 pub use runtime::{

@@ -12,13 +12,14 @@
 //! relaying (outbox documents other writers put in its container too) until Ctrl-C or SIGTERM,
 //! then shuts down gracefully, releasing its leases.
 
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::{self, CosmosConnection, ReadOutcome, provision};
 use chatter_runtime::message::BrokeredMessage;
-use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
+use chatter_runtime::{BoxError, DocumentReliable, ErrorChain, HandlerContext, Runtime, handler};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -78,12 +79,22 @@ async fn create_order(command: CreateOrder, ctx: &mut HandlerContext) -> Result<
 }
 
 #[tokio::main]
-async fn main() -> Result<(), BoxError> {
+async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_max_level(tracing::Level::WARN)
         .with_writer(std::io::stderr)
         .init();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // A sentence with its causes, not a `Debug` dump.
+            eprintln!("shop: {}", ErrorChain(&*error));
+            ExitCode::FAILURE
+        }
+    }
+}
 
+async fn run() -> Result<(), BoxError> {
     let cosmos = CosmosConnection::resolve().await?;
     println!(
         "store: {}",

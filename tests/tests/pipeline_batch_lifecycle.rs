@@ -8,7 +8,7 @@ use chatter_runtime::cosmos::{self, CosmosConnection, provision};
 use chatter_runtime::message::BrokeredMessage;
 use chatter_runtime::pipeline::{Outcome, PipelineError};
 use chatter_runtime::{
-    BoxError, DispatchError, DocumentReliable, HandlerContext, Runtime, handler,
+    BoxError, DispatchError, DocumentReliable, ErrorChain, HandlerContext, Runtime, handler,
 };
 use chatter_tests::store::{document, find_document};
 use serde::{Deserialize, Serialize};
@@ -366,7 +366,9 @@ async fn a_handler_error_commits_nothing() {
         .await
         .unwrap_err();
     assert!(
-        err.to_string().contains("the handler failed after staging"),
+        ErrorChain(&err)
+            .to_string()
+            .contains("the handler failed after staging"),
         "{err}"
     );
     assert!(read(&cosmos, "orders", json!("o-6"), "o-6").await.is_none());
@@ -387,20 +389,20 @@ async fn the_handle_rejects_reserved_ids_wrong_partitions_and_oversized_batches(
     let err = runtime
         .dispatch(order("o-7", "reserved-id"), "msg-7")
         .await
-        .unwrap_err()
-        .to_string();
+        .unwrap_err();
+    let err = ErrorChain(&err).to_string();
     assert!(err.contains("Chatter-reserved id namespace"), "{err}");
     let err = runtime
         .dispatch(order("o-8", "wrong-partition"), "msg-8")
         .await
-        .unwrap_err()
-        .to_string();
+        .unwrap_err();
+    let err = ErrorChain(&err).to_string();
     assert!(err.contains("partition-key value"), "{err}");
     let err = runtime
         .dispatch(order("o-9", "too-many"), "msg-9")
         .await
-        .unwrap_err()
-        .to_string();
+        .unwrap_err();
+    let err = ErrorChain(&err).to_string();
     assert!(err.contains("at most 100 operations"), "{err}");
     for id in ["o-7", "o-8", "o-9"] {
         assert!(
@@ -429,8 +431,8 @@ async fn a_message_the_relay_could_never_publish_is_refused_at_staging_and_nothi
         let err = runtime
             .dispatch(order(id, behaviour), &format!("msg-{id}"))
             .await
-            .unwrap_err()
-            .to_string();
+            .unwrap_err();
+        let err = ErrorChain(&err).to_string();
         assert!(err.contains("the message cannot be sent"), "{err}");
         assert!(err.contains(violation), "{err}");
         assert!(
@@ -503,7 +505,7 @@ async fn a_partition_key_cosmos_cannot_take_fails_before_the_handler_runs() {
         matches!(err, DispatchError::Pipeline(PipelineError::Cosmos { .. })),
         "{err}"
     );
-    assert!(err.to_string().contains("array"), "{err}");
+    assert!(ErrorChain(&err).to_string().contains("array"), "{err}");
     assert_eq!(
         TAG_ORDER_RUNS.load(Ordering::SeqCst),
         0,

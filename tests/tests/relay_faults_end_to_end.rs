@@ -17,7 +17,7 @@ use chatter_runtime::broker::{Broker, BrokerError};
 use chatter_runtime::cosmos::{self, ContainerClient};
 use chatter_runtime::document::OutboxDocument;
 use chatter_runtime::message::BrokeredMessage;
-use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
+use chatter_runtime::{BoxError, DocumentReliable, ErrorChain, HandlerContext, Runtime, handler};
 use chatter_tests::broker::Received;
 use chatter_tests::logs::capture;
 use chatter_tests::rabbitmq;
@@ -308,11 +308,8 @@ async fn a_handler_cannot_send_a_message_rabbitmq_would_refuse_every_time() {
             event_id,
             events,
         };
-        let err = runtime
-            .dispatch(command, "msg-9")
-            .await
-            .unwrap_err()
-            .to_string();
+        let err = runtime.dispatch(command, "msg-9").await.unwrap_err();
+        let err = ErrorChain(&err).to_string();
         assert!(
             err.contains("the broker would refuse it every time"),
             "{err}"

@@ -5,7 +5,8 @@ use std::sync::Mutex;
 use chatter_runtime::cosmos::{CosmosConnection, provision};
 use chatter_runtime::pipeline::{Outcome, PipelineError};
 use chatter_runtime::{
-    BoxError, DispatchError, DocumentReliable, HandlerContext, Runtime, StartError, handler,
+    BoxError, DispatchError, DocumentReliable, ErrorChain, HandlerContext, Runtime, StartError,
+    handler,
 };
 use serde::{Deserialize, Serialize};
 
@@ -101,7 +102,11 @@ async fn handler_error_surfaces_with_the_command_name() {
         ),
         "{err}"
     );
-    assert!(err.to_string().contains("quantity must be positive"));
+    assert!(
+        ErrorChain(&err)
+            .to_string()
+            .contains("quantity must be positive")
+    );
 }
 
 #[test]

@@ -75,7 +75,7 @@ pub enum BrokerError {
         after: std::time::Duration,
     },
     /// The broker client failed (connection refused or lost, channel closed by the server...).
-    #[error("broker {operation} failed: {source}")]
+    #[error("broker {operation} failed")]
     Transport {
         /// What was being done, e.g. `connect` or `queue.declare \`orders\``.
         operation: String,

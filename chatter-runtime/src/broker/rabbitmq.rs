@@ -31,6 +31,7 @@ use serde_json::{Map, Value};
 use tokio::runtime::Handle;
 
 use super::{Broker, BrokerError, Delivery, Liveness, Settle, Subscription};
+use crate::ErrorChain;
 use crate::backoff::Backoff;
 use crate::message::BrokeredMessage;
 
@@ -149,7 +150,7 @@ impl RabbitMqBroker {
                         return Err(error);
                     }
                     if attempts == 0 {
-                        tracing::error!(uri = %redact(uri), %error, "RabbitMQ unreachable; retrying the connection with backoff");
+                        tracing::error!(uri = %redact(uri), error = %ErrorChain(&error), "RabbitMQ unreachable; retrying the connection with backoff");
                     }
                     attempts += 1;
                     tokio::time::sleep(delay).await;
@@ -263,9 +264,9 @@ impl Inner {
                 }
                 Err(error) => {
                     if attempts == 0 {
-                        tracing::error!(uri = %redact(&self.uri), %error, "RabbitMQ connection lost; reconnecting with backoff");
+                        tracing::error!(uri = %redact(&self.uri), error = %ErrorChain(&error), "RabbitMQ connection lost; reconnecting with backoff");
                     } else {
-                        tracing::debug!(uri = %redact(&self.uri), attempts, %error, "RabbitMQ still unreachable");
+                        tracing::debug!(uri = %redact(&self.uri), attempts, error = %ErrorChain(&error), "RabbitMQ still unreachable");
                     }
                     attempts += 1;
                     tokio::time::sleep(backoff.next_delay()).await;
@@ -389,8 +390,8 @@ impl Inner {
                     .await
                 {
                     Err(error @ BrokerError::Transport { .. }) => {
-                        tracing::debug!(%error, "RabbitMQ publish failed; retrying on a new connection");
-                        last_error = Some(error.to_string());
+                        tracing::debug!(error = %ErrorChain(&error), "RabbitMQ publish failed; retrying on a new connection");
+                        last_error = Some(ErrorChain(&error).to_string());
                         // Its channel may be dead before the client noticed: open a new one.
                         *self.publisher.lock().await = None;
                         tokio::time::sleep(backoff.next_delay()).await;
@@ -634,7 +635,7 @@ impl Consuming {
                         backoff.reset();
                     }
                     Err(error) => {
-                        tracing::debug!(destination = %self.destination, %error, "RabbitMQ subscription not resumed yet");
+                        tracing::debug!(destination = %self.destination, error = %ErrorChain(&error), "RabbitMQ subscription not resumed yet");
                         tokio::time::sleep(backoff.next_delay()).await;
                     }
                 }
@@ -651,7 +652,7 @@ impl Consuming {
                     }
                     if !lost {
                         let error = match ended {
-                            Some(Err(e)) => e.to_string(),
+                            Some(Err(e)) => ErrorChain(&e).to_string(),
                             _ => "the server ended the consumer".to_owned(),
                         };
                         tracing::error!(destination = %self.destination, %error, "RabbitMQ subscription lost; it resumes once the broker is reachable");
@@ -846,11 +847,11 @@ async fn dead_letter_undecodable(
             tracing::error!(%destination, %message_id, %reason, %dead_letters, "dead-lettered a delivery that is not a Brokered Message");
             if let Err(e) = delivery.acker.ack(BasicAckOptions::default()).await {
                 // The channel is gone: the server requeues it, and it is dead-lettered again.
-                tracing::warn!(%destination, %message_id, error = %e, "could not ack the dead-lettered delivery");
+                tracing::warn!(%destination, %message_id, error = %ErrorChain(&e), "could not ack the dead-lettered delivery");
             }
         }
         Err(error) => {
-            tracing::error!(%destination, %message_id, %reason, %error, "could not dead-letter a delivery that is not a Brokered Message; returning it to the queue");
+            tracing::error!(%destination, %message_id, %reason, error = %ErrorChain(&error), "could not dead-letter a delivery that is not a Brokered Message; returning it to the queue");
             // Not at once: it comes straight back, and a dead-letter path that is down for a
             // while must not turn into a hot loop.
             tokio::time::sleep(UNDELIVERABLE_REQUEUE_DELAY).await;
@@ -859,7 +860,7 @@ async fn dead_letter_undecodable(
                 requeue: true,
             };
             if let Err(e) = delivery.acker.nack(options).await {
-                tracing::warn!(%destination, %message_id, error = %e, "could not return the delivery");
+                tracing::warn!(%destination, %message_id, error = %ErrorChain(&e), "could not return the delivery");
             }
         }
     }
@@ -932,7 +933,7 @@ impl Settle for AmqpSettle {
             handle.spawn(async move {
                 let message_id = self.message_id.clone();
                 if let Err(e) = (*self).nack().await {
-                    tracing::warn!(%message_id, error = %e, "nack of an abandoned delivery failed; the server requeues it when the channel closes");
+                    tracing::warn!(%message_id, error = %ErrorChain(&e), "nack of an abandoned delivery failed; the server requeues it when the channel closes");
                 }
             });
         }

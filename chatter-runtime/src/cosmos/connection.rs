@@ -68,17 +68,21 @@ impl CosmosConnection {
     /// SDK's rule). The SDK reads the account's properties here, so an unreachable endpoint
     /// fails now rather than at the first request.
     pub async fn connect(endpoint: &str, key: Option<&str>) -> Result<Self, CosmosStoreError> {
-        let parsed: AccountEndpoint = endpoint.trim().parse().map_err(|e| {
-            CosmosStoreError::Configuration(format!("invalid Cosmos endpoint '{endpoint}': {e}"))
-        })?;
+        let parsed: AccountEndpoint =
+            endpoint
+                .trim()
+                .parse()
+                .map_err(|source| CosmosStoreError::InvalidEndpoint {
+                    endpoint: endpoint.to_owned(),
+                    source,
+                })?;
         let key = match key.map(str::trim).filter(|k| !k.is_empty()) {
             Some(key) => key.to_owned(),
             None if is_loopback(&parsed) => EMULATOR_KEY.to_owned(),
             None => {
-                return Err(CosmosStoreError::Configuration(format!(
-                    "no account key given for Cosmos endpoint '{endpoint}' (set {KEY_ENV}); \
-                     only loopback emulator endpoints default to the emulator's well-known key"
-                )));
+                return Err(CosmosStoreError::MissingKey {
+                    endpoint: parsed.to_string(),
+                });
             }
         };
         let endpoint = parsed.to_string();
@@ -86,7 +90,19 @@ impl CosmosConnection {
         let client = CosmosClientBuilder::new()
             .build(account, RoutingStrategy::PreferredRegions(Vec::new()))
             .await
-            .map_err(|e| CosmosStoreError::request("connect", e))?;
+            .map_err(|source| {
+                // The SDK's diagnostics (hundreds of characters of JSON) are for debugging; the
+                // error says what failed and why in a sentence.
+                tracing::debug!(
+                    endpoint,
+                    diagnostics = format!("{source:#}"),
+                    "Cosmos DB connect failed"
+                );
+                CosmosStoreError::Unreachable {
+                    endpoint: endpoint.clone(),
+                    source,
+                }
+            })?;
         Ok(Self::from_parts(client, endpoint, false))
     }
 
@@ -160,11 +176,7 @@ impl CosmosConnection {
         }
         #[cfg(not(feature = "embedded"))]
         {
-            Err(CosmosStoreError::Configuration(format!(
-                "no Cosmos DB account configured: set {ENDPOINT_ENV} (and {KEY_ENV} unless it \
-                 is a loopback emulator endpoint), or enable chatter-runtime's `embedded` feature \
-                 for an in-memory store"
-            )))
+            Err(CosmosStoreError::NotConfigured)
         }
     }
 
@@ -293,7 +305,7 @@ mod tests {
         let err = CosmosConnection::connect("https://acct.documents.azure.com/", None)
             .await
             .unwrap_err();
-        assert!(matches!(err, CosmosStoreError::Configuration(_)), "{err}");
+        assert!(matches!(err, CosmosStoreError::MissingKey { .. }), "{err}");
         assert!(err.to_string().contains(KEY_ENV), "{err}");
     }
 }

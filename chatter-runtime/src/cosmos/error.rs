@@ -16,7 +16,7 @@ pub const KEY_ENV: &str = "CHATTER_COSMOS_KEY";
 #[non_exhaustive]
 pub enum CosmosStoreError {
     /// A Cosmos request failed (answered with a non-success status, or not answered at all).
-    #[error("Cosmos {operation} failed with HTTP status {status}{}: {source}", sub_status_text(*.sub_status))]
+    #[error("Cosmos {operation} failed with HTTP status {status}{}", sub_status_text(*.sub_status))]
     Request {
         /// What was attempted, e.g. `read_item`, `execute_batch`, `create_container`.
         operation: &'static str,
@@ -64,13 +64,14 @@ pub enum CosmosStoreError {
         operation: &'static str,
     },
 
-    /// The SDK could not encode a request or decode a response body.
-    #[error("Cosmos {operation}: {message}")]
+    /// A request or response body could not be encoded or decoded.
+    #[error("Cosmos {operation} could not encode or decode a body")]
     Codec {
         /// What was attempted.
         operation: &'static str,
         /// What went wrong.
-        message: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 
     /// A store call did not finish within its timeout; it was cancelled and may be retried.
@@ -82,9 +83,43 @@ pub enum CosmosStoreError {
         after: std::time::Duration,
     },
 
-    /// The connection settings are missing or unusable.
-    #[error("{0}")]
-    Configuration(String),
+    /// The account endpoint did not answer: down, unreachable, or not a Cosmos DB endpoint.
+    #[error("cannot reach Cosmos DB at {endpoint}")]
+    Unreachable {
+        /// The endpoint that was dialled.
+        endpoint: String,
+        /// The SDK's error (its diagnostics are logged at debug level).
+        #[source]
+        source: CosmosError,
+    },
+
+    /// The account endpoint is not a URL the SDK accepts.
+    #[error("`{endpoint}` is not a valid Cosmos DB endpoint")]
+    InvalidEndpoint {
+        /// The endpoint as given.
+        endpoint: String,
+        /// Why the SDK refused it.
+        #[source]
+        source: CosmosError,
+    },
+
+    /// A non-loopback endpoint was given without an account key.
+    #[error(
+        "no account key given for Cosmos DB endpoint {endpoint} (set {KEY_ENV}); only loopback \
+         emulator endpoints default to the emulator's well-known key"
+    )]
+    MissingKey {
+        /// The endpoint.
+        endpoint: String,
+    },
+
+    /// No account is configured and the `embedded` store is not compiled in.
+    #[error(
+        "no Cosmos DB account configured: set {ENDPOINT_ENV} (and {KEY_ENV} unless it is a \
+         loopback emulator endpoint), or enable chatter-runtime's `embedded` feature for an \
+         in-memory store"
+    )]
+    NotConfigured,
 
     /// A container that provisioning found already exists with other partition-key paths.
     #[error(
@@ -123,10 +158,13 @@ impl CosmosStoreError {
     }
 
     /// Wraps an SDK error raised while encoding or decoding a body.
-    pub(crate) fn codec(operation: &'static str, source: impl std::fmt::Display) -> Self {
+    pub(crate) fn codec(
+        operation: &'static str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
         Self::Codec {
             operation,
-            message: source.to_string(),
+            source: source.into(),
         }
     }
 

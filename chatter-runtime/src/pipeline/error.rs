@@ -37,17 +37,17 @@ pub enum StageError {
         found: String,
     },
     /// The document could not be serialized.
-    #[error("the document could not be serialized to JSON: {0}")]
+    #[error("the document could not be serialized to JSON")]
     Encode(#[source] serde_json::Error),
     /// A reserved id, an over-long id, or an outbox document that cannot be built.
     #[error(transparent)]
     Document(#[from] DocumentError),
     /// The message's Outbox Document would violate the Outbox Document Contract: the relay could
     /// never publish it.
-    #[error("the message cannot be sent: {0}")]
+    #[error("the message cannot be sent")]
     OutboxContract(#[from] ContractViolations),
     /// The configured broker would refuse the message every time.
-    #[error("the message cannot be sent: the broker would refuse it every time: {0}")]
+    #[error("the message cannot be sent: the broker would refuse it every time")]
     Unpublishable(#[from] BrokerError),
 }
 
@@ -62,8 +62,19 @@ pub enum PipelineError {
         /// The command name.
         command: &'static str,
     },
-    /// The message body is not JSON or does not decode into the command.
-    #[error("the body of `{command}` message '{message_id}' does not decode: {source}")]
+    /// The message body is not JSON at all.
+    #[error("the body of `{command}` message '{message_id}' is not JSON")]
+    NotJson {
+        /// The command name.
+        command: &'static str,
+        /// The message id.
+        message_id: String,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The message body is JSON but does not decode into the command.
+    #[error("the body of `{command}` message '{message_id}' does not decode")]
     Decode {
         /// The command name.
         command: &'static str,
@@ -74,7 +85,7 @@ pub enum PipelineError {
         source: serde_json::Error,
     },
     /// The inbox marker could not be built (e.g. the message id makes an over-long item id).
-    #[error("the inbox marker of `{command}` message '{message_id}' could not be built: {source}")]
+    #[error("the inbox marker of `{command}` message '{message_id}' could not be built")]
     Marker {
         /// The command name.
         command: &'static str,
@@ -85,9 +96,7 @@ pub enum PipelineError {
         source: DocumentError,
     },
     /// The handler failed; nothing was committed.
-    #[error(
-        "handler of `{command}` failed on message '{message_id}'; nothing was committed: {source}"
-    )]
+    #[error("handler of `{command}` failed on message '{message_id}'; nothing was committed")]
     Handler {
         /// The command name.
         command: &'static str,
@@ -114,7 +123,7 @@ pub enum PipelineError {
         operation_statuses: Vec<u16>,
     },
     /// A Cosmos call failed.
-    #[error("Cosmos call for `{command}` message '{message_id}' failed: {source}")]
+    #[error("Cosmos call for `{command}` message '{message_id}' failed")]
     Cosmos {
         /// The command name.
         command: &'static str,
@@ -125,7 +134,7 @@ pub enum PipelineError {
         source: CosmosStoreError,
     },
     /// A pass-through delivery's message could not be published.
-    #[error("publishing a message sent by the handler of `{command}` failed: {source}")]
+    #[error("publishing a message sent by the handler of `{command}` failed")]
     Publish {
         /// The command name.
         command: &'static str,
@@ -137,13 +146,16 @@ pub enum PipelineError {
 
 impl PipelineError {
     /// Whether this delivery can never succeed, however often it is tried: its body does not
-    /// decode into the command, it has no message id, or no inbox marker can be built for its
+    /// decode into the command (or is not JSON), it has no message id, or no inbox marker can be built for its
     /// message id. The consumer dead-letters such a delivery at once; every other failure is
     /// tried again.
     pub fn is_permanent(&self) -> bool {
         matches!(
             self,
-            Self::MissingMessageId { .. } | Self::Decode { .. } | Self::Marker { .. }
+            Self::MissingMessageId { .. }
+                | Self::NotJson { .. }
+                | Self::Decode { .. }
+                | Self::Marker { .. }
         )
     }
 }

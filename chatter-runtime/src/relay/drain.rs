@@ -79,7 +79,7 @@ pub enum DrainError {
     },
     /// The broker did not confirm; the document stays pending.
     #[error(
-        "publishing outbox message '{message_id}' to `{destination}` failed; it stays pending and is published again: {source}"
+        "publishing outbox message '{message_id}' to `{destination}` failed; it stays pending and is published again"
     )]
     Publish {
         /// The message id.
@@ -93,7 +93,7 @@ pub enum DrainError {
     /// Published, but the delivered stamp failed (a Confirmation Failure): it will be published
     /// again (consumers dedup), until the gate suspends the lease.
     #[error(
-        "outbox message '{message_id}' was published but stamping it delivered failed; it stays pending and is published again: {source}"
+        "outbox message '{message_id}' was published but stamping it delivered failed; it stays pending and is published again"
     )]
     Confirmation {
         /// The message id.
@@ -104,7 +104,7 @@ pub enum DrainError {
     },
     /// An undeliverable document could not be stamped; nothing was published, so this is no
     /// Confirmation Failure (R5.35).
-    #[error("outbox document '{id}' is undeliverable and stamping it so failed: {source}")]
+    #[error("outbox document '{id}' is undeliverable and stamping it so failed")]
     UndeliverableStamp {
         /// The document id.
         id: String,

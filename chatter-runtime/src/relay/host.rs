@@ -60,7 +60,7 @@ pub enum RelayError {
     Contract(#[from] MonitoredContainersError),
     /// A monitored or lease container could not be reached.
     #[error(
-        "the relay of `{database}/{container}` could not reach container `{database}/{missing}`: {source}"
+        "the relay of `{database}/{container}` could not reach container `{database}/{missing}`"
     )]
     Container {
         /// The database.
@@ -74,7 +74,7 @@ pub enum RelayError {
         source: CosmosStoreError,
     },
     /// A change-feed processor did not start.
-    #[error("the change-feed processor of `{database}/{container}` did not start: {source}")]
+    #[error("the change-feed processor of `{database}/{container}` did not start")]
     Processor {
         /// The database.
         database: &'static str,

@@ -21,6 +21,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::health::ConsumerStatus;
+use crate::ErrorChain;
 use crate::backoff::Backoff;
 use crate::broker::{Broker, Delivery, Subscription, dead_letter_destination};
 use crate::message::BrokeredMessage;
@@ -90,7 +91,7 @@ impl Consumer {
             match next {
                 None => return true,
                 Some(Err(error)) => {
-                    tracing::error!(command = name, %error, "chatter consumer: the broker reported a failed delivery");
+                    tracing::error!(command = name, error = %ErrorChain(&error), "chatter consumer: the broker reported a failed delivery");
                 }
                 // A delivery in progress finishes even when shutdown is requested: settling it
                 // is what keeps it from being lost or handled twice.
@@ -107,8 +108,9 @@ impl Consumer {
             match self.broker.subscribe(destination).await {
                 Ok(subscription) => return Some(subscription),
                 Err(error) => {
-                    tracing::debug!(destination, %error, "chatter consumer: subscribing failed; retrying");
-                    self.status.reconnecting(Some(error.to_string()));
+                    tracing::debug!(destination, error = %ErrorChain(&error), "chatter consumer: subscribing failed; retrying");
+                    self.status
+                        .reconnecting(Some(ErrorChain(&error).to_string()));
                 }
             }
             tokio::select! {
@@ -124,26 +126,29 @@ impl Consumer {
         let attempt = attempt_of(&delivery.message);
         let redelivered = delivery.redelivered || attempt > 1;
         let result = match serde_json::from_str(&delivery.message.body) {
-            Ok(body) => self
-                .pipeline
-                .handle(&self.command, body, &message_id, redelivered)
-                .await
-                .map_err(Failure::from),
-            Err(e) => Err(Failure::Permanent(format!(
-                "the body of `{name}` message '{message_id}' is not JSON: {e}"
-            ))),
+            Ok(body) => {
+                self.pipeline
+                    .handle(&self.command, body, &message_id, redelivered)
+                    .await
+            }
+            Err(source) => Err(PipelineError::NotJson {
+                command: name,
+                message_id: message_id.clone(),
+                source,
+            }),
         };
         match result {
             Ok(outcome) => {
                 log_outcome(name, &message_id, outcome);
                 if let Err(error) = delivery.ack().await {
-                    tracing::error!(command = name, message_id, %error, "chatter consumer: ack failed; the broker will redeliver");
+                    tracing::error!(command = name, message_id, error = %ErrorChain(&error), "chatter consumer: ack failed; the broker will redeliver");
                 }
             }
-            Err(Failure::Permanent(reason)) => {
+            Err(error) if error.is_permanent() => {
+                let reason = ErrorChain(&error).to_string();
                 self.dead_letter(delivery, attempt, &reason).await;
             }
-            Err(Failure::Transient(reason)) => {
+            Err(error) => {
                 let max = self
                     .command
                     .registration
@@ -151,11 +156,12 @@ impl Consumer {
                     .unwrap_or(DEFAULT_MAX_DELIVERY_ATTEMPTS);
                 if attempt >= max {
                     let reason = format!(
-                        "it failed on each of its {attempt} delivery attempts; the last: {reason}"
+                        "it failed on each of its {attempt} delivery attempts; the last: {}",
+                        ErrorChain(&error)
                     );
                     self.dead_letter(delivery, attempt, &reason).await;
                 } else {
-                    tracing::error!(command = name, message_id, attempt, max_attempts = max, error = %reason, "chatter delivery failed; it is delivered again");
+                    tracing::error!(command = name, message_id, attempt, max_attempts = max, error = %ErrorChain(&error), "chatter delivery failed; it is delivered again");
                     self.retry(delivery, attempt).await;
                 }
             }
@@ -178,13 +184,13 @@ impl Consumer {
             Ok(()) => {
                 if let Err(error) = delivery.ack().await {
                     // The original comes back too: one extra delivery, nothing lost.
-                    tracing::error!(command = name, message_id, %error, "chatter consumer: ack after requeue failed");
+                    tracing::error!(command = name, message_id, error = %ErrorChain(&error), "chatter consumer: ack after requeue failed");
                 }
             }
             Err(error) => {
-                tracing::error!(command = name, message_id, %error, "chatter consumer: could not requeue the next attempt; returning the delivery to the broker");
+                tracing::error!(command = name, message_id, error = %ErrorChain(&error), "chatter consumer: could not requeue the next attempt; returning the delivery to the broker");
                 if let Err(error) = delivery.nack().await {
-                    tracing::error!(command = name, message_id, %error, "chatter consumer: nack failed");
+                    tracing::error!(command = name, message_id, error = %ErrorChain(&error), "chatter consumer: nack failed");
                 }
             }
         }
@@ -217,34 +223,16 @@ impl Consumer {
                     "chatter dead-lettered a delivery"
                 );
                 if let Err(error) = delivery.ack().await {
-                    tracing::error!(command = name, message_id, %error, "chatter consumer: ack after dead-lettering failed");
+                    tracing::error!(command = name, message_id, error = %ErrorChain(&error), "chatter consumer: ack after dead-lettering failed");
                 }
             }
             Err(error) => {
-                tracing::error!(command = name, message_id, %error, reason, "chatter consumer: could not dead-letter the delivery; returning it to the broker");
+                tracing::error!(command = name, message_id, error = %ErrorChain(&error), reason, "chatter consumer: could not dead-letter the delivery; returning it to the broker");
                 tokio::time::sleep(self.redelivery_delay).await;
                 if let Err(error) = delivery.nack().await {
-                    tracing::error!(command = name, message_id, %error, "chatter consumer: nack failed");
+                    tracing::error!(command = name, message_id, error = %ErrorChain(&error), "chatter consumer: nack failed");
                 }
             }
-        }
-    }
-}
-
-/// Why a delivery failed.
-enum Failure {
-    /// It can never succeed: dead-letter it now.
-    Permanent(String),
-    /// It may succeed on a later attempt.
-    Transient(String),
-}
-
-impl From<PipelineError> for Failure {
-    fn from(error: PipelineError) -> Self {
-        if error.is_permanent() {
-            Self::Permanent(error.to_string())
-        } else {
-            Self::Transient(error.to_string())
         }
     }
 }

@@ -12,12 +12,13 @@ pub enum StartError {
     #[error(transparent)]
     Registry(#[from] RegistryError),
     /// The Cosmos connection could not be made.
-    #[error("chatter could not connect to Cosmos DB: {0}")]
+    #[error(transparent)]
     Cosmos(#[from] CosmosStoreError),
     /// A command's container could not be reached.
     #[error(
-        "command `{command}` writes to container `{database}/{container}`, which could not be reached: {source}. \
-         chatter never creates containers: create it (in development, `chatter_runtime::cosmos::provision::ensure_container`)"
+        "command `{command}` writes to container `{database}/{container}`, which could not be reached \
+         (chatter never creates containers: create it; in development, with \
+         `chatter_runtime::cosmos::provision::ensure_container`)"
     )]
     Container {
         /// The command.
@@ -35,9 +36,7 @@ pub enum StartError {
     Relay(#[from] crate::relay::host::RelayError),
     /// The broker could never carry a command's dead letters (e.g. `<destination>.dead-letter`
     /// is longer than AMQP allows): choose a shorter destination.
-    #[error(
-        "the dead letters of command `{command}` could never be published to `{dead_letters}`: {source}"
-    )]
+    #[error("the dead letters of command `{command}` could never be published to `{dead_letters}`")]
     DeadLetters {
         /// The command name.
         command: &'static str,
@@ -48,7 +47,7 @@ pub enum StartError {
         source: BrokerError,
     },
     /// A command's destination could not be consumed.
-    #[error("chatter could not subscribe to destination `{destination}`: {source}")]
+    #[error("chatter could not subscribe to destination `{destination}`")]
     Subscribe {
         /// The destination.
         destination: &'static str,
@@ -70,7 +69,7 @@ pub enum DispatchError {
         command: &'static str,
     },
     /// The command could not be serialized.
-    #[error("the command could not be serialized to JSON: {0}")]
+    #[error("the command could not be serialized to JSON")]
     Encode(#[source] serde_json::Error),
     /// The document tier failed; nothing was committed.
     #[error(transparent)]

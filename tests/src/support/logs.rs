@@ -91,7 +91,10 @@ impl Visit for Fields {
     }
 
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        self.fields
-            .insert(field.name().to_owned(), value.to_string());
+        // As a subscriber shows it: the error and its causes.
+        self.fields.insert(
+            field.name().to_owned(),
+            chatter_runtime::ErrorChain(value).to_string(),
+        );
     }
 }

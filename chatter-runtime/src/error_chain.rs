@@ -1,0 +1,152 @@
+//! [`ErrorChain`]: an error and its causes as one sentence.
+
+use std::error::Error;
+use std::fmt;
+
+/// Displays an error followed by each of its [`source`](Error::source)s, joined by `": "`:
+/// `cannot reach Cosmos DB at http://127.0.0.1:9/: connection refused`.
+///
+/// chatter's errors follow the Rust API guidelines: an error's `Display` says what failed and
+/// its `source()` says why, so printing only `Display` drops the cause. Print an error with
+/// `ErrorChain` where a person reads it (a binary's `main`, a log line), as chatter's own logs do.
+///
+/// ```
+/// use chatter_runtime::ErrorChain;
+///
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("could not load the configuration")]
+/// struct Load(#[source] std::io::Error);
+///
+/// let error = Load(std::io::Error::other("permission denied"));
+/// assert_eq!(
+///     ErrorChain(&error).to_string(),
+///     "could not load the configuration: permission denied"
+/// );
+/// ```
+#[derive(Clone, Copy)]
+pub struct ErrorChain<'a>(pub &'a (dyn Error + 'static));
+
+impl fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut previous = self.0.to_string();
+        f.write_str(&previous)?;
+        let mut cause = self.0.source();
+        while let Some(error) = cause {
+            // Some clients wrap an error in one that says the same; say it once.
+            let text = error.to_string();
+            if text != previous {
+                write!(f, ": {text}")?;
+            }
+            previous = text;
+            cause = error.source();
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ErrorChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] Middle);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("middle")]
+    struct Middle(#[source] std::io::Error);
+
+    #[test]
+    fn every_cause_is_printed_once_in_order() {
+        let error = Outer(Middle(std::io::Error::other("inner")));
+        assert_eq!(ErrorChain(&error).to_string(), "outer: middle: inner");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("same")]
+    struct Same(#[source] std::io::Error);
+
+    #[test]
+    fn a_cause_repeating_its_wrapper_is_printed_once() {
+        let error = Same(std::io::Error::other("same"));
+        assert_eq!(ErrorChain(&error).to_string(), "same");
+    }
+
+    /// The Rust API guidelines' rule, held for one error of every kind that has a cause: its
+    /// own `Display` never repeats the cause that `source()` returns.
+    #[test]
+    fn no_error_prints_its_source_in_its_own_display() {
+        use crate::broker::BrokerError;
+        use crate::cosmos::CosmosStoreError;
+        use crate::pipeline::PipelineError;
+        use crate::relay::drain::DrainError;
+        use crate::runtime::StartError;
+
+        let sdk = || {
+            "not an endpoint"
+                .parse::<azure_data_cosmos::AccountEndpoint>()
+                .unwrap_err()
+        };
+        let json = || serde_json::from_str::<serde_json::Value>("{").unwrap_err();
+        let transport = || BrokerError::transport("connect", std::io::Error::other("refused"));
+        let unreachable = || CosmosStoreError::Unreachable {
+            endpoint: "http://127.0.0.1:9/".into(),
+            source: sdk(),
+        };
+        let errors: Vec<Box<dyn Error>> = vec![
+            Box::new(unreachable()),
+            Box::new(CosmosStoreError::request("read_item", sdk())),
+            Box::new(CosmosStoreError::codec("read_item", json())),
+            Box::new(transport()),
+            Box::new(PipelineError::NotJson {
+                command: "C",
+                message_id: "m".into(),
+                source: json(),
+            }),
+            Box::new(PipelineError::Cosmos {
+                command: "C",
+                message_id: "m".into(),
+                source: unreachable(),
+            }),
+            Box::new(StartError::Container {
+                command: "C",
+                database: "d",
+                container: "c",
+                source: unreachable(),
+            }),
+            Box::new(StartError::Subscribe {
+                destination: "d",
+                source: transport(),
+            }),
+            Box::new(DrainError::Publish {
+                message_id: "m".into(),
+                destination: "d".into(),
+                source: transport(),
+            }),
+        ];
+        for error in errors {
+            let cause = error
+                .source()
+                .expect("every sample has a cause")
+                .to_string();
+            let own = error.to_string();
+            assert!(!own.contains(&cause), "`{own}` repeats its cause `{cause}`");
+            assert_eq!(
+                ErrorChain(&*error).to_string(),
+                format!("{own}: {}", ErrorChain(error.source().unwrap()))
+            );
+        }
+    }
+
+    #[test]
+    fn an_error_without_a_source_prints_alone() {
+        let error = std::io::Error::other("alone");
+        assert_eq!(ErrorChain(&error).to_string(), "alone");
+    }
+}
