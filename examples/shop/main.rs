@@ -71,8 +71,8 @@ async fn create_order(command: CreateOrder, ctx: &mut HandlerContext) -> Result<
         quantity: command.quantity,
     };
     ctx.send_json(
-        "order-events",
         &format!("{}:OrderCreated", ctx.message_id()),
+        "order-events",
         &event,
     )?;
     Ok(())

@@ -55,8 +55,8 @@ pub struct PlaceOrder {
 async fn place_order(command: PlaceOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
     ctx.upsert(json!({ "id": command.order_id, "orderId": command.order_id, "status": "placed" }))?;
     ctx.send_json(
-        DESTINATION,
         &format!("{}:created", ctx.message_id()),
+        DESTINATION,
         &json!({ "orderId": command.order_id }),
     )?;
     Ok(())

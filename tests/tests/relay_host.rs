@@ -31,8 +31,8 @@ pub struct CreateOrder {
 async fn create_order(command: CreateOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
     ctx.upsert(json!({ "id": command.order_id, "orderId": command.order_id, "status": "placed" }))?;
     ctx.send_json(
-        "order-events",
         &format!("{}:created", ctx.message_id()),
+        "order-events",
         &json!({ "orderId": command.order_id }),
     )?;
     Ok(())

@@ -213,11 +213,15 @@ impl HandlerContext {
         Ok(())
     }
 
-    /// Sends `body` as JSON to `destination` under `message_id` through the outbox (see [`send`](Self::send)).
+    /// Sends `body` as JSON under `message_id` to `destination` through the outbox (see
+    /// [`send`](Self::send)).
+    ///
+    /// The arguments come in the order of [`BrokeredMessage::json`]: the message's identity,
+    /// then where it goes, then what it says.
     pub fn send_json(
         &mut self,
-        destination: &str,
         message_id: &str,
+        destination: &str,
         body: &impl Serialize,
     ) -> Result<(), StageError> {
         let body = serde_json::to_string(body).map_err(StageError::Encode)?;

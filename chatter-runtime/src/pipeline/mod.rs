@@ -33,8 +33,10 @@ pub enum Outcome {
     },
     /// The inbox marker already existed for this message id: nothing was committed again.
     Duplicate,
-    /// The command's partition key did not resolve: the handler ran without a batch.
-    PassedThrough,
+    /// The command's partition key did not resolve, so exactly-once was **not** in force: no
+    /// batch and no inbox marker guarded the delivery. The handler ran, its writes were refused
+    /// and its messages were published directly; a redelivery runs it again.
+    HandledAtLeastOnce,
 }
 
 /// Runs handlers inside the batch lifecycle.
@@ -193,7 +195,7 @@ impl Pipeline {
                     source,
                 })?;
         }
-        Ok(Outcome::PassedThrough)
+        Ok(Outcome::HandledAtLeastOnce)
     }
 }
 

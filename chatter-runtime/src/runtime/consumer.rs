@@ -263,10 +263,10 @@ fn log_outcome(name: &str, message_id: &str, outcome: Outcome) {
             message_id,
             "chatter duplicate delivery acknowledged"
         ),
-        Outcome::PassedThrough => tracing::info!(
+        Outcome::HandledAtLeastOnce => tracing::info!(
             command = name,
             message_id,
-            "chatter delivery handled without a batch"
+            "chatter delivery handled without a batch (at least once: its partition key did not resolve)"
         ),
     }
 }
