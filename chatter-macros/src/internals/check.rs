@@ -185,14 +185,13 @@ fn is_a_resource_name(cx: &Ctxt, value: &SpannedValue<String>, key: &str, attr: 
     forbidden.is_none()
 }
 
-/// `monitored_source` and `lease_source` come as a pair, each a non-blank resource name.
+/// `monitored_source` and `lease_source` come as a pair, each non-blank. A declared identity is an
+/// opaque token, not a resource name: any other text is accepted, `/` included.
 fn declared_source_identity(cx: &Ctxt, cosmos: &CosmosArgs) -> Option<(String, String)> {
     match (&cosmos.monitored_source, &cosmos.lease_source) {
         (Some(monitored), Some(lease)) => {
-            let monitored_ok = is_not_blank(cx, monitored, "monitored_source", "cosmos")
-                && is_a_resource_name(cx, monitored, "monitored_source", "cosmos");
-            let lease_ok = is_not_blank(cx, lease, "lease_source", "cosmos")
-                && is_a_resource_name(cx, lease, "lease_source", "cosmos");
+            let monitored_ok = is_not_blank(cx, monitored, "monitored_source", "cosmos");
+            let lease_ok = is_not_blank(cx, lease, "lease_source", "cosmos");
             (monitored_ok && lease_ok)
                 .then(|| (monitored.as_str().to_owned(), lease.as_str().to_owned()))
         }
@@ -781,6 +780,53 @@ mod tests {
         assert_eq!(
             checked.declared_source_identity,
             Some(("m".into(), "ls".into()))
+        );
+    }
+
+    #[test]
+    fn declared_identities_are_opaque_tokens_not_resource_names() {
+        let checked = run(parse_quote! {
+            #[cosmos(database = "d", container = "c", lease = "l", monitored_source = "fin/ledger", lease_source = "a\\b?#c")]
+            #[partition_key(path = "/k")]
+            struct S { k: String }
+        })
+        .unwrap();
+        assert_eq!(
+            checked.declared_source_identity,
+            Some(("fin/ledger".into(), "a\\b?#c".into()))
+        );
+    }
+
+    #[test]
+    fn blank_declared_identities_are_rejected_each() {
+        let errors = run(parse_quote! {
+            #[cosmos(database = "d", container = "c", lease = "l", monitored_source = "", lease_source = " \t")]
+            #[partition_key(path = "/k")]
+            struct S { k: String }
+        })
+        .unwrap_err();
+        assert_eq!(
+            errors,
+            [
+                "`#[cosmos(monitored_source = ...)]` must not be empty or whitespace",
+                "`#[cosmos(lease_source = ...)]` must not be empty or whitespace",
+            ]
+        );
+    }
+
+    #[test]
+    fn resource_names_still_refuse_a_slash() {
+        let errors = run(parse_quote! {
+            #[cosmos(database = "d", container = "fin/ledger", lease = "l")]
+            #[partition_key(path = "/k")]
+            struct S { k: String }
+        })
+        .unwrap_err();
+        assert_eq!(
+            errors,
+            [
+                "`#[cosmos(container = ...)]` contains `/`, which Cosmos DB does not allow in a resource name"
+            ]
         );
     }
 
