@@ -5,15 +5,20 @@ mod internals;
 
 use proc_macro::TokenStream;
 
-/// Registers a command type for the document tier. See `chatter_runtime::DocumentReliable`.
+#[doc = include_str!("../docs/document_reliable.md")]
 #[proc_macro_derive(DocumentReliable, attributes(cosmos, partition_key, chatter))]
 pub fn derive_document_reliable(input: TokenStream) -> TokenStream {
     let input = syn::parse_macro_input!(input as syn::DeriveInput);
-    internals::derive::expand(&input).into()
+    internals::document_reliable(&input)
+        .unwrap_or_else(|errors| internals::fallback::document_reliable(&input, errors))
+        .into()
 }
 
-/// Binds an `async fn(command: C, ctx: &mut HandlerContext)` as the handler of command `C`.
+#[doc = include_str!("../docs/handler.md")]
 #[proc_macro_attribute]
 pub fn handler(args: TokenStream, item: TokenStream) -> TokenStream {
-    internals::handler::expand(args.into(), item.into()).into()
+    let item = proc_macro2::TokenStream::from(item);
+    internals::handler(args.into(), item.clone())
+        .unwrap_or_else(|errors| internals::fallback::handler(item, errors))
+        .into()
 }

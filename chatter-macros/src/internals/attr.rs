@@ -1,11 +1,12 @@
 //! Parse: the derive input's attributes into plain receivers, reporting malformed syntax.
 
+use darling::FromMeta;
 use darling::util::SpannedValue;
-use darling::{FromMeta, error::Accumulator};
 use proc_macro2::Span;
 use syn::spanned::Spanned;
 use syn::{Attribute, DeriveInput, Ident};
 
+use super::ctxt::Ctxt;
 use super::serde_names::{self, FieldSerde};
 
 /// `#[cosmos(...)]`: where the command's documents live.
@@ -70,19 +71,15 @@ pub struct Command {
 
 /// Parses the derive input. Shape errors (enum, tuple, generics) are reported but parsing goes on
 /// as far as it can, so every mistake shows at once.
-pub fn parse(input: &DeriveInput, acc: &mut Accumulator) -> Command {
+pub fn parse(cx: &Ctxt, input: &DeriveInput) -> Command {
     let ident = input.ident.clone();
     if !input.generics.params.is_empty() {
-        acc.push(
-            syn::Error::new(
-                input.generics.params.span(),
+        cx.error(
+input.generics.params.span(),
                 format!(
                     "`#[derive(DocumentReliable)]` does not support generic parameters: the registry holds one \
                      registration per concrete type; define a non-generic `struct {ident}`"
-                ),
-            )
-            .into(),
-        );
+                ));
     }
     let rename_all = serde_names::container_rename_all(&input.attrs);
     let fields = match &input.data {
@@ -95,7 +92,7 @@ pub fn parse(input: &DeriveInput, acc: &mut Accumulator) -> Command {
                     let serde = serde_names::field(&f.attrs);
                     let serialized_name =
                         serde_names::serialized_name(&ident, &serde, rename_all.as_deref());
-                    let partition_key = single_attr(&f.attrs, "partition_key", true, acc);
+                    let partition_key = single_attr(cx, &f.attrs, "partition_key", true);
                     Field {
                         ident,
                         serde,
@@ -105,55 +102,41 @@ pub fn parse(input: &DeriveInput, acc: &mut Accumulator) -> Command {
                 })
                 .collect(),
             syn::Fields::Unnamed(unnamed) => {
-                acc.push(
-                    syn::Error::new(
-                        unnamed.span(),
+                cx.error(
+unnamed.span(),
                         "`#[derive(DocumentReliable)]` needs a struct with named fields, not a tuple struct: \
-                         name the fields so a partition-key path can name one",
-                    )
-                    .into(),
-                );
+                         name the fields so a partition-key path can name one");
                 Vec::new()
             }
             syn::Fields::Unit => {
-                acc.push(
-                    syn::Error::new(
-                        ident.span(),
+                cx.error(
+ident.span(),
                         "`#[derive(DocumentReliable)]` needs a struct with named fields, not a unit struct: \
-                         a command carries at least its partition-key field",
-                    )
-                    .into(),
-                );
+                         a command carries at least its partition-key field");
                 Vec::new()
             }
         },
         syn::Data::Enum(data) => {
-            acc.push(
-                syn::Error::new(
-                    data.enum_token.span(),
-                    "`#[derive(DocumentReliable)]` goes on a struct with named fields, not an enum: \
+            cx.error(
+                data.enum_token.span(),
+                "`#[derive(DocumentReliable)]` goes on a struct with named fields, not an enum: \
                      each command is its own struct",
-                )
-                .into(),
             );
             Vec::new()
         }
         syn::Data::Union(data) => {
-            acc.push(
-                syn::Error::new(
-                    data.union_token.span(),
-                    "`#[derive(DocumentReliable)]` goes on a struct with named fields, not a union",
-                )
-                .into(),
+            cx.error(
+                data.union_token.span(),
+                "`#[derive(DocumentReliable)]` goes on a struct with named fields, not a union",
             );
             Vec::new()
         }
     };
     Command {
         ident,
-        cosmos: single_attr(&input.attrs, "cosmos", false, acc),
-        partition_key: single_attr(&input.attrs, "partition_key", false, acc),
-        chatter: single_attr(&input.attrs, "chatter", false, acc),
+        cosmos: single_attr(cx, &input.attrs, "cosmos", false),
+        partition_key: single_attr(cx, &input.attrs, "partition_key", false),
+        chatter: single_attr(cx, &input.attrs, "chatter", false),
         fields,
     }
 }
@@ -161,21 +144,17 @@ pub fn parse(input: &DeriveInput, acc: &mut Accumulator) -> Command {
 /// The one attribute named `name`; a second one is an error. `word_ok` lets `#[name]` alone mean
 /// "all defaults" (the field-level `#[partition_key]`).
 fn single_attr<T: FromMeta + Default>(
+    cx: &Ctxt,
     attrs: &[Attribute],
     name: &str,
     word_ok: bool,
-    acc: &mut Accumulator,
 ) -> Option<Attr<T>> {
     let mut found: Option<Attr<T>> = None;
     for attr in attrs.iter().filter(|a| a.path().is_ident(name)) {
         if found.is_some() {
-            acc.push(
-                syn::Error::new(
-                    attr.path().span(),
-                    format!("duplicate `#[{name}]` attribute: merge its keys into the first `#[{name}(...)]`"),
-                )
-                .into(),
-            );
+            cx.error(
+attr.path().span(),
+                    format!("duplicate `#[{name}]` attribute: merge its keys into the first `#[{name}(...)]`"));
             continue;
         }
         let parsed = match &attr.meta {
@@ -195,7 +174,7 @@ fn single_attr<T: FromMeta + Default>(
                 parsed: true,
             },
             Err(e) => {
-                acc.push(e);
+                cx.darling_error(e);
                 Attr {
                     args: T::default(),
                     span: attr.path().span(),

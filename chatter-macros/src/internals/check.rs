@@ -1,10 +1,14 @@
-//! Check: cross-attribute rules on the parsed command, each violation spanned on its token.
+//! Check: the rules on the parsed input, one named function per rule, each reporting its
+//! violation into the [`Ctxt`] spanned on the offending token. [`command`] and [`handler`] are the
+//! lists of rules; the order of a list is the order its errors are reported in.
 
-use darling::error::Accumulator;
 use darling::util::SpannedValue;
-use proc_macro2::Span;
+use proc_macro2::TokenStream;
+use syn::spanned::Spanned;
+use syn::{FnArg, ItemFn, Signature, Type};
 
-use super::attr::{Command, Field};
+use super::attr::{Attr, ChatterArgs, Command, CosmosArgs, Field, FieldPartitionKeyArgs};
+use super::ctxt::Ctxt;
 
 /// Root fields chatter writes on its documents (catalog section 0): a partition-key path rooted at
 /// one of them would overwrite a required field. `status` and `ttl` are patched by the relay.
@@ -24,6 +28,9 @@ pub const RESERVED_ROOTS: &[&str] = &[
 /// Cosmos DB allows at most three levels in a hierarchical partition key.
 const MAX_PARTITION_KEY_PATHS: usize = 3;
 
+/// The shape every handler must have, quoted by the handler's errors.
+pub const HANDLER_SHAPE: &str = "a chatter handler is `async fn name(command: YourCommand, ctx: &mut HandlerContext) -> Result<(), BoxError>`";
+
 /// A command whose attributes passed every check.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Checked {
@@ -42,48 +49,203 @@ pub struct Checked {
     pub partition_key_fields: Vec<String>,
 }
 
-fn err(acc: &mut Accumulator, span: Span, message: impl std::fmt::Display) {
-    acc.push(syn::Error::new(span, message).into());
+/// The partition-key part of [`Checked`], one entry per path in all three.
+#[derive(Debug, Default)]
+struct PartitionKey {
+    paths: Vec<String>,
+    sources: Vec<String>,
+    fields: Vec<String>,
 }
 
-/// A required, non-blank Cosmos resource name.
-fn name(
-    acc: &mut Accumulator,
+// ---------------------------------------------------------------------------------------------
+// `#[derive(DocumentReliable)]`
+// ---------------------------------------------------------------------------------------------
+
+/// Every rule of `#[derive(DocumentReliable)]`. `None` when a rule could not produce its part of
+/// the result (it reported why); errors of the other rules are reported all the same.
+pub fn command(cx: &Ctxt, cmd: &Command) -> Option<Checked> {
+    let cosmos = cosmos_attribute_is_present(cx, cmd);
+    let database = cosmos.and_then(|c| {
+        resource_name(
+            cx,
+            c,
+            &c.args.database,
+            "database",
+            "the Cosmos database of the command's container",
+        )
+    });
+    let container = cosmos.and_then(|c| {
+        resource_name(
+            cx,
+            c,
+            &c.args.container,
+            "container",
+            "the container holding the handler's writes and the outbox",
+        )
+    });
+    let lease = cosmos.and_then(|c| {
+        resource_name(
+            cx,
+            c,
+            &c.args.lease,
+            "lease",
+            "the lease container of the change-feed relay",
+        )
+    });
+    let declared_source_identity = cosmos.and_then(|c| declared_source_identity(cx, &c.args));
+    let chatter = cmd.chatter.as_ref().map(|c| &c.args);
+    let command_name = command_name(cx, cmd, chatter);
+    let destination = chatter.and_then(|c| destination(cx, c));
+    let max_delivery_attempts = chatter.and_then(|c| max_delivery_attempts(cx, c));
+    let partition_key = partition_key(cx, cmd);
+
+    let command_name = command_name?;
+    Some(Checked {
+        destination: destination.unwrap_or_else(|| command_name.clone()),
+        max_delivery_attempts,
+        command_name,
+        database: database?,
+        container: container?,
+        lease: lease?,
+        declared_source_identity,
+        partition_key_paths: partition_key.paths,
+        partition_key_sources: partition_key.sources,
+        partition_key_fields: partition_key.fields,
+    })
+}
+
+/// The command has a `#[cosmos(...)]` attribute.
+fn cosmos_attribute_is_present<'a>(cx: &Ctxt, cmd: &'a Command) -> Option<&'a Attr<CosmosArgs>> {
+    let ident = &cmd.ident;
+    if cmd.cosmos.is_none() {
+        cx.error(
+            ident.span(),
+            format!(
+                "`{ident}` is missing `#[cosmos(database = \"...\", container = \"...\", lease = \"...\")]`: it names where the command's documents live"
+            ),
+        );
+    }
+    cmd.cosmos.as_ref()
+}
+
+/// A database, container or lease name: given, non-blank, and a valid Cosmos resource name.
+fn resource_name(
+    cx: &Ctxt,
+    cosmos: &Attr<CosmosArgs>,
     value: &Option<SpannedValue<String>>,
     key: &str,
     what: &str,
-    attr_span: Span,
-    parsed: bool,
 ) -> Option<String> {
-    let Some(value) = value else {
-        if !parsed {
-            return None;
-        }
-        err(
-            acc,
-            attr_span,
-            format!("`#[cosmos]` is missing `{key} = \"...\"`: {what}"),
-        );
-        return None;
-    };
-    non_blank(acc, value, key, "cosmos")
+    let value = key_is_given(cx, cosmos, value, key, what)?;
+    (is_not_blank(cx, value, key, "cosmos") && is_a_resource_name(cx, value, key, "cosmos"))
+        .then(|| value.as_str().to_owned())
 }
 
-/// `max_delivery_attempts = N`: a whole number from 1 to `u32::MAX`.
-fn delivery_attempts(acc: &mut Accumulator, lit: &syn::Lit) -> Option<u32> {
+/// A required `#[cosmos]` key is there. When the attribute's syntax was already reported its keys
+/// are unknown, and a "missing key" error would only repeat the first error.
+fn key_is_given<'a>(
+    cx: &Ctxt,
+    cosmos: &Attr<CosmosArgs>,
+    value: &'a Option<SpannedValue<String>>,
+    key: &str,
+    what: &str,
+) -> Option<&'a SpannedValue<String>> {
+    if value.is_none() && cosmos.parsed {
+        cx.error(
+            cosmos.span,
+            format!("`#[cosmos]` is missing `{key} = \"...\"`: {what}"),
+        );
+    }
+    value.as_ref()
+}
+
+/// A name is not empty and not only whitespace.
+fn is_not_blank(cx: &Ctxt, value: &SpannedValue<String>, key: &str, attr: &str) -> bool {
+    let blank = value.trim().is_empty();
+    if blank {
+        cx.error(
+            value.span(),
+            format!("`#[{attr}({key} = ...)]` must not be empty or whitespace"),
+        );
+    }
+    !blank
+}
+
+/// A name holds none of the characters Cosmos DB forbids in a resource name.
+fn is_a_resource_name(cx: &Ctxt, value: &SpannedValue<String>, key: &str, attr: &str) -> bool {
+    let forbidden = value.chars().find(|c| matches!(c, '/' | '\\' | '?' | '#'));
+    if let Some(c) = forbidden {
+        cx.error(
+            value.span(),
+            format!(
+                "`#[{attr}({key} = ...)]` contains `{c}`, which Cosmos DB does not allow in a resource name"
+            ),
+        );
+    }
+    forbidden.is_none()
+}
+
+/// `monitored_source` and `lease_source` come as a pair, each non-blank. A declared identity is an
+/// opaque token, not a resource name: any other text is accepted, `/` included.
+fn declared_source_identity(cx: &Ctxt, cosmos: &CosmosArgs) -> Option<(String, String)> {
+    match (&cosmos.monitored_source, &cosmos.lease_source) {
+        (Some(monitored), Some(lease)) => {
+            let monitored_ok = is_not_blank(cx, monitored, "monitored_source", "cosmos");
+            let lease_ok = is_not_blank(cx, lease, "lease_source", "cosmos");
+            (monitored_ok && lease_ok)
+                .then(|| (monitored.as_str().to_owned(), lease.as_str().to_owned()))
+        }
+        (Some(only), None) => {
+            cx.error(
+                only.span(),
+                "`monitored_source` needs `lease_source` too: declare both change-feed source identities or neither",
+            );
+            None
+        }
+        (None, Some(only)) => {
+            cx.error(
+                only.span(),
+                "`lease_source` needs `monitored_source` too: declare both change-feed source identities or neither",
+            );
+            None
+        }
+        (None, None) => None,
+    }
+}
+
+/// The command's name: `#[chatter(name = ...)]` if given (non-blank, no forbidden character),
+/// else the type's name.
+fn command_name(cx: &Ctxt, cmd: &Command, chatter: Option<&ChatterArgs>) -> Option<String> {
+    match chatter.and_then(|c| c.name.as_ref()) {
+        Some(name) => (is_not_blank(cx, name, "name", "chatter")
+            && is_a_resource_name(cx, name, "name", "chatter"))
+        .then(|| name.as_str().to_owned()),
+        None => Some(cmd.ident.to_string()),
+    }
+}
+
+/// `#[chatter(destination = ...)]`, when given: non-blank, no forbidden character.
+fn destination(cx: &Ctxt, chatter: &ChatterArgs) -> Option<String> {
+    let destination = chatter.destination.as_ref()?;
+    (is_not_blank(cx, destination, "destination", "chatter")
+        && is_a_resource_name(cx, destination, "destination", "chatter"))
+    .then(|| destination.as_str().to_owned())
+}
+
+/// `max_delivery_attempts = N`, when given: a whole number from 1 to `u32::MAX`.
+fn max_delivery_attempts(cx: &Ctxt, chatter: &ChatterArgs) -> Option<u32> {
+    let lit = chatter.max_delivery_attempts.as_ref()?;
     let parsed = match lit {
         syn::Lit::Int(int) => int.base10_parse::<u32>().ok(),
         _ => None,
     };
     match parsed {
-        Some(0) => err(
-            acc,
+        Some(0) => cx.error(
             lit.span(),
             "`#[chatter(max_delivery_attempts = ...)]` must be at least 1: the first delivery is an attempt",
         ),
         Some(n) => return Some(n),
-        None => err(
-            acc,
+        None => cx.error(
             lit.span(),
             "`#[chatter(max_delivery_attempts = ...)]` expects a whole number of deliveries, e.g. `max_delivery_attempts = 5`",
         ),
@@ -91,80 +253,338 @@ fn delivery_attempts(acc: &mut Accumulator, lit: &syn::Lit) -> Option<u32> {
     None
 }
 
-fn non_blank(
-    acc: &mut Accumulator,
-    value: &SpannedValue<String>,
-    key: &str,
-    attr: &str,
-) -> Option<String> {
-    if value.trim().is_empty() {
-        err(
-            acc,
-            value.span(),
-            format!("`#[{attr}({key} = ...)]` must not be empty or whitespace"),
-        );
-        return None;
+/// The partition-key rules: the paths, where each value is read from, and which field supplies it.
+fn partition_key(cx: &Ctxt, cmd: &Command) -> PartitionKey {
+    let mut out = PartitionKey::default();
+    let Some(paths) = partition_key_paths_are_declared(cx, cmd) else {
+        return out;
+    };
+    at_most_three_paths(cx, paths);
+    no_path_listed_twice(cx, paths);
+    let markers = field_markers(cx, cmd, paths);
+    for path in paths {
+        let Some(segments) = path_syntax(cx, path) else {
+            continue;
+        };
+        let Some((source, field)) = path_source(cx, cmd, &markers, path, &segments) else {
+            continue;
+        };
+        if !supplying_field_is_serialized(cx, field, path) {
+            continue;
+        }
+        out.paths.push(path.as_str().to_owned());
+        out.sources.push(source);
+        out.fields.push(field.ident.to_string());
     }
-    if let Some(c) = value.chars().find(|c| matches!(c, '/' | '\\' | '?' | '#')) {
-        err(
-            acc,
-            value.span(),
+    out
+}
+
+/// The command has `#[partition_key(path = ...)]` with at least one path.
+fn partition_key_paths_are_declared<'a>(
+    cx: &Ctxt,
+    cmd: &'a Command,
+) -> Option<&'a [SpannedValue<String>]> {
+    let ident = &cmd.ident;
+    let Some(pk) = &cmd.partition_key else {
+        cx.error(
+            ident.span(),
             format!(
-                "`#[{attr}({key} = ...)]` contains `{c}`, which Cosmos DB does not allow in a resource name"
+                "`{ident}` is missing `#[partition_key(path = \"/...\")]`: name the container's partition-key path, e.g. `#[partition_key(path = \"/orderId\")]`"
             ),
         );
         return None;
+    };
+    if pk.args.path.is_empty() {
+        cx.error(
+            pk.span,
+            "`#[partition_key]` needs `path = \"/...\"`, e.g. `#[partition_key(path = \"/orderId\")]`",
+        );
+        return None;
     }
-    Some(value.as_str().to_owned())
+    Some(&pk.args.path)
 }
 
-/// Checks one partition-key path's syntax; returns its segments.
-fn path_segments(acc: &mut Accumulator, path: &SpannedValue<String>) -> Option<Vec<String>> {
-    let p = path.as_str();
-    if p.trim().is_empty() {
-        err(
-            acc,
+/// A hierarchical partition key has at most three levels.
+fn at_most_three_paths(cx: &Ctxt, paths: &[SpannedValue<String>]) {
+    if let Some(extra) = paths.get(MAX_PARTITION_KEY_PATHS) {
+        cx.error(
+            extra.span(),
+            format!(
+                "a hierarchical partition key has at most {MAX_PARTITION_KEY_PATHS} paths in Cosmos DB"
+            ),
+        );
+    }
+}
+
+/// No path is listed twice.
+fn no_path_listed_twice(cx: &Ctxt, paths: &[SpannedValue<String>]) {
+    for (i, path) in paths.iter().enumerate() {
+        if paths[..i]
+            .iter()
+            .any(|earlier| earlier.as_str() == path.as_str())
+        {
+            cx.error(
+                path.span(),
+                format!("partition-key path `{}` is listed twice", path.as_str()),
+            );
+        }
+    }
+}
+
+/// Which field supplies which path through a field-level `#[partition_key]`.
+struct Markers<'a> {
+    supplied: Vec<(&'a str, &'a Field)>,
+    /// A marker that was itself in error may have been meant for any path: then a path that names
+    /// no field is not worth a second error.
+    failed: bool,
+}
+
+/// The field-level `#[partition_key]` markers: each names one of the listed paths (it may leave
+/// the path out when there is only one), and no path is supplied by two fields.
+fn field_markers<'a>(
+    cx: &Ctxt,
+    cmd: &'a Command,
+    paths: &'a [SpannedValue<String>],
+) -> Markers<'a> {
+    let mut markers = Markers {
+        supplied: Vec::new(),
+        failed: false,
+    };
+    for field in &cmd.fields {
+        let Some(attr) = &field.partition_key else {
+            continue;
+        };
+        if !attr.parsed {
+            markers.failed = true;
+            continue;
+        }
+        let Some(target) = marker_target(cx, attr, paths) else {
+            markers.failed = true;
+            continue;
+        };
+        if !path_is_supplied_once(cx, &markers, attr, target) {
+            continue;
+        }
+        markers.supplied.push((target, field));
+    }
+    markers
+}
+
+/// The path a field marker supplies: the one it names, which must be listed, or the only one.
+fn marker_target<'a>(
+    cx: &Ctxt,
+    attr: &Attr<FieldPartitionKeyArgs>,
+    paths: &'a [SpannedValue<String>],
+) -> Option<&'a str> {
+    match &attr.args.path {
+        Some(p) => {
+            let found = paths.iter().find(|q| q.as_str() == p.as_str());
+            if found.is_none() {
+                let listed: Vec<&str> = paths.iter().map(|q| q.as_str()).collect();
+                cx.error(
+                    p.span(),
+                    format!(
+                        "`{}` is not one of this command's partition-key paths [{}]",
+                        p.as_str(),
+                        listed.join(", ")
+                    ),
+                );
+            }
+            found.map(|q| q.as_str())
+        }
+        None if paths.len() == 1 => Some(paths[0].as_str()),
+        None => {
+            cx.error(
+                attr.span,
+                "with several partition-key paths, say which one this field supplies: `#[partition_key(path = \"/...\")]`",
+            );
+            None
+        }
+    }
+}
+
+/// No two field markers supply the same path.
+fn path_is_supplied_once(
+    cx: &Ctxt,
+    markers: &Markers<'_>,
+    attr: &Attr<FieldPartitionKeyArgs>,
+    target: &str,
+) -> bool {
+    match markers.supplied.iter().find(|(t, _)| *t == target) {
+        Some((_, first)) => {
+            cx.error(
+                attr.span,
+                format!(
+                    "partition-key path `{target}` is already supplied by field `{}`",
+                    first.ident
+                ),
+            );
+            false
+        }
+        None => true,
+    }
+}
+
+/// One partition-key path's syntax; returns its segments.
+fn path_syntax(cx: &Ctxt, path: &SpannedValue<String>) -> Option<Vec<String>> {
+    if !(path_is_not_blank(cx, path) && path_starts_with_slash(cx, path)) {
+        return None;
+    }
+    let segments: Vec<&str> = path[1..].split('/').collect();
+    if !(path_has_no_empty_segment(cx, path, &segments)
+        && path_root_is_not_reserved(cx, path, segments[0]))
+    {
+        return None;
+    }
+    Some(segments.into_iter().map(str::to_owned).collect())
+}
+
+/// A path is not empty.
+fn path_is_not_blank(cx: &Ctxt, path: &SpannedValue<String>) -> bool {
+    let blank = path.trim().is_empty();
+    if blank {
+        cx.error(
             path.span(),
             "`#[partition_key(path = ...)]` must not be empty: name the container's partition-key path, e.g. `\"/orderId\"`",
         );
-        return None;
     }
-    if !p.starts_with('/') {
-        err(
-            acc,
-            path.span(),
-            format!("`#[partition_key(path = ...)]` must start with `/`: write `\"/{p}\"`"),
-        );
-        return None;
-    }
-    let segments: Vec<&str> = p[1..].split('/').collect();
-    if segments.iter().any(|s| s.trim().is_empty()) {
-        err(
-            acc,
+    !blank
+}
+
+/// A path starts with `/`.
+fn path_starts_with_slash(cx: &Ctxt, path: &SpannedValue<String>) -> bool {
+    let starts = path.starts_with('/');
+    if !starts {
+        cx.error(
             path.span(),
             format!(
-                "`#[partition_key(path = \"{p}\")]` has an empty segment: remove the doubled or trailing `/`"
+                "`#[partition_key(path = ...)]` must start with `/`: write `\"/{}\"`",
+                path.as_str()
             ),
         );
-        return None;
     }
-    let root = segments[0];
-    if RESERVED_ROOTS.contains(&root) {
+    starts
+}
+
+/// A path has no empty segment (no doubled or trailing `/`).
+fn path_has_no_empty_segment(cx: &Ctxt, path: &SpannedValue<String>, segments: &[&str]) -> bool {
+    let empty = segments.iter().any(|s| s.trim().is_empty());
+    if empty {
+        cx.error(
+            path.span(),
+            format!(
+                "`#[partition_key(path = \"{}\")]` has an empty segment: remove the doubled or trailing `/`",
+                path.as_str()
+            ),
+        );
+    }
+    !empty
+}
+
+/// A path is not rooted at a field chatter writes on its documents.
+fn path_root_is_not_reserved(cx: &Ctxt, path: &SpannedValue<String>, root: &str) -> bool {
+    let reserved = RESERVED_ROOTS.contains(&root);
+    if reserved {
         let why = if root == "status" || root == "ttl" {
             "the relay patches `/status` and `/ttl` on every outbox document it delivers"
         } else {
             "chatter writes that field on its outbox documents and inbox markers"
         };
-        err(
-            acc,
+        cx.error(
             path.span(),
             format!(
-                "`#[partition_key(path = \"{p}\")]` is rooted at `{root}`, a field chatter owns: {why}; partition the container by a field of your own"
+                "`#[partition_key(path = \"{}\")]` is rooted at `{root}`, a field chatter owns: {why}; partition the container by a field of your own",
+                path.as_str()
             ),
         );
-        return None;
     }
-    Some(segments.into_iter().map(str::to_owned).collect())
+    !reserved
+}
+
+/// Where a path's value is read from (a JSON pointer into the serialized command) and the field
+/// that supplies it: a marked field, else the field whose serialized name is the path's root.
+fn path_source<'a>(
+    cx: &Ctxt,
+    cmd: &'a Command,
+    markers: &Markers<'a>,
+    path: &SpannedValue<String>,
+    segments: &[String],
+) -> Option<(String, &'a Field)> {
+    if let Some((_, field)) = markers.supplied.iter().find(|(t, _)| *t == path.as_str()) {
+        return Some((
+            format!("/{}", pointer_segment(&field.serialized_name)),
+            *field,
+        ));
+    }
+    let field = path_names_a_field(cx, cmd, markers, path, &segments[0])?;
+    let pointer: Vec<String> = segments.iter().map(|s| pointer_segment(s)).collect();
+    Some((format!("/{}", pointer.join("/")), field))
+}
+
+/// An unmarked path's root is the serialized name of a field; if not, the closest name is
+/// suggested.
+fn path_names_a_field<'a>(
+    cx: &Ctxt,
+    cmd: &'a Command,
+    markers: &Markers<'_>,
+    path: &SpannedValue<String>,
+    root: &str,
+) -> Option<&'a Field> {
+    let field = cmd.fields.iter().find(|f| f.serialized_name == root);
+    if field.is_none() && !cmd.fields.is_empty() && !markers.failed {
+        report_unknown_root(cx, cmd, path, root);
+    }
+    field
+}
+
+/// The field supplying a path is in the command's JSON: not skipped or flattened by serde.
+fn supplying_field_is_serialized(cx: &Ctxt, field: &Field, path: &SpannedValue<String>) -> bool {
+    if !(field.serde.skipped || field.serde.flatten) {
+        return true;
+    }
+    let why = if field.serde.skipped {
+        "skipped by serde"
+    } else {
+        "flattened by serde"
+    };
+    cx.error(
+        field.ident.span(),
+        format!(
+            "field `{}` supplies partition-key path `{}` but is {why}, so the value would not be in the command's JSON",
+            field.ident,
+            path.as_str()
+        ),
+    );
+    false
+}
+
+fn report_unknown_root(cx: &Ctxt, cmd: &Command, path: &SpannedValue<String>, root: &str) {
+    let names: Vec<&str> = cmd
+        .fields
+        .iter()
+        .map(|f| f.serialized_name.as_str())
+        .collect();
+    let suggestion = names
+        .iter()
+        .map(|n| (edit_distance(&n.to_lowercase(), &root.to_lowercase()), *n))
+        .filter(|(d, _)| *d <= 2)
+        .min()
+        .map(|(_, n)| format!("; did you mean `/{n}`?"))
+        .unwrap_or_default();
+    cx.error(
+        path.span(),
+        format!(
+            "`#[partition_key(path = \"{}\")]` names no field of `{}`: its serialized fields are {}{suggestion} \
+             (if the value is in a field named differently, mark that field `#[partition_key]`)",
+            path.as_str(),
+            cmd.ident,
+            names
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+    );
 }
 
 /// Escapes one segment for a JSON pointer (RFC 6901).
@@ -191,292 +611,83 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-/// Checks the whole command; `None` when anything was reported.
-pub fn check(cmd: &Command, outer: &mut Accumulator) -> Option<Checked> {
-    let mut local = darling::Error::accumulator();
-    let checked = check_all(cmd, &mut local);
-    let errors = local.into_inner();
-    let failed = !errors.is_empty();
-    errors.into_iter().for_each(|e| outer.push(e));
-    if failed { None } else { checked }
+// ---------------------------------------------------------------------------------------------
+// `#[handler]`
+// ---------------------------------------------------------------------------------------------
+
+/// Every rule of `#[handler]`; returns the command type (the first parameter's). `None` when
+/// there is none to return (a rule reported why).
+pub fn handler<'a>(cx: &Ctxt, args: &TokenStream, function: &'a ItemFn) -> Option<&'a Type> {
+    let sig = &function.sig;
+    handler_takes_no_arguments(cx, args);
+    handler_is_async(cx, sig);
+    handler_is_not_generic(cx, sig);
+    handler_takes_two_parameters(cx, sig);
+    command_parameter(cx, sig)
 }
 
-fn check_all(cmd: &Command, acc: &mut Accumulator) -> Option<Checked> {
-    let ident = &cmd.ident;
+/// `#[handler]` has no arguments of its own.
+fn handler_takes_no_arguments(cx: &Ctxt, args: &TokenStream) {
+    if !args.is_empty() {
+        cx.error(
+            args.span(),
+            "`#[handler]` takes no arguments: the command type comes from the first parameter",
+        );
+    }
+}
 
-    let cosmos = match &cmd.cosmos {
-        Some(c) => Some(c),
-        None => {
-            err(
-                acc,
-                ident.span(),
-                format!(
-                    "`{ident}` is missing `#[cosmos(database = \"...\", container = \"...\", lease = \"...\")]`: it names where the command's documents live"
-                ),
+/// A handler is an `async fn`.
+fn handler_is_async(cx: &Ctxt, sig: &Signature) {
+    if sig.asyncness.is_none() {
+        cx.error(
+            sig.fn_token.span(),
+            format!("a chatter handler must be `async`: {HANDLER_SHAPE}"),
+        );
+    }
+}
+
+/// A handler has no generic parameters.
+fn handler_is_not_generic(cx: &Ctxt, sig: &Signature) {
+    if !sig.generics.params.is_empty() {
+        cx.error(
+            sig.generics.params.span(),
+            "a chatter handler cannot be generic: the registry binds it to one concrete command type",
+        );
+    }
+}
+
+/// A handler takes the command and the context.
+fn handler_takes_two_parameters(cx: &Ctxt, sig: &Signature) {
+    if sig.inputs.len() != 2 {
+        cx.error(
+            sig.inputs.span(),
+            format!(
+                "a chatter handler takes exactly two parameters, the command and the context: {HANDLER_SHAPE}"
+            ),
+        );
+    }
+}
+
+/// The first parameter is the command, taken by value (not `self`, not a reference); any pattern
+/// is fine.
+fn command_parameter<'a>(cx: &Ctxt, sig: &'a Signature) -> Option<&'a Type> {
+    match sig.inputs.first()? {
+        FnArg::Receiver(r) => {
+            cx.error(
+                r.span(),
+                "a chatter handler is a free `async fn`, not a method: it cannot take `self`",
             );
             None
         }
-    };
-    let (mut database, mut container, mut lease, mut declared) = (None, None, None, None);
-    if let Some(c) = cosmos {
-        database = name(
-            acc,
-            &c.args.database,
-            "database",
-            "the Cosmos database of the command's container",
-            c.span,
-            c.parsed,
-        );
-        container = name(
-            acc,
-            &c.args.container,
-            "container",
-            "the container holding the handler's writes and the outbox",
-            c.span,
-            c.parsed,
-        );
-        lease = name(
-            acc,
-            &c.args.lease,
-            "lease",
-            "the lease container of the change-feed relay",
-            c.span,
-            c.parsed,
-        );
-        match (&c.args.monitored_source, &c.args.lease_source) {
-            (Some(m), Some(l)) => {
-                let m = non_blank(acc, m, "monitored_source", "cosmos");
-                let l = non_blank(acc, l, "lease_source", "cosmos");
-                declared = m.zip(l);
-            }
-            (Some(only), None) => err(
-                acc,
-                only.span(),
-                "`monitored_source` needs `lease_source` too: declare both change-feed source identities or neither",
-            ),
-            (None, Some(only)) => err(
-                acc,
-                only.span(),
-                "`lease_source` needs `monitored_source` too: declare both change-feed source identities or neither",
-            ),
-            (None, None) => {}
-        }
-    }
-
-    let mut command_name = Some(ident.to_string());
-    let mut destination = None;
-    let mut max_delivery_attempts = None;
-    if let Some(c) = &cmd.chatter {
-        if let Some(n) = &c.args.name {
-            command_name = non_blank(acc, n, "name", "chatter");
-        }
-        if let Some(d) = &c.args.destination {
-            destination = non_blank(acc, d, "destination", "chatter");
-        }
-        if let Some(lit) = &c.args.max_delivery_attempts {
-            max_delivery_attempts = delivery_attempts(acc, lit);
-        }
-    }
-
-    let (paths, sources, source_fields) = check_partition_key(cmd, acc);
-
-    let command_name = command_name?;
-    Some(Checked {
-        destination: destination.unwrap_or_else(|| command_name.clone()),
-        max_delivery_attempts,
-        command_name,
-        database: database?,
-        container: container?,
-        lease: lease?,
-        declared_source_identity: declared,
-        partition_key_paths: paths,
-        partition_key_sources: sources,
-        partition_key_fields: source_fields,
-    })
-}
-
-/// The partition-key paths, where each value is read from, and which field supplies it.
-fn check_partition_key(
-    cmd: &Command,
-    acc: &mut Accumulator,
-) -> (Vec<String>, Vec<String>, Vec<String>) {
-    let ident = &cmd.ident;
-    let mut out = (Vec::new(), Vec::new(), Vec::new());
-    let Some(pk) = &cmd.partition_key else {
-        err(
-            acc,
-            ident.span(),
-            format!(
-                "`{ident}` is missing `#[partition_key(path = \"/...\")]`: name the container's partition-key path, e.g. `#[partition_key(path = \"/orderId\")]`"
-            ),
-        );
-        return out;
-    };
-    let paths = &pk.args.path;
-    if paths.is_empty() {
-        err(
-            acc,
-            pk.span,
-            "`#[partition_key]` needs `path = \"/...\"`, e.g. `#[partition_key(path = \"/orderId\")]`",
-        );
-        return out;
-    }
-    if paths.len() > MAX_PARTITION_KEY_PATHS {
-        err(
-            acc,
-            paths[MAX_PARTITION_KEY_PATHS].span(),
-            format!(
-                "a hierarchical partition key has at most {MAX_PARTITION_KEY_PATHS} paths in Cosmos DB"
-            ),
-        );
-    }
-    for (i, path) in paths.iter().enumerate() {
-        if paths[..i]
-            .iter()
-            .any(|earlier| earlier.as_str() == path.as_str())
-        {
-            err(
-                acc,
-                path.span(),
-                format!("partition-key path `{}` is listed twice", path.as_str()),
+        FnArg::Typed(t) if matches!(&*t.ty, Type::Reference(_)) => {
+            cx.error(
+                t.ty.span(),
+                "take the command by value: the handler owns the decoded command",
             );
+            None
         }
+        FnArg::Typed(t) => Some(&t.ty),
     }
-
-    // Which field supplies which path through a field-level `#[partition_key]`.
-    let mut marked: Vec<(&str, &Field)> = Vec::new();
-    // A field marker that was itself in error may have been meant for any path: then a path that
-    // names no field is not worth a second error.
-    let mut marker_failed = false;
-    for field in &cmd.fields {
-        let Some(attr) = &field.partition_key else {
-            continue;
-        };
-        if !attr.parsed {
-            marker_failed = true;
-            continue;
-        }
-        let target = match &attr.args.path {
-            Some(p) => match paths.iter().find(|q| q.as_str() == p.as_str()) {
-                Some(q) => q.as_str(),
-                None => {
-                    let listed: Vec<&str> = paths.iter().map(|q| q.as_str()).collect();
-                    marker_failed = true;
-                    err(
-                        acc,
-                        p.span(),
-                        format!(
-                            "`{}` is not one of this command's partition-key paths [{}]",
-                            p.as_str(),
-                            listed.join(", ")
-                        ),
-                    );
-                    continue;
-                }
-            },
-            None if paths.len() == 1 => paths[0].as_str(),
-            None => {
-                marker_failed = true;
-                err(
-                    acc,
-                    attr.span,
-                    "with several partition-key paths, say which one this field supplies: `#[partition_key(path = \"/...\")]`",
-                );
-                continue;
-            }
-        };
-        if let Some((_, first)) = marked.iter().find(|(t, _)| *t == target) {
-            err(
-                acc,
-                attr.span,
-                format!(
-                    "partition-key path `{target}` is already supplied by field `{}`",
-                    first.ident
-                ),
-            );
-            continue;
-        }
-        marked.push((target, field));
-    }
-
-    for path in paths {
-        let Some(segments) = path_segments(acc, path) else {
-            continue;
-        };
-        let (source, field) = match marked.iter().find(|(t, _)| *t == path.as_str()) {
-            Some((_, field)) => (
-                format!("/{}", pointer_segment(&field.serialized_name)),
-                *field,
-            ),
-            None => {
-                let root = &segments[0];
-                let Some(field) = cmd.fields.iter().find(|f| &f.serialized_name == root) else {
-                    if !cmd.fields.is_empty() && !marker_failed {
-                        report_unknown_root(acc, cmd, path, root);
-                    }
-                    continue;
-                };
-                let pointer: Vec<String> = segments.iter().map(|s| pointer_segment(s)).collect();
-                (format!("/{}", pointer.join("/")), field)
-            }
-        };
-        if field.serde.skipped || field.serde.flatten {
-            let why = if field.serde.skipped {
-                "skipped by serde"
-            } else {
-                "flattened by serde"
-            };
-            err(
-                acc,
-                field.ident.span(),
-                format!(
-                    "field `{}` supplies partition-key path `{}` but is {why}, so the value would not be in the command's JSON",
-                    field.ident,
-                    path.as_str()
-                ),
-            );
-            continue;
-        }
-        out.0.push(path.as_str().to_owned());
-        out.1.push(source);
-        out.2.push(field.ident.to_string());
-    }
-    out
-}
-
-fn report_unknown_root(
-    acc: &mut Accumulator,
-    cmd: &Command,
-    path: &SpannedValue<String>,
-    root: &str,
-) {
-    let names: Vec<&str> = cmd
-        .fields
-        .iter()
-        .map(|f| f.serialized_name.as_str())
-        .collect();
-    let suggestion = names
-        .iter()
-        .map(|n| (edit_distance(&n.to_lowercase(), &root.to_lowercase()), *n))
-        .filter(|(d, _)| *d <= 2)
-        .min()
-        .map(|(_, n)| format!("; did you mean `/{n}`?"))
-        .unwrap_or_default();
-    err(
-        acc,
-        path.span(),
-        format!(
-            "`#[partition_key(path = \"{}\")]` names no field of `{}`: its serialized fields are {}{suggestion} \
-             (if the value is in a field named differently, mark that field `#[partition_key]`)",
-            path.as_str(),
-            cmd.ident,
-            names
-                .iter()
-                .map(|n| format!("`{n}`"))
-                .collect::<Vec<_>>()
-                .join(", "),
-        ),
-    );
 }
 
 #[cfg(test)]
@@ -485,10 +696,10 @@ mod tests {
     use syn::{DeriveInput, parse_quote};
 
     fn run(input: DeriveInput) -> Result<Checked, Vec<String>> {
-        let mut acc = darling::Error::accumulator();
-        let command = super::super::attr::parse(&input, &mut acc);
-        let checked = check(&command, &mut acc);
-        match acc.finish() {
+        let cx = Ctxt::new();
+        let parsed = super::super::attr::parse(&cx, &input);
+        let checked = command(&cx, &parsed);
+        match cx.check() {
             Ok(()) => Ok(checked.expect("no errors means checked")),
             Err(e) => Err(e.into_iter().map(|e| e.to_string()).collect()),
         }
@@ -569,6 +780,53 @@ mod tests {
         assert_eq!(
             checked.declared_source_identity,
             Some(("m".into(), "ls".into()))
+        );
+    }
+
+    #[test]
+    fn declared_identities_are_opaque_tokens_not_resource_names() {
+        let checked = run(parse_quote! {
+            #[cosmos(database = "d", container = "c", lease = "l", monitored_source = "fin/ledger", lease_source = "a\\b?#c")]
+            #[partition_key(path = "/k")]
+            struct S { k: String }
+        })
+        .unwrap();
+        assert_eq!(
+            checked.declared_source_identity,
+            Some(("fin/ledger".into(), "a\\b?#c".into()))
+        );
+    }
+
+    #[test]
+    fn blank_declared_identities_are_rejected_each() {
+        let errors = run(parse_quote! {
+            #[cosmos(database = "d", container = "c", lease = "l", monitored_source = "", lease_source = " \t")]
+            #[partition_key(path = "/k")]
+            struct S { k: String }
+        })
+        .unwrap_err();
+        assert_eq!(
+            errors,
+            [
+                "`#[cosmos(monitored_source = ...)]` must not be empty or whitespace",
+                "`#[cosmos(lease_source = ...)]` must not be empty or whitespace",
+            ]
+        );
+    }
+
+    #[test]
+    fn resource_names_still_refuse_a_slash() {
+        let errors = run(parse_quote! {
+            #[cosmos(database = "d", container = "fin/ledger", lease = "l")]
+            #[partition_key(path = "/k")]
+            struct S { k: String }
+        })
+        .unwrap_err();
+        assert_eq!(
+            errors,
+            [
+                "`#[cosmos(container = ...)]` contains `/`, which Cosmos DB does not allow in a resource name"
+            ]
         );
     }
 

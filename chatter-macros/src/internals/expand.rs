@@ -1,8 +1,10 @@
-//! Expand: the registration, the trait impl and the generated contract docs.
+//! Expand: the tokens each macro produces from input that passed every check (the registrations,
+//! the trait impl and the generated contract docs). Nothing here reports errors.
 
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
-use syn::Ident;
+use syn::spanned::Spanned;
+use syn::{Ident, ItemFn, Type};
 
 use super::check::Checked;
 
@@ -64,8 +66,8 @@ pub fn contract_doc(ident: &Ident, c: &Checked) -> String {
     )
 }
 
-/// The registration of a command that passed every check.
-pub fn registration(ident: &Ident, c: &Checked) -> TokenStream {
+/// `#[derive(DocumentReliable)]`: the registration of a command that passed every check.
+pub fn document_reliable(ident: &Ident, c: &Checked) -> TokenStream {
     let doc = contract_doc(ident, c);
     let Checked {
         command_name,
@@ -132,14 +134,47 @@ pub fn registration(ident: &Ident, c: &Checked) -> TokenStream {
     }
 }
 
-/// Emitted beside compile errors so code naming the command does not add errors of its own.
-pub fn fallback(ident: &Ident) -> TokenStream {
+/// `#[handler]`: the function itself and the registration binding it to its command.
+pub fn handler(f: &ItemFn, command: &Type) -> TokenStream {
+    let name = &f.sig.ident;
+    let ctx_span = f
+        .sig
+        .inputs
+        .iter()
+        .nth(1)
+        .map(Spanned::span)
+        .unwrap_or_else(|| name.span());
+    let call = quote_spanned!(ctx_span=> #name(command, ctx));
+    let line = quote_spanned!(name.span()=> ::core::line!());
     quote! {
-        #[automatically_derived]
-        impl ::chatter_runtime::DocumentReliable for #ident {
-            fn registration() -> &'static ::chatter_runtime::__private::CommandRegistration {
-                ::core::unreachable!()
+        #f
+
+        const _: () = {
+            fn __chatter_invoke<'a>(
+                command: ::chatter_runtime::__private::serde_json::Value,
+                ctx: &'a mut ::chatter_runtime::HandlerContext,
+            ) -> ::core::result::Result<
+                ::chatter_runtime::__private::HandlerFuture<'a>,
+                ::chatter_runtime::__private::serde_json::Error,
+            > {
+                let command: #command = ::chatter_runtime::__private::serde_json::from_value(command)?;
+                ::core::result::Result::Ok(::std::boxed::Box::pin(async move {
+                    ::chatter_runtime::__private::IntoHandlerResult::into_handler_result(#call.await)
+                }))
             }
-        }
+
+            ::chatter_runtime::__private::inventory::submit! {
+                ::chatter_runtime::__private::HandlerRegistration {
+                    command: <#command as ::chatter_runtime::DocumentReliable>::registration,
+                    handler_name: ::core::concat!(::core::module_path!(), "::", ::core::stringify!(#name)),
+                    invoke: __chatter_invoke,
+                    location: ::chatter_runtime::__private::SourceLocation {
+                        module_path: ::core::module_path!(),
+                        file: ::core::file!(),
+                        line: #line,
+                    },
+                }
+            }
+        };
     }
 }
