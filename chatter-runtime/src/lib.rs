@@ -50,10 +50,15 @@ pub use error_chain::ErrorChain;
 pub use pipeline::HandlerContext;
 pub use registry::{BoxError, DocumentReliable};
 pub use runtime::{
-    ATTEMPTS_CONTEXT_KEY, Builder, ConsumerHealth, ConsumerState, DEAD_LETTER_REASON_CONTEXT_KEY,
-    DEFAULT_MAX_DELIVERY_ATTEMPTS, DispatchError, Health, LeaseHealth, Runtime, StartError,
-    dead_letter_destination, start,
+    ATTEMPTS_CONTEXT_KEY, ConsumerHealth, ConsumerState, DEAD_LETTER_REASON_CONTEXT_KEY,
+    DEFAULT_MAX_DELIVERY_ATTEMPTS, DispatchError, Health, LeaseHealth, Runtime, RuntimeBuilder,
+    StartError, dead_letter_destination, start,
 };
+
+/// The README's Rust examples, compiled as doctests so its quick start cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
 
 #[doc(hidden)]
 pub mod __private {

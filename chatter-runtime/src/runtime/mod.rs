@@ -35,7 +35,7 @@ pub async fn start() -> Result<Runtime, StartError> {
 
 /// Configures a [`Runtime`] before starting it.
 #[must_use = "a builder does nothing until `.start().await`"]
-pub struct Builder {
+pub struct RuntimeBuilder {
     registry: Option<Registry>,
     cosmos: Option<CosmosConnection>,
     broker: Option<Arc<dyn Broker>>,
@@ -44,7 +44,7 @@ pub struct Builder {
     relay: Option<RelayOptions>,
 }
 
-impl Default for Builder {
+impl Default for RuntimeBuilder {
     fn default() -> Self {
         Self {
             registry: None,
@@ -57,9 +57,9 @@ impl Default for Builder {
     }
 }
 
-impl std::fmt::Debug for Builder {
+impl std::fmt::Debug for RuntimeBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Builder")
+        f.debug_struct("RuntimeBuilder")
             .field("cosmos", &self.cosmos)
             .field("consume", &self.consume)
             .field("redelivery_delay", &self.redelivery_delay)
@@ -67,7 +67,7 @@ impl std::fmt::Debug for Builder {
     }
 }
 
-impl Builder {
+impl RuntimeBuilder {
     /// Serves exactly this registry instead of every registration `inventory` collected.
     pub fn registry(mut self, registry: Registry) -> Self {
         self.registry = Some(registry);
@@ -261,8 +261,8 @@ impl std::fmt::Debug for Inner {
 
 impl Runtime {
     /// A builder for a runtime.
-    pub fn builder() -> Builder {
-        Builder::default()
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::default()
     }
 
     /// The validated registrations this runtime serves.
