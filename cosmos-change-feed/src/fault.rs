@@ -1,7 +1,7 @@
 //! Lease faults: what the processor reports when a lease cannot make progress.
 //!
 //! A processor never stops on a fault: it reports it to the fault handler
-//! ([`ChangeFeedProcessorBuilder::on_fault`](super::ChangeFeedProcessorBuilder::on_fault)) and
+//! ([`ChangeFeedProcessorBuilder::on_fault`](crate::ChangeFeedProcessorBuilder::on_fault)) and
 //! tries again after the poll interval. Without a handler every fault is logged at Error.
 
 use std::any::Any;
@@ -81,7 +81,7 @@ impl HandlerPanicked {
 }
 
 /// The batch handler did not finish within
-/// [`handler_timeout`](super::ChangeFeedProcessorOptions::handler_timeout); it was cancelled and
+/// [`handler_timeout`](crate::ChangeFeedProcessorOptions::handler_timeout); it was cancelled and
 /// the page is read again.
 #[derive(Debug, thiserror::Error)]
 #[error(
