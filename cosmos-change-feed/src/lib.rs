@@ -105,6 +105,11 @@ use coordinator::{Coordinator, create_missing_leases, read_ranges};
 use lease::LeaseStore;
 use worker::WorkerContext;
 
+/// The README's example, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 /// One page of changed documents from one feed range, handed to the batch handler.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
