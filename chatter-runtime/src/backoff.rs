@@ -40,6 +40,13 @@ impl Backoff {
     }
 
     /// Starts the schedule over after a success.
+    #[cfg_attr(
+        not(any(feature = "rabbitmq", test)),
+        expect(
+            dead_code,
+            reason = "only the RabbitMQ broker's loops start their schedule over"
+        )
+    )]
     pub(crate) fn reset(&mut self) {
         self.delays = self.builder.build();
     }
