@@ -64,6 +64,7 @@ pub(crate) fn log_fault(processor: String) -> FaultHandler {
 /// The batch handler panicked.
 #[derive(Debug, thiserror::Error)]
 #[error("the batch handler panicked: {message}")]
+#[non_exhaustive]
 pub struct HandlerPanicked {
     /// The panic's message, when it was a string.
     pub message: String,
@@ -87,6 +88,7 @@ impl HandlerPanicked {
 #[error(
     "the batch handler did not finish within {after:?}; it was cancelled and the page is read again"
 )]
+#[non_exhaustive]
 pub struct HandlerTimedOut {
     /// The timeout that elapsed.
     pub after: std::time::Duration,

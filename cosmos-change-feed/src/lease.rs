@@ -39,6 +39,7 @@ pub struct LeaseFeedRange {
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct LeaseDocument {
     /// `{processor name}..{lease token}` (characters Cosmos forbids in ids are %-escaped).
     pub id: String,
