@@ -39,13 +39,14 @@ impl Backoff {
         self.delays.next().unwrap_or(Duration::from_secs(1))
     }
 
-    /// The delay before the next attempt, at least `floor` (a server's `Retry-After`).
-    pub(crate) fn next_delay_at_least(&mut self, floor: Option<Duration>) -> Duration {
-        let delay = self.next_delay();
-        floor.map_or(delay, |floor| delay.max(floor))
-    }
-
     /// Starts the schedule over after a success.
+    #[cfg_attr(
+        not(any(feature = "rabbitmq", test)),
+        expect(
+            dead_code,
+            reason = "only the RabbitMQ broker's loops start their schedule over"
+        )
+    )]
     pub(crate) fn reset(&mut self) {
         self.delays = self.builder.build();
     }
@@ -70,7 +71,5 @@ mod tests {
         );
         backoff.reset();
         assert!(backoff.next_delay() <= min * 2, "reset to the minimum");
-        let floor = Some(Duration::from_secs(10));
-        assert_eq!(backoff.next_delay_at_least(floor), Duration::from_secs(10));
     }
 }

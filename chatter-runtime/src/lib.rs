@@ -24,7 +24,7 @@
 //! | [`document`] | Outbox Documents, inbox markers, ids (the wire shapes shared with .NET) |
 //! | [`cosmos`] | the connection (real, emulator server, embedded), provisioning for development, store calls |
 //! | [`broker`] | the broker trait, in-memory and RabbitMQ implementations |
-//! | [`relay`] | change-feed processor, drain, source identity, Monitored Container Contract |
+//! | [`relay`] | the change-feed relay (on the [`cosmos_change_feed`] processor): drain, source identity, Monitored Container Contract |
 //!
 //! | feature | default | what |
 //! | --- | --- | --- |

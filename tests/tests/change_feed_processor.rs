@@ -1,4 +1,4 @@
-//! The change-feed processor (`chatter_runtime::relay::change_feed`) against the SDK's
+//! The change-feed processor (`cosmos_change_feed`) against the SDK's
 //! in-memory emulator: delivery, checkpoints, lease balancing, hand-over, expiry, splits.
 //!
 //! No timed assertions: every wait is a bounded poll with a generous timeout.
@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use chatter_runtime::cosmos::store::upsert_item;
 use chatter_runtime::cosmos::{ContainerClient, CosmosConnection, partition_key};
-use chatter_runtime::relay::change_feed::{
-    BatchFuture, ChangeFeedBatch, ChangeFeedProcessor, ChangeFeedProcessorOptions, LeaseDocument,
-    LeaseFault, LeaseFaultStage, RunningProcessor, lease_id, read_leases,
-};
 use chatter_tests::broker::Received;
 use chatter_tests::store::{embedded, emulator_server, provisioned_with_leases};
 use chatter_tests::wait::eventually;
+use cosmos_change_feed::{
+    BatchFuture, ChangeFeedBatch, ChangeFeedProcessor, ChangeFeedProcessorOptions, LeaseDocument,
+    LeaseFault, LeaseFaultStage, RunningProcessor, lease_id, read_leases,
+};
 use serde_json::json;
 
 const DB: &str = "cfp";
@@ -346,7 +346,7 @@ async fn an_expired_lease_of_a_dead_instance_is_stolen() {
             range.max_exclusive().to_string(),
         );
         let token = format!("{min}-{max}");
-        let id = chatter_runtime::relay::change_feed::lease_id("relay", &token);
+        let id = cosmos_change_feed::lease_id("relay", &token);
         upsert_item(
             &store.leases,
             partition_key(&[json!(id)]).unwrap(),

@@ -8,13 +8,13 @@ use std::time::Duration;
 use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::{self, CosmosConnection};
 use chatter_runtime::registry::Registry;
-use chatter_runtime::relay::change_feed::{ChangeFeedProcessorOptions, read_leases};
 use chatter_runtime::relay::delivery::DeliverySettings;
 use chatter_runtime::relay::host::RelayOptions;
 use chatter_runtime::relay::identity::distinct_sources;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, StartError, handler};
 use chatter_tests::store::{document, embedded, provisioned_with_leases};
 use chatter_tests::wait::eventually;
+use cosmos_change_feed::{ChangeFeedProcessorOptions, read_leases};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 

@@ -7,12 +7,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
-
-use super::change_feed::{
+use cosmos_change_feed::{
     ChangeFeedError, ChangeFeedProcessor, ChangeFeedProcessorOptions, LeaseFault, LeaseStatus,
     RunningProcessor,
 };
+use futures::FutureExt;
+
 use super::contract::{self, MonitoredContainersError};
 use super::delivery::{DeliverySettings, DeliverySettingsError};
 use super::diagnostics;

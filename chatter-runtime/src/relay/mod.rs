@@ -2,7 +2,7 @@
 //!
 //! | module | concern |
 //! | --- | --- |
-//! | [`change_feed`] | our change-feed processor: leases, polling, checkpoints, fault reports |
+//! | [`change_feed`] | the change-feed processor: the [`cosmos_change_feed`] crate, re-exported |
 //! | [`drain`] | what one page does: pending gate, Outbox Document Contract, publish, stamps |
 //! | [`delivery`] | the delivered stamp's settings (catalog 3.4) |
 //! | [`suspension`] | Drain Suspension: the per-lease gate over Confirmation Failures (area 6) |
@@ -10,7 +10,10 @@
 //! | [`identity`] | change-feed source identities and processor names |
 //! | [`host`] | the relay host: one processor per source |
 //! | `diagnostics` | the always-on logs (catalog 8.5) |
-pub mod change_feed;
+/// The change-feed processor the relay runs: the [`cosmos_change_feed`] crate, re-exported so
+/// that [`RelayOptions::processor`](host::RelayOptions::processor) and the lease documents can be
+/// named without depending on it directly.
+pub use cosmos_change_feed as change_feed;
 pub mod contract;
 pub mod delivery;
 mod diagnostics;

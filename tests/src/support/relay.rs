@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use chatter_runtime::relay::change_feed::ChangeFeedProcessorOptions;
 use chatter_runtime::relay::host::RelayOptions;
+use cosmos_change_feed::ChangeFeedProcessorOptions;
 
 /// Short relay timings so draining, balancing and hand-overs happen within seconds: poll every
 /// 100 ms, renew owned leases every 400 ms, try to acquire leases every 250 ms, leases expire

@@ -5,7 +5,7 @@
 //! (exclusive); their string order is their byte order, so ranges are compared as strings.
 
 use azure_data_cosmos::feed::FeedRange;
-use azure_data_cosmos_driver::models::EffectivePartitionKey;
+use azure_data_cosmos::models::EffectivePartitionKey;
 
 /// The maximum (exclusive) effective partition key.
 pub(crate) const MAX_EPK: &str = "FF";

@@ -1,49 +1,63 @@
-//! A change-feed processor: reads a monitored container's change feed, one lease per feed
-//! range, shared by any number of instances, and hands each page of documents to an async
-//! batch handler with at-least-once delivery.
+//! A change-feed processor for Azure Cosmos DB, on the official Rust SDK
+//! ([`azure_data_cosmos`]).
 //!
-//! There is no Rust change-feed processor in the Azure SDK; this one follows the .NET
-//! processor's model:
+//! The Rust SDK reads a container's change feed but has no change-feed *processor*: nothing
+//! that shares the feed between several processes, remembers how far each part of it has been
+//! handled, and survives restarts and partition splits. This crate is one. It follows the
+//! model of the .NET SDK's change-feed processor:
 //!
-//! - **Leases.** One [`LeaseDocument`] per (processor name, feed range) in the lease container
-//!   (partition key `/id`; several processors may share it). Every lease write is guarded by
-//!   the ETag read before it (`if-match`): a 412 means another instance got there first.
-//! - **Ownership.** Each instance (a unique `instance_name` per live process) renews the
-//!   leases it owns every [`lease_renew_interval`](ChangeFeedProcessorOptions::lease_renew_interval).
-//!   A lease not renewed for [`lease_expiry`](ChangeFeedProcessorOptions::lease_expiry) is
-//!   expired: its owner is presumed dead and any instance may take it. Graceful
-//!   [`shutdown`](RunningProcessor::shutdown) clears the owner (keeping the checkpoint) so
-//!   others take over at their next acquire cycle instead of after the expiry.
-//! - **Balancing.** Every [`lease_acquire_interval`](ChangeFeedProcessorOptions::lease_acquire_interval)
-//!   an instance takes free and expired leases up to its fair share, `ceil(leases / live
-//!   owners)`, and below it steals from an owner holding at least two more leases than itself.
-//! - **Polling and checkpoints.** Per owned lease, one page at a time is read from the lease's
-//!   continuation and handed to the handler as a [`ChangeFeedBatch`]. The new continuation is
-//!   written to the lease only after the handler returned `Ok`; an error (or a panic) is
-//!   reported as a [`LeaseFault`] (see [`ChangeFeedProcessorBuilder::on_fault`]) and the same
-//!   documents are read again after the poll interval. A full page is
-//!   followed by the next read at once. Delivery is therefore at least once: a batch can be
-//!   handed over again after a handler error, a failed checkpoint, or a lease changing hands
-//!   mid-batch; the handler (chatter's relay gate) must tolerate repeats.
+//! - **Leases in a lease container.** One [`LeaseDocument`] per (processor name, feed range)
+//!   in a separate lease container (partition key `/id`; several processors may share it).
+//!   Every lease write is guarded by the ETag read before it (`if-match`): a 412 means another
+//!   instance got there first.
+//! - **One lease per feed range, many instances.** Any number of instances (each with a unique
+//!   instance name) run the same processor. Each renews the leases it owns every
+//!   [`lease_renew_interval`](ChangeFeedProcessorOptions::lease_renew_interval); a lease not
+//!   renewed for [`lease_expiry`](ChangeFeedProcessorOptions::lease_expiry) is expired (its
+//!   owner presumed dead) and any instance may take it. A graceful
+//!   [`shutdown`](RunningProcessor::shutdown) releases the leases (owner cleared, checkpoint
+//!   kept) so others take over at their next acquire cycle instead of after the expiry.
+//! - **Balancing.** Every
+//!   [`lease_acquire_interval`](ChangeFeedProcessorOptions::lease_acquire_interval) an instance
+//!   takes free and expired leases up to its fair share, `ceil(leases / live owners)`, and below
+//!   it takes one lease from an owner holding at least two more leases than itself.
+//! - **Checkpoints after the handler succeeds.** Per owned lease, one page at a time is read
+//!   from the lease's continuation and handed to your async handler as a [`ChangeFeedBatch`].
+//!   The new continuation is written to the lease only after the handler returned `Ok`. A full
+//!   page is followed by the next read at once.
+//! - **At-least-once delivery.** A batch can be handed over again after a handler error, a
+//!   failed checkpoint, or a lease changing hands mid-batch: the handler must tolerate
+//!   repeats (be idempotent).
 //! - **Splits.** When a lease's feed range is no longer one of the container's feed ranges
 //!   but contains several of them, its owner stops polling it, creates one lease per child
-//!   range carrying the parent's checkpoint, and deletes the parent lease. (Until then the SDK
-//!   keeps serving the parent range across the split, so nothing stops.) A range spanning
+//!   range carrying the parent's checkpoint, and deletes the parent lease (until then the SDK
+//!   keeps serving the parent range across the split, so nothing stops). A range spanning
 //!   several leases (a merge) keeps those leases.
+//! - **Fault reports.** A processor never stops on its own. A failed read, a failed or
+//!   panicking handler, a checkpoint or renewal that could not be written is a [`LeaseFault`],
+//!   reported to [`ChangeFeedProcessorBuilder::on_fault`] (or logged at Error through
+//!   `tracing`); the lease is retried. [`RunningProcessor::lease_statuses`] tells how each
+//!   owned lease is doing.
+//! - **Timeouts and backoff.** Every store call is bounded by
+//!   [`store_timeout`](ChangeFeedProcessorOptions::store_timeout) and every handler call by
+//!   [`handler_timeout`](ChangeFeedProcessorOptions::handler_timeout); failures back off
+//!   exponentially with jitter, from the poll interval up to
+//!   [`max_backoff`](ChangeFeedProcessorOptions::max_backoff), at least as long as a throttled
+//!   read's `Retry-After`.
 //!
 //! The change feed is read in "latest version" mode: a document changed several times
 //! between two reads is handed over once, in its latest state.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use chatter_runtime::cosmos::CosmosConnection;
-//! use chatter_runtime::relay::change_feed::{ChangeFeedBatch, ChangeFeedProcessor};
+//! # async fn demo(
+//! #     orders: std::sync::Arc<azure_data_cosmos::clients::ContainerClient>,
+//! #     leases: std::sync::Arc<azure_data_cosmos::clients::ContainerClient>,
+//! # ) -> Result<(), cosmos_change_feed::ChangeFeedError> {
+//! use cosmos_change_feed::{ChangeFeedBatch, ChangeFeedProcessor};
 //! use futures::FutureExt;
 //!
-//! let connection = CosmosConnection::resolve().await?;
-//! let orders = connection.container("shop", "orders").await?;
-//! let leases = connection.container("shop", "orders-leases").await?;
-//! let processor = ChangeFeedProcessor::builder("orders-relay", "host-1", orders, leases)
+//! // `orders` is the monitored container, `leases` the lease container (partition key `/id`).
+//! let processor = ChangeFeedProcessor::builder("orders-sync", "host-1", orders, leases)
 //!     .start(|batch: ChangeFeedBatch| {
 //!         async move {
 //!             println!("{} documents from {}", batch.documents.len(), batch.lease_token);
@@ -57,7 +71,11 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! `examples/print_batches.rs` runs a processor end to end against the SDK's in-memory
+//! emulator: `cargo run -p cosmos-change-feed --example print_batches`.
 
+mod backoff;
 mod balance;
 mod coordinator;
 mod error;
@@ -65,6 +83,7 @@ mod fault;
 mod lease;
 mod options;
 mod ranges;
+mod store;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -76,15 +95,20 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use error::ChangeFeedError;
+pub use error::{ChangeFeedError, InvalidOptions, ProcessorOption};
 pub use fault::{HandlerPanicked, HandlerTimedOut, LeaseFault, LeaseFaultStage};
 pub use lease::{LeaseDocument, LeaseFeedRange, lease_id, read_leases};
 pub use options::{ChangeFeedProcessorOptions, StartFrom};
+pub use store::StoreError;
 
-use crate::registry::BoxError;
 use coordinator::{Coordinator, create_missing_leases, read_ranges};
 use lease::LeaseStore;
 use worker::WorkerContext;
+
+/// The README's example, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 /// One page of changed documents from one feed range, handed to the batch handler.
 #[derive(Debug, Clone, PartialEq)]
@@ -97,6 +121,10 @@ pub struct ChangeFeedBatch {
     /// (hex effective-partition-key bounds).
     pub lease_token: String,
 }
+
+/// The error a batch handler returns: any error, reported as a [`LeaseFault`] of stage
+/// [`LeaseFaultStage::Handler`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// The future a batch handler returns.
 pub type BatchFuture = BoxFuture<'static, Result<(), BoxError>>;
@@ -112,8 +140,7 @@ impl ChangeFeedProcessor {
     /// Prepares a processor named `processor_name` (shared by every instance that splits the
     /// work; the lease ids derive from it) running as `instance_name` (unique per live
     /// instance), reading `monitored`'s change feed and keeping its leases in `leases`
-    /// (partition key `/id`, e.g. made by
-    /// [`ensure_lease_container`](crate::cosmos::provision::ensure_lease_container)).
+    /// (a container with partition key `/id`; the processor creates the lease documents).
     pub fn builder(
         processor_name: impl Into<String>,
         instance_name: impl Into<String>,
@@ -179,14 +206,10 @@ impl ChangeFeedProcessorBuilder {
         let processor = self.processor_name.trim().to_owned();
         let instance = self.instance_name.trim().to_owned();
         if processor.is_empty() {
-            return Err(ChangeFeedError::EmptyName {
-                what: "processor name",
-            });
+            return Err(ChangeFeedError::EmptyProcessorName);
         }
         if instance.is_empty() {
-            return Err(ChangeFeedError::EmptyName {
-                what: "instance name",
-            });
+            return Err(ChangeFeedError::EmptyInstanceName);
         }
         self.options.validate()?;
         let store_error = |action| {

@@ -11,12 +11,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::balance::{self, LeaseView, Take};
-use super::lease::{LeaseDocument, LeaseStore, LeaseWrite, now_millis};
-use super::ranges::{self, Bounds, bounds};
-use super::worker::{self, LeaseSlot, StopReason, WorkerContext};
-use crate::cosmos::CosmosStoreError;
-use crate::cosmos::store::bounded;
+use crate::balance::{self, LeaseView, Take};
+use crate::lease::{LeaseDocument, LeaseStore, LeaseWrite, now_millis};
+use crate::ranges::{self, Bounds, bounds};
+use crate::store::{StoreError, bounded};
+use crate::worker::{self, LeaseSlot, StopReason, WorkerContext};
 
 /// Reads the monitored container's feed ranges (physical partitions), bypassing the SDK's
 /// cache when `refresh` so that splits are seen.
@@ -24,13 +23,13 @@ pub(crate) async fn read_ranges(
     monitored: &ContainerClient,
     refresh: bool,
     timeout: std::time::Duration,
-) -> Result<Vec<FeedRange>, CosmosStoreError> {
+) -> Result<Vec<FeedRange>, StoreError> {
     let options = ReadFeedRangesOptions::default().with_force_refresh(refresh);
     bounded("read_feed_ranges", timeout, async {
         monitored
             .read_feed_ranges(Some(options))
             .await
-            .map_err(|e| CosmosStoreError::request("read_feed_ranges", e))
+            .map_err(|e| StoreError::request("read_feed_ranges", e))
     })
     .await
 }
@@ -43,7 +42,7 @@ pub(crate) async fn create_missing_leases(
     store: &LeaseStore,
     leases: &[LeaseDocument],
     ranges: &[FeedRange],
-) -> Result<usize, CosmosStoreError> {
+) -> Result<usize, StoreError> {
     let existing = lease_bounds(leases);
     let mut created = 0;
     for range in ranges {
@@ -80,7 +79,7 @@ fn lease_bounds(leases: &[LeaseDocument]) -> Vec<Bounds> {
 }
 
 /// Logs at Error when the leases do not tile the whole key range `""..FF`: documents in a gap
-/// would never be relayed.
+/// would never be handed over.
 fn check_coverage(processor: &str, leases: &[LeaseDocument]) {
     let covered = lease_bounds(leases);
     let gaps = ranges::gaps(&covered);

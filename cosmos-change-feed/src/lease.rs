@@ -9,8 +9,9 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::cosmos::store::{bounded, create_item, delete_item, read_item, replace_item};
-use crate::cosmos::{CosmosStoreError, PartitionKey, partition_key};
+use crate::store::{
+    StoreError, bounded, create_item, delete_item, lease_key, read_item, replace_item,
+};
 
 /// The bounds of a lease's feed range: hex effective-partition-key values, `min` inclusive,
 /// `max` exclusive (`""` and `"FF"` are the ends of the key space).
@@ -26,18 +27,19 @@ pub struct LeaseFeedRange {
 ///
 /// ```json
 /// {
-///   "id": "orders-relay..10000000000000000000000000000000-20000000000000000000000000000000",
-///   "processorName": "orders-relay",
+///   "id": "orders-sync..10000000000000000000000000000000-20000000000000000000000000000000",
+///   "processorName": "orders-sync",
 ///   "leaseToken": "10000000000000000000000000000000-20000000000000000000000000000000",
 ///   "feedRange": { "min": "1000…", "max": "2000…" },
 ///   "feedRangeToken": "eyJSYW5nZSI6…",
-///   "owner": "relay-host-1",
+///   "owner": "host-1",
 ///   "continuationToken": "c1.eyJvcCI6…",
 ///   "timestamp": 1767225600000
 /// }
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct LeaseDocument {
     /// `{processor name}..{lease token}` (characters Cosmos forbids in ids are %-escaped).
     pub id: String,
@@ -137,20 +139,16 @@ pub(crate) fn now_millis() -> i64 {
         .unwrap_or(0)
 }
 
-fn pk(id: &str) -> Result<PartitionKey, CosmosStoreError> {
-    partition_key(&[Value::String(id.to_owned())])
-}
-
 /// Every lease document of `processor_name` in the lease container `leases` (e.g. to see who
 /// owns what, or how far each feed range has been checkpointed).
 pub async fn read_leases(
     leases: &std::sync::Arc<ContainerClient>,
     processor_name: &str,
-) -> Result<Vec<LeaseDocument>, CosmosStoreError> {
+) -> Result<Vec<LeaseDocument>, StoreError> {
     LeaseStore {
         container: std::sync::Arc::clone(leases),
         processor: processor_name.to_owned(),
-        timeout: super::ChangeFeedProcessorOptions::default().store_timeout,
+        timeout: crate::ChangeFeedProcessorOptions::default().store_timeout,
     }
     .list()
     .await
@@ -164,7 +162,7 @@ pub(crate) enum LeaseWrite {
     /// 412 or 404: someone else wrote (or deleted) the lease since we read it.
     Conflict,
     /// Any other failure (the lease may or may not still be ours).
-    Failed(CosmosStoreError),
+    Failed(StoreError),
 }
 
 /// The lease store of one processor: its documents in the lease container.
@@ -178,17 +176,17 @@ pub(crate) struct LeaseStore {
 
 impl LeaseStore {
     /// Every lease document of this processor (a malformed one is reported at Error).
-    pub(crate) async fn list(&self) -> Result<Vec<LeaseDocument>, CosmosStoreError> {
+    pub(crate) async fn list(&self) -> Result<Vec<LeaseDocument>, StoreError> {
         bounded("query_leases", self.timeout, self.list_unbounded()).await
     }
 
     /// See `repair_unbounded`, bounded by the store timeout.
-    pub(crate) async fn repair(&self, lease: &LeaseDocument) -> Result<bool, CosmosStoreError> {
+    pub(crate) async fn repair(&self, lease: &LeaseDocument) -> Result<bool, StoreError> {
         bounded("repair_lease", self.timeout, self.repair_unbounded(lease)).await
     }
 
     /// See `create_unbounded`, bounded by the store timeout.
-    pub(crate) async fn create(&self, lease: &LeaseDocument) -> Result<bool, CosmosStoreError> {
+    pub(crate) async fn create(&self, lease: &LeaseDocument) -> Result<bool, StoreError> {
         bounded("create_lease", self.timeout, self.create_unbounded(lease)).await
     }
 
@@ -197,7 +195,7 @@ impl LeaseStore {
         tokio::time::timeout(self.timeout, self.replace_unbounded(lease))
             .await
             .unwrap_or_else(|_| {
-                LeaseWrite::Failed(CosmosStoreError::timeout("replace_lease", self.timeout))
+                LeaseWrite::Failed(StoreError::timeout("replace_lease", self.timeout))
             })
     }
 
@@ -206,24 +204,24 @@ impl LeaseStore {
         tokio::time::timeout(self.timeout, self.delete_unbounded(lease))
             .await
             .unwrap_or_else(|_| {
-                LeaseWrite::Failed(CosmosStoreError::timeout("delete_lease", self.timeout))
+                LeaseWrite::Failed(StoreError::timeout("delete_lease", self.timeout))
             })
     }
 
     /// Every lease document of this processor.
-    async fn list_unbounded(&self) -> Result<Vec<LeaseDocument>, CosmosStoreError> {
+    async fn list_unbounded(&self) -> Result<Vec<LeaseDocument>, StoreError> {
         const OPERATION: &str = "query_leases";
         let query = Query::from("SELECT * FROM c WHERE c.processorName = @processor")
             .with_parameter("@processor", &self.processor)
-            .map_err(|e| CosmosStoreError::codec(OPERATION, e))?;
+            .map_err(|e| StoreError::codec(OPERATION, e))?;
         let mut items = self
             .container
             .query_items::<Value>(query, FeedScope::full_container(), None)
             .await
-            .map_err(|e| CosmosStoreError::request(OPERATION, e))?;
+            .map_err(|e| StoreError::request(OPERATION, e))?;
         let mut leases = Vec::new();
         while let Some(item) = items.next().await {
-            let item = item.map_err(|e| CosmosStoreError::request(OPERATION, e))?;
+            let item = item.map_err(|e| StoreError::request(OPERATION, e))?;
             match serde_json::from_value::<LeaseDocument>(item.clone()) {
                 Ok(lease) if lease.processor_name == self.processor => leases.push(lease),
                 Ok(_) => {}
@@ -242,12 +240,9 @@ impl LeaseStore {
     /// Replaces the document at `lease.id`, which exists but is not a readable lease, by
     /// `lease` (keeping a string `continuationToken` it still carries), guarded by its ETag.
     /// `Ok(true)` when replaced; `Ok(false)` when it is a readable lease after all.
-    async fn repair_unbounded(&self, lease: &LeaseDocument) -> Result<bool, CosmosStoreError> {
-        let key = pk(&lease.id)?;
-        let Some(existing) = read_item(&self.container, key.clone(), &lease.id)
-            .await?
-            .into_document()
-        else {
+    async fn repair_unbounded(&self, lease: &LeaseDocument) -> Result<bool, StoreError> {
+        let key = lease_key(&lease.id);
+        let Some(existing) = read_item(&self.container, key.clone(), &lease.id).await? else {
             return Ok(false);
         };
         // Readable, with a usable range: a real lease (another instance made it first).
@@ -262,7 +257,7 @@ impl LeaseStore {
             .and_then(Value::as_str)
             .map(str::to_owned);
         let doc =
-            serde_json::to_value(&fresh).map_err(|e| CosmosStoreError::codec("repair_lease", e))?;
+            serde_json::to_value(&fresh).map_err(|e| StoreError::encode("repair_lease", e))?;
         let etag = existing.get("_etag").and_then(Value::as_str);
         match replace_item(&self.container, key, &lease.id, &doc, etag).await {
             Ok(_) => Ok(true),
@@ -272,10 +267,9 @@ impl LeaseStore {
     }
 
     /// Creates `lease` unless a document with its id exists. `Ok(true)` when created.
-    async fn create_unbounded(&self, lease: &LeaseDocument) -> Result<bool, CosmosStoreError> {
-        let doc =
-            serde_json::to_value(lease).map_err(|e| CosmosStoreError::codec("create_lease", e))?;
-        match create_item(&self.container, pk(&lease.id)?, &doc).await {
+    async fn create_unbounded(&self, lease: &LeaseDocument) -> Result<bool, StoreError> {
+        let doc = serde_json::to_value(lease).map_err(|e| StoreError::encode("create_lease", e))?;
+        match create_item(&self.container, lease_key(&lease.id), &lease.id, &doc).await {
             Ok(_) => Ok(true),
             Err(e) if e.is_status(409) => Ok(false),
             Err(e) => Err(e),
@@ -285,22 +279,25 @@ impl LeaseStore {
     /// Replaces the lease while its ETag is still `lease.etag`. A lease without an ETag is never
     /// written: an unguarded write could overwrite another instance's (the guard fails closed).
     async fn replace_unbounded(&self, lease: &LeaseDocument) -> LeaseWrite {
-        if lease.etag.is_none() {
-            return LeaseWrite::Failed(CosmosStoreError::codec(
-                "replace_lease",
-                "the lease has no ETag to guard the write with",
-            ));
-        }
+        let Some(etag) = lease.etag.as_deref() else {
+            return LeaseWrite::Failed(StoreError::MissingEtag {
+                operation: "replace_lease",
+            });
+        };
         let doc = match serde_json::to_value(lease) {
             Ok(doc) => doc,
-            Err(e) => return LeaseWrite::Failed(CosmosStoreError::codec("replace_lease", e)),
+            Err(e) => return LeaseWrite::Failed(StoreError::encode("replace_lease", e)),
         };
-        let key = match pk(&lease.id) {
-            Ok(key) => key,
-            Err(e) => return LeaseWrite::Failed(e),
-        };
-        match replace_item(&self.container, key, &lease.id, &doc, lease.etag.as_deref()).await {
-            Ok(outcome) => LeaseWrite::Written(outcome.etag),
+        match replace_item(
+            &self.container,
+            lease_key(&lease.id),
+            &lease.id,
+            &doc,
+            Some(etag),
+        )
+        .await
+        {
+            Ok(etag) => LeaseWrite::Written(etag),
             Err(e) if e.is_status(412) || e.is_status(404) => LeaseWrite::Conflict,
             Err(e) => LeaseWrite::Failed(e),
         }
@@ -308,17 +305,12 @@ impl LeaseStore {
 
     /// Deletes the lease while its ETag is still `lease.etag` (never without one).
     async fn delete_unbounded(&self, lease: &LeaseDocument) -> LeaseWrite {
-        if lease.etag.is_none() {
-            return LeaseWrite::Failed(CosmosStoreError::codec(
-                "delete_lease",
-                "the lease has no ETag to guard the delete with",
-            ));
-        }
-        let key = match pk(&lease.id) {
-            Ok(key) => key,
-            Err(e) => return LeaseWrite::Failed(e),
+        let Some(etag) = lease.etag.as_deref() else {
+            return LeaseWrite::Failed(StoreError::MissingEtag {
+                operation: "delete_lease",
+            });
         };
-        match delete_item(&self.container, key, &lease.id, lease.etag.as_deref()).await {
+        match delete_item(&self.container, lease_key(&lease.id), &lease.id, etag).await {
             Ok(()) => LeaseWrite::Written(None),
             Err(e) if e.is_status(412) || e.is_status(404) => LeaseWrite::Conflict,
             Err(e) => LeaseWrite::Failed(e),

@@ -15,14 +15,12 @@ use futures::{FutureExt, StreamExt};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::fault::{FaultHandler, HandlerPanicked, HandlerTimedOut, LeaseFault, LeaseFaultStage};
-use super::lease::{LeaseDocument, LeaseStore, LeaseWrite, now_millis};
-use super::options::{ChangeFeedProcessorOptions, StartFrom};
-use super::{BatchHandler, ChangeFeedBatch};
 use crate::backoff::Backoff;
-use crate::cosmos::CosmosStoreError;
-use crate::cosmos::store::bounded;
-use crate::registry::BoxError;
+use crate::fault::{FaultHandler, HandlerPanicked, HandlerTimedOut, LeaseFault, LeaseFaultStage};
+use crate::lease::{LeaseDocument, LeaseStore, LeaseWrite, now_millis};
+use crate::options::{ChangeFeedProcessorOptions, StartFrom};
+use crate::store::{StoreError, bounded};
+use crate::{BatchHandler, BoxError, ChangeFeedBatch};
 
 /// Why a lease's worker stops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -408,7 +406,7 @@ async fn read_page(
     ctx: &WorkerContext,
     range: &FeedRange,
     continuation: Option<&str>,
-) -> Result<(Vec<Value>, Option<String>), CosmosStoreError> {
+) -> Result<(Vec<Value>, Option<String>), StoreError> {
     const OPERATION: &str = "query_change_feed";
     let max_items = NonZeroU32::new(ctx.options.max_items_per_page).unwrap_or(NonZeroU32::MIN);
     let mut options =
@@ -424,14 +422,14 @@ async fn read_page(
         .monitored
         .query_change_feed::<Value>(FeedScope::range(range.clone()), start, Some(options))
         .await
-        .map_err(|e| CosmosStoreError::request(OPERATION, e))?;
+        .map_err(|e| StoreError::request(OPERATION, e))?;
     let page = match pages.next().await {
-        Some(page) => page.map_err(|e| CosmosStoreError::request(OPERATION, e))?,
+        Some(page) => page.map_err(|e| StoreError::request(OPERATION, e))?,
         None => return Ok((Vec::new(), continuation.map(str::to_owned))),
     };
     let next = pages
         .to_continuation_token()
-        .map_err(|e| CosmosStoreError::request(OPERATION, e))?
+        .map_err(|e| StoreError::request(OPERATION, e))?
         .as_str()
         .to_owned();
     let documents = page

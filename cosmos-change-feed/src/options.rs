@@ -2,28 +2,29 @@
 
 use std::time::Duration;
 
-use super::error::ChangeFeedError;
+use crate::error::{InvalidOptions, ProcessorOption};
 
 /// Where a lease that has no checkpoint yet starts reading its feed range.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StartFrom {
     /// From the beginning of the feed range: every document currently in the container is
-    /// handed over once (the default, so documents written before the first start are relayed).
+    /// handed over once (the default, so documents written before the first start are handed
+    /// over too).
     #[default]
     Beginning,
     /// From the moment the lease is first polled: only later changes are handed over.
     Now,
 }
 
-/// Timings and paging of a [`ChangeFeedProcessor`](super::ChangeFeedProcessor).
+/// Timings and paging of a [`ChangeFeedProcessor`](crate::ChangeFeedProcessor).
 ///
 /// Every field has a documented default ([`Default`]); build with struct-update syntax or the
 /// `with_*` methods:
 ///
 /// ```
 /// use std::time::Duration;
-/// use chatter_runtime::relay::change_feed::ChangeFeedProcessorOptions;
+/// use cosmos_change_feed::ChangeFeedProcessorOptions;
 ///
 /// let options = ChangeFeedProcessorOptions::default()
 ///     .with_poll_interval(Duration::from_millis(200))
@@ -36,10 +37,10 @@ pub struct ChangeFeedProcessorOptions {
     /// How long a lease's poller waits after a page that was not full (or after an error)
     /// before reading its feed range again. Default **1 s**.
     ///
-    /// The .NET change-feed processor defaults to 5 s. chatter relays outbox documents, so
-    /// this interval is the bulk of the relay latency a quiet system sees (a busy one reads
-    /// full pages back to back); 1 s keeps a message's end-to-end delay low at the cost of
-    /// one cheap read (about 1 RU, a 304 when nothing changed) per lease per second.
+    /// The .NET change-feed processor defaults to 5 s. This interval is the bulk of the delay
+    /// between a write and its hand-over that a quiet container sees (a busy one reads full
+    /// pages back to back); 1 s keeps that delay low at the cost of one cheap read (about
+    /// 1 RU, a 304 when nothing changed) per lease per second.
     pub poll_interval: Duration,
     /// The most documents one page (and so one batch handed to the handler) holds.
     /// Default **100**. A page that comes back full is followed by the next read at once.
@@ -64,7 +65,7 @@ pub struct ChangeFeedProcessorOptions {
     /// retries of throttled requests.
     pub store_timeout: Duration,
     /// The bound of one batch handler call; past it the call is cancelled, reported as a
-    /// [`LeaseFault`](super::LeaseFault) and the page is read again. Default **5 min**.
+    /// [`LeaseFault`](crate::LeaseFault) and the page is read again. Default **5 min**.
     pub handler_timeout: Duration,
     /// The longest wait between two attempts after failures. Failures back off exponentially
     /// (with jitter) from [`poll_interval`](Self::poll_interval) up to this; a success starts
@@ -144,35 +145,38 @@ impl ChangeFeedProcessorOptions {
     }
 
     /// Checks the options make sense together: non-zero intervals and page size, and a renew
-    /// interval shorter than the expiry.
-    pub fn validate(&self) -> Result<(), ChangeFeedError> {
+    /// interval shorter than the expiry. The first rule broken is returned.
+    pub fn validate(&self) -> Result<(), InvalidOptions> {
         let zero = [
-            ("poll_interval", self.poll_interval),
-            ("lease_renew_interval", self.lease_renew_interval),
-            ("lease_expiry", self.lease_expiry),
-            ("lease_acquire_interval", self.lease_acquire_interval),
-            ("store_timeout", self.store_timeout),
-            ("handler_timeout", self.handler_timeout),
-            ("max_backoff", self.max_backoff),
+            (ProcessorOption::PollInterval, self.poll_interval),
+            (
+                ProcessorOption::LeaseRenewInterval,
+                self.lease_renew_interval,
+            ),
+            (ProcessorOption::LeaseExpiry, self.lease_expiry),
+            (
+                ProcessorOption::LeaseAcquireInterval,
+                self.lease_acquire_interval,
+            ),
+            (ProcessorOption::StoreTimeout, self.store_timeout),
+            (ProcessorOption::HandlerTimeout, self.handler_timeout),
+            (ProcessorOption::MaxBackoff, self.max_backoff),
         ]
         .into_iter()
         .find(|(_, value)| value.is_zero());
-        if let Some((name, _)) = zero {
-            return Err(ChangeFeedError::InvalidOptions(format!(
-                "`{name}` must be greater than zero"
-            )));
+        if let Some((option, _)) = zero {
+            return Err(InvalidOptions::Zero { option });
         }
         if self.max_items_per_page == 0 {
-            return Err(ChangeFeedError::InvalidOptions(
-                "`max_items_per_page` must be greater than zero".to_owned(),
-            ));
+            return Err(InvalidOptions::Zero {
+                option: ProcessorOption::MaxItemsPerPage,
+            });
         }
         if self.lease_renew_interval >= self.lease_expiry {
-            return Err(ChangeFeedError::InvalidOptions(format!(
-                "`lease_renew_interval` ({:?}) must be shorter than `lease_expiry` ({:?}), or \
-                 live owners would lose their leases",
-                self.lease_renew_interval, self.lease_expiry
-            )));
+            return Err(InvalidOptions::RenewIntervalNotBelowExpiry {
+                renew_interval: self.lease_renew_interval,
+                lease_expiry: self.lease_expiry,
+            });
         }
         Ok(())
     }
@@ -193,22 +197,36 @@ mod tests {
             .with_lease_renew_interval(Duration::from_secs(30))
             .with_lease_expiry(Duration::from_secs(30));
         let err = options.validate().unwrap_err();
+        assert_eq!(
+            err,
+            InvalidOptions::RenewIntervalNotBelowExpiry {
+                renew_interval: Duration::from_secs(30),
+                lease_expiry: Duration::from_secs(30),
+            }
+        );
         assert!(err.to_string().contains("lease_renew_interval"), "{err}");
     }
 
     #[test]
     fn zero_values_are_rejected() {
-        assert!(
+        assert_eq!(
             ChangeFeedProcessorOptions::default()
                 .with_max_items_per_page(0)
-                .validate()
-                .is_err()
+                .validate(),
+            Err(InvalidOptions::Zero {
+                option: ProcessorOption::MaxItemsPerPage
+            })
         );
-        assert!(
-            ChangeFeedProcessorOptions::default()
-                .with_poll_interval(Duration::ZERO)
-                .validate()
-                .is_err()
+        let err = ChangeFeedProcessorOptions::default()
+            .with_poll_interval(Duration::ZERO)
+            .validate()
+            .unwrap_err();
+        assert_eq!(
+            err,
+            InvalidOptions::Zero {
+                option: ProcessorOption::PollInterval
+            }
         );
+        assert_eq!(err.to_string(), "`poll_interval` must be greater than zero");
     }
 }

@@ -1,7 +1,7 @@
 //! Lease faults: what the processor reports when a lease cannot make progress.
 //!
 //! A processor never stops on a fault: it reports it to the fault handler
-//! ([`ChangeFeedProcessorBuilder::on_fault`](super::ChangeFeedProcessorBuilder::on_fault)) and
+//! ([`ChangeFeedProcessorBuilder::on_fault`](crate::ChangeFeedProcessorBuilder::on_fault)) and
 //! tries again after the poll interval. Without a handler every fault is logged at Error.
 
 use std::any::Any;
@@ -64,6 +64,7 @@ pub(crate) fn log_fault(processor: String) -> FaultHandler {
 /// The batch handler panicked.
 #[derive(Debug, thiserror::Error)]
 #[error("the batch handler panicked: {message}")]
+#[non_exhaustive]
 pub struct HandlerPanicked {
     /// The panic's message, when it was a string.
     pub message: String,
@@ -81,12 +82,13 @@ impl HandlerPanicked {
 }
 
 /// The batch handler did not finish within
-/// [`handler_timeout`](super::ChangeFeedProcessorOptions::handler_timeout); it was cancelled and
+/// [`handler_timeout`](crate::ChangeFeedProcessorOptions::handler_timeout); it was cancelled and
 /// the page is read again.
 #[derive(Debug, thiserror::Error)]
 #[error(
     "the batch handler did not finish within {after:?}; it was cancelled and the page is read again"
 )]
+#[non_exhaustive]
 pub struct HandlerTimedOut {
     /// The timeout that elapsed.
     pub after: std::time::Duration,

@@ -1,0 +1,108 @@
+//! [`ChangeFeedError`]: why a change-feed processor could not start, and [`InvalidOptions`]:
+//! which option breaks which rule.
+
+use std::time::Duration;
+
+use crate::store::StoreError;
+
+/// Why a [`ChangeFeedProcessor`](crate::ChangeFeedProcessor) could not start.
+///
+/// Once started, a processor never stops on its own: store failures while polling, renewing
+/// or balancing are reported (see [`LeaseFault`](crate::LeaseFault)) or logged, and retried.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChangeFeedError {
+    /// The processor name is empty (or only whitespace).
+    #[error("the change-feed processor name must not be empty")]
+    EmptyProcessorName,
+
+    /// The instance name is empty (or only whitespace).
+    #[error("the change-feed processor's instance name must not be empty")]
+    EmptyInstanceName,
+
+    /// The options break a rule (the source says which).
+    #[error("invalid change-feed processor options")]
+    InvalidOptions(#[from] InvalidOptions),
+
+    /// The monitored or lease container could not be read or written while starting.
+    #[error("change-feed processor '{processor}' could not {action}")]
+    Store {
+        /// The processor name.
+        processor: String,
+        /// What was attempted, e.g. `read the feed ranges of the monitored container`.
+        action: &'static str,
+        /// The store error.
+        #[source]
+        source: Box<StoreError>,
+    },
+}
+
+/// An option of [`ChangeFeedProcessorOptions`](crate::ChangeFeedProcessorOptions), as named in
+/// an [`InvalidOptions`] error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProcessorOption {
+    /// [`poll_interval`](crate::ChangeFeedProcessorOptions::poll_interval).
+    PollInterval,
+    /// [`max_items_per_page`](crate::ChangeFeedProcessorOptions::max_items_per_page).
+    MaxItemsPerPage,
+    /// [`lease_renew_interval`](crate::ChangeFeedProcessorOptions::lease_renew_interval).
+    LeaseRenewInterval,
+    /// [`lease_expiry`](crate::ChangeFeedProcessorOptions::lease_expiry).
+    LeaseExpiry,
+    /// [`lease_acquire_interval`](crate::ChangeFeedProcessorOptions::lease_acquire_interval).
+    LeaseAcquireInterval,
+    /// [`store_timeout`](crate::ChangeFeedProcessorOptions::store_timeout).
+    StoreTimeout,
+    /// [`handler_timeout`](crate::ChangeFeedProcessorOptions::handler_timeout).
+    HandlerTimeout,
+    /// [`max_backoff`](crate::ChangeFeedProcessorOptions::max_backoff).
+    MaxBackoff,
+}
+
+impl ProcessorOption {
+    /// The option's field name, e.g. `poll_interval`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PollInterval => "poll_interval",
+            Self::MaxItemsPerPage => "max_items_per_page",
+            Self::LeaseRenewInterval => "lease_renew_interval",
+            Self::LeaseExpiry => "lease_expiry",
+            Self::LeaseAcquireInterval => "lease_acquire_interval",
+            Self::StoreTimeout => "store_timeout",
+            Self::HandlerTimeout => "handler_timeout",
+            Self::MaxBackoff => "max_backoff",
+        }
+    }
+}
+
+impl std::fmt::Display for ProcessorOption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which option of [`ChangeFeedProcessorOptions`](crate::ChangeFeedProcessorOptions) breaks
+/// which rule ([`validate`](crate::ChangeFeedProcessorOptions::validate)).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidOptions {
+    /// An interval, timeout or page size is zero.
+    #[error("`{option}` must be greater than zero")]
+    Zero {
+        /// The option that is zero.
+        option: ProcessorOption,
+    },
+
+    /// The renew interval is not shorter than the expiry: live owners would lose their leases.
+    #[error(
+        "`lease_renew_interval` ({renew_interval:?}) must be shorter than `lease_expiry` \
+         ({lease_expiry:?}), or live owners would lose their leases"
+    )]
+    RenewIntervalNotBelowExpiry {
+        /// The renew interval given.
+        renew_interval: Duration,
+        /// The expiry given.
+        lease_expiry: Duration,
+    },
+}
