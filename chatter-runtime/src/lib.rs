@@ -40,6 +40,7 @@ pub mod cosmos;
 pub mod document;
 mod error_chain;
 pub mod message;
+mod partition_key;
 pub mod pipeline;
 pub mod registry;
 pub mod relay;
@@ -62,6 +63,7 @@ struct ReadmeDoctests;
 
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::partition_key::PartitionKeyPath;
     pub use crate::registry::{
         CommandRegistration, HandlerFuture, HandlerRegistration, IntoHandlerResult,
         SourceIdentityDeclaration, SourceLocation,

@@ -138,7 +138,12 @@ async fn run() -> Result<(), BoxError> {
         let r = command.registration;
         println!(
             "registered {} <- destination `{}`, container {}/{} (lease {}), partition key {:?}",
-            r.command_name, r.destination, r.database, r.container, r.lease, r.partition_key_paths
+            r.command_name,
+            r.destination,
+            r.database,
+            r.container,
+            r.lease,
+            r.partition_key_paths().collect::<Vec<_>>()
         );
     }
 

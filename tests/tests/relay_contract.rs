@@ -7,6 +7,7 @@ use std::error::Error as _;
 use std::sync::Arc;
 
 use azure_data_cosmos::models::{ContainerProperties, PartitionKeyDefinition, TimeToLive};
+use chatter_runtime::__private::PartitionKeyPath;
 use chatter_runtime::cosmos::provision::{ensure_container, ensure_database};
 use chatter_runtime::cosmos::{ContainerClient, CosmosConnection};
 use chatter_runtime::relay::contract::{
@@ -330,7 +331,15 @@ fn source_over(container: &'static str, paths: &'static [&'static str]) -> Relay
         database: DATABASE,
         container,
         lease: "leases",
-        partition_key_paths: paths,
+        partition_key_paths: Box::leak(
+            paths
+                .iter()
+                .map(|&path| PartitionKeyPath {
+                    path,
+                    pointer: path,
+                })
+                .collect(),
+        ),
         commands: vec!["command"],
     }
 }

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use chatter_runtime::__private::PartitionKeyPath;
 use chatter_runtime::broker::{Broker, BrokerError, InMemoryBroker, Subscription};
 use chatter_runtime::cosmos::{self, ContainerClient};
 use chatter_runtime::document::OutboxDocument;
@@ -16,6 +17,11 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
 const PATHS: &[&str] = &["/tenantId"];
+/// The same key as the registration of a command partitioned on `/tenantId` declares it.
+const KEY: &[PartitionKeyPath] = &[PartitionKeyPath {
+    path: "/tenantId",
+    pointer: "/tenantId",
+}];
 const SOURCE: &str = "chatter-cosmos-outbox-relay:test";
 const LEASE: &str = "0";
 
@@ -70,7 +76,7 @@ async fn a_genuine_pending_document_is_published_verbatim_and_stamped_delivered_
         SOURCE,
         Arc::new(broker.clone()),
         c.clone(),
-        PATHS,
+        KEY,
         DeliverySettings::default(),
     );
 
@@ -116,7 +122,7 @@ async fn custom_delivery_settings_are_stamped() {
         delivered_ttl_seconds: 999,
     };
     // R3.27.
-    Drain::new(SOURCE, Arc::new(broker), c.clone(), PATHS, settings)
+    Drain::new(SOURCE, Arc::new(broker), c.clone(), KEY, settings)
         .drain(LEASE, &[doc])
         .await
         .unwrap();
@@ -169,7 +175,7 @@ async fn documents_that_are_not_pending_outbox_documents_are_never_published_or_
         SOURCE,
         Arc::new(broker.clone()),
         c.clone(),
-        PATHS,
+        KEY,
         DeliverySettings::default(),
     );
     let report = drain.drain(LEASE, &stored_docs).await.unwrap();
@@ -226,7 +232,7 @@ async fn a_failed_publish_stamps_nothing_and_fails_the_page() {
         SOURCE,
         Arc::new(RefusingBroker),
         c.clone(),
-        PATHS,
+        KEY,
         DeliverySettings::default(),
     );
     // R3.28: the error propagates, the document stays pending, and the page stops there.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chatter_emulator::{Faults, RunningEmulator};
+use chatter_runtime::__private::PartitionKeyPath;
 use chatter_runtime::broker::InMemoryBroker;
 use chatter_runtime::cosmos::{self, ContainerClient};
 use chatter_runtime::document::OutboxDocument;
@@ -22,6 +23,11 @@ use serde_json::{Value, json};
 use tracing::Level;
 
 const PATHS: &[&str] = &["/tenantId"];
+/// The same key as the registration of a command partitioned on `/tenantId` declares it.
+const KEY: &[PartitionKeyPath] = &[PartitionKeyPath {
+    path: "/tenantId",
+    pointer: "/tenantId",
+}];
 const SOURCE: &str = "chatter-cosmos-outbox-relay:source-a";
 
 fn fault() -> std::io::Error {
@@ -281,7 +287,7 @@ fn drain(
         source,
         Arc::new(broker.clone()),
         container.clone(),
-        PATHS,
+        KEY,
         DeliverySettings::default(),
     )
     .with_clock(clock.clone())

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use chatter_runtime::__private::PartitionKeyPath;
 use chatter_runtime::broker::InMemoryBroker;
 use chatter_runtime::cosmos::{self, ContainerClient};
 use chatter_runtime::document::OutboxDocument;
@@ -17,6 +18,11 @@ use serde_json::{Value, json};
 use tracing::Level;
 
 const PATHS: &[&str] = &["/tenantId"];
+/// The same key as the registration of a command partitioned on `/tenantId` declares it.
+const KEY: &[PartitionKeyPath] = &[PartitionKeyPath {
+    path: "/tenantId",
+    pointer: "/tenantId",
+}];
 const SOURCE: &str = "chatter-cosmos-outbox-relay:test";
 
 const UNDELIVERABLE_LOG: &str = "The Cosmos Outbox Relay marked an Outbox Document undeliverable \
@@ -31,7 +37,7 @@ fn drain(container: &Arc<ContainerClient>, broker: &InMemoryBroker) -> Drain {
         SOURCE,
         Arc::new(broker.clone()),
         container.clone(),
-        PATHS,
+        KEY,
         DeliverySettings::default(),
     )
 }

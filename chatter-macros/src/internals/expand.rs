@@ -107,8 +107,10 @@ pub fn document_reliable(ident: &Ident, c: &Checked) -> TokenStream {
                     database: #database,
                     container: #container,
                     lease: #lease,
-                    partition_key_paths: &[#(#paths),*],
-                    partition_key_sources: &[#(#sources),*],
+                    partition_key: &[#(::chatter_runtime::__private::PartitionKeyPath {
+                        path: #paths,
+                        pointer: #sources,
+                    }),*],
                     declared_source_identity: #declared,
                     max_delivery_attempts: #max_delivery_attempts,
                     location: ::chatter_runtime::__private::SourceLocation {

@@ -17,13 +17,15 @@ mod error;
 pub mod provision;
 pub mod store;
 
+/// Builds the SDK's partition key from JSON values, one per partition-key path.
+pub use crate::partition_key::sdk_key as partition_key;
 #[cfg(feature = "embedded")]
 pub use connection::EMBEDDED_ENDPOINT;
 pub use connection::{CosmosConnection, EMULATOR_KEY};
 pub use error::{CosmosStoreError, ENDPOINT_ENV, KEY_ENV};
 pub use store::{
     BatchOperation, BatchOperationOutcome, BatchOutcome, ContainerSettings, ReadOutcome,
-    WriteOutcome, execute_batch, partition_key, patch_item, read_container_properties, read_item,
+    WriteOutcome, execute_batch, patch_item, read_container_properties, read_item,
 };
 
 /// The SDK types that appear in this module's signatures.

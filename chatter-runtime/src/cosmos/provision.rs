@@ -28,11 +28,7 @@ pub async fn ensure_container(
     container: &str,
     partition_key_paths: &[&str],
 ) -> Result<(), CosmosStoreError> {
-    if partition_key_paths.is_empty() || partition_key_paths.len() > 3 {
-        return Err(CosmosStoreError::PartitionKeyArity {
-            count: partition_key_paths.len(),
-        });
-    }
+    crate::partition_key::check_levels(partition_key_paths.len())?;
     ensure_database(connection, database).await?;
 
     let paths: Vec<Cow<'static, str>> = partition_key_paths

@@ -7,9 +7,7 @@
 
 use azure_data_cosmos::TransactionalBatch;
 use azure_data_cosmos::clients::ContainerClient;
-use azure_data_cosmos::models::{
-    PartitionKey, PartitionKeyValue, PatchInstructions, PatchOperation, TimeToLive,
-};
+use azure_data_cosmos::models::{PartitionKey, PatchInstructions, PatchOperation, TimeToLive};
 use azure_data_cosmos::options::{ItemWriteOptions, PatchItemOptions, PatchStrategy, Precondition};
 use serde_json::Value;
 
@@ -29,46 +27,6 @@ pub(crate) async fn bounded<T>(
     tokio::time::timeout(timeout, call)
         .await
         .unwrap_or_else(|_| Err(CosmosStoreError::timeout(operation, timeout)))
-}
-
-/// Builds a partition key from the JSON values found at a container's partition-key paths,
-/// in path order: one value for a single path, two or three for a hierarchical key.
-///
-/// Strings, numbers, booleans and `null` keep their JSON kind; arrays and objects are errors.
-pub fn partition_key(values: &[Value]) -> Result<PartitionKey, CosmosStoreError> {
-    if values.is_empty() || values.len() > 3 {
-        return Err(CosmosStoreError::PartitionKeyArity {
-            count: values.len(),
-        });
-    }
-    let components = values
-        .iter()
-        .enumerate()
-        .map(|(index, value)| partition_key_value(index, value))
-        .collect::<Result<Vec<_>, _>>()?;
-    PartitionKey::try_from(components).map_err(|_| CosmosStoreError::PartitionKeyArity {
-        count: values.len(),
-    })
-}
-
-fn partition_key_value(index: usize, value: &Value) -> Result<PartitionKeyValue, CosmosStoreError> {
-    match value {
-        Value::String(text) => Ok(PartitionKeyValue::from(text.clone())),
-        Value::Bool(flag) => Ok(PartitionKeyValue::from(*flag)),
-        Value::Null => Ok(PartitionKeyValue::NULL),
-        Value::Number(number) => number
-            .as_f64()
-            .and_then(|n| PartitionKeyValue::try_from(n).ok())
-            .ok_or(CosmosStoreError::NonFinitePartitionKeyNumber { index }),
-        Value::Array(_) => Err(CosmosStoreError::InvalidPartitionKeyValue {
-            index,
-            kind: "array",
-        }),
-        Value::Object(_) => Err(CosmosStoreError::InvalidPartitionKeyValue {
-            index,
-            kind: "object",
-        }),
-    }
 }
 
 /// One operation of a transactional batch.
@@ -401,49 +359,6 @@ pub async fn read_container_properties(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn partition_keys_accept_scalars_and_up_to_three_levels() {
-        assert_eq!(partition_key(&[json!("a")]).unwrap().len(), 1);
-        assert_eq!(
-            partition_key(&[json!(1), json!(true), json!(null)])
-                .unwrap()
-                .len(),
-            3
-        );
-        assert!(partition_key(&[json!(1.5)]).is_ok());
-    }
-
-    #[test]
-    fn partition_keys_reject_arrays_objects_and_bad_arity() {
-        let err = partition_key(&[json!("a"), json!([1])]).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                CosmosStoreError::InvalidPartitionKeyValue {
-                    index: 1,
-                    kind: "array"
-                }
-            ),
-            "{err}"
-        );
-        assert!(matches!(
-            partition_key(&[json!({})]).unwrap_err(),
-            CosmosStoreError::InvalidPartitionKeyValue {
-                index: 0,
-                kind: "object"
-            }
-        ));
-        assert!(matches!(
-            partition_key(&[]).unwrap_err(),
-            CosmosStoreError::PartitionKeyArity { count: 0 }
-        ));
-        assert!(matches!(
-            partition_key(&[json!(1), json!(2), json!(3), json!(4)]).unwrap_err(),
-            CosmosStoreError::PartitionKeyArity { count: 4 }
-        ));
-    }
 
     #[test]
     fn the_failed_operation_is_the_first_non_dependency_failure() {

@@ -52,18 +52,6 @@ pub enum DocumentError {
         actual: usize,
     },
 
-    /// A resolved partition key's value count differs from the container's path count (R2.92).
-    #[error(
-        "The resolved partition key has '{values}' value(s) but the container partition-key path declares \
-         '{segments}' segment(s)."
-    )]
-    PartitionKeyArityMismatch {
-        /// How many values the resolved partition key has.
-        values: usize,
-        /// How many paths the container declares.
-        segments: usize,
-    },
-
     /// A partition-key path's root segment is a field the document itself needs (R2.68, R2.90).
     ///
     /// `reserved` is rendered the way the C# `string.Join(", ", set)` renders its reserved set:

@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 use time::OffsetDateTime;
 
 use super::outbox::{DISCRIMINATOR_FIELD, ID_FIELD, MESSAGE_ID_FIELD, TTL_FIELD};
-use super::{DocumentError, format_utc_timestamp, id, partition_key};
+use super::{DocumentError, format_utc_timestamp, id};
 
 /// The field holding the instant the marker was stamped.
 pub const RECEIVED_AT_UTC_FIELD: &str = "ReceivedAtUtc";
@@ -70,7 +70,7 @@ pub fn inbox_marker(
     received_at: OffsetDateTime,
 ) -> Result<Value, DocumentError> {
     let mut doc = base_marker(message_id, received_at, None, None)?;
-    partition_key::stamp_partition_key(
+    crate::partition_key::stamp(
         &mut doc,
         pk_paths,
         pk_values,
@@ -94,7 +94,7 @@ pub fn claimed_inbox_marker(
 ) -> Result<Value, DocumentError> {
     let mut doc = base_marker(message_id, received_at, ttl_seconds, Some(completed))?;
     let value = Value::String(message_id.to_owned());
-    partition_key::stamp_partition_key(
+    crate::partition_key::stamp(
         &mut doc,
         &[pk_path],
         &[value],

@@ -1,7 +1,6 @@
 //! The documents Chatter writes next to application data, and their wire shapes (catalog 0, 2.2–2.4).
 //!
 //! - [`id`]: the item ids Chatter mints, `outbox:`/`inbox:` + unpadded base64url of the message id.
-//! - [`partition_key`]: stamping partition values at the container's real path(s).
 //! - [`outbox`]: the Outbox Document, its pending gate, and reading it back into a message.
 //! - [`outbox_contract`]: the Outbox Document Contract, whether a pending document can ever be published.
 //! - [`inbox_marker`](mod@inbox_marker): the Batched and Claimed Inbox Markers, and the genuine-marker check.
@@ -18,7 +17,6 @@ pub mod inbox_marker;
 pub mod json;
 pub mod outbox;
 pub mod outbox_contract;
-pub mod partition_key;
 pub mod reserved_id;
 
 pub use error::DocumentError;
@@ -30,5 +28,4 @@ pub use inbox_marker::{claimed_inbox_marker, inbox_marker, is_genuine_inbox_mark
 pub use json::{format_utc_timestamp, to_json_string, to_json_vec};
 pub use outbox::{OutboxDocument, is_pending_outbox};
 pub use outbox_contract::{ContractViolation, ContractViolations, VerifiedOutboxDocument};
-pub use partition_key::{stamp_partition_key, values_at_paths};
 pub use reserved_id::{check_not_reserved, top_level_string_id};

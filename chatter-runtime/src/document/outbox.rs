@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{DocumentError, id, partition_key, to_json_string};
+use super::{DocumentError, id, to_json_string};
 use crate::message::BrokeredMessage;
 
 /// The document-id field (Cosmos requires `id`).
@@ -108,7 +108,7 @@ impl OutboxDocument {
     /// The JSON body, keys in the section-0.2 order, partition values stamped at `pk_paths`.
     ///
     /// # Errors
-    /// The stamping errors of [`partition_key::stamp_partition_key`], with the outbox reserved
+    /// The stamping errors of [`partition_key::stamp`](crate::partition_key::stamp), with the outbox reserved
     /// roots ([`OUTBOX_RESERVED_ROOT_FIELDS`]).
     pub fn to_json(
         &self,
@@ -133,12 +133,7 @@ impl OutboxDocument {
             MESSAGE_CONTEXT_FIELD.to_owned(),
             optional(&self.message_context),
         );
-        partition_key::stamp_partition_key(
-            &mut doc,
-            pk_paths,
-            pk_values,
-            &OUTBOX_RESERVED_ROOT_FIELDS,
-        )?;
+        crate::partition_key::stamp(&mut doc, pk_paths, pk_values, &OUTBOX_RESERVED_ROOT_FIELDS)?;
         Ok(Value::Object(doc))
     }
 
@@ -165,12 +160,7 @@ impl OutboxDocument {
         pk_values: &[Value],
     ) -> Result<Value, DocumentError> {
         let mut doc = pending_header(id::outbox_id(message_id)?, message_id.to_owned());
-        partition_key::stamp_partition_key(
-            &mut doc,
-            pk_paths,
-            pk_values,
-            &OUTBOX_RESERVED_ROOT_FIELDS,
-        )?;
+        crate::partition_key::stamp(&mut doc, pk_paths, pk_values, &OUTBOX_RESERVED_ROOT_FIELDS)?;
         Ok(Value::Object(doc))
     }
 

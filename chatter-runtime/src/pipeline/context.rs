@@ -11,6 +11,7 @@ use crate::broker::Broker;
 use crate::cosmos::BatchOperation;
 use crate::document;
 use crate::message::BrokeredMessage;
+use crate::partition_key::{self, PartitionKeyPath};
 
 /// Cosmos's limit on operations in one TransactionalBatch.
 pub const MAX_BATCH_OPERATIONS: usize = 100;
@@ -19,7 +20,7 @@ pub const MAX_BATCH_OPERATIONS: usize = 100;
 /// far. Staging and counting are one action (catalog R2.08).
 #[derive(Debug)]
 pub(crate) struct AtomicWriteHandle {
-    pub(crate) partition_key_paths: &'static [&'static str],
+    pub(crate) partition_key_paths: &'static [PartitionKeyPath],
     pub(crate) partition_key: Vec<Value>,
     /// Op 0 (the inbox marker) is staged by the pipeline; the handler's writes follow.
     pub(crate) writes: Vec<BatchOperation>,
@@ -49,10 +50,10 @@ impl AtomicWriteHandle {
         if let Some(Value::String(id)) = object.get("id") {
             document::guard_not_reserved(id)?;
         }
-        let found = document::values_at_paths(doc, self.partition_key_paths);
+        let found = partition_key::read_back(doc, self.partition_key_paths);
         if found.as_deref() != Some(self.partition_key.as_slice()) {
             return Err(StageError::PartitionKeyMismatch {
-                paths: self.partition_key_paths.join(", "),
+                paths: partition_key::display(self.partition_key_paths),
                 expected: Value::Array(self.partition_key.clone()).to_string(),
                 found: found.map_or_else(|| "nothing".to_owned(), |v| Value::Array(v).to_string()),
             });

@@ -20,6 +20,7 @@ use time::OffsetDateTime;
 use crate::broker::Broker;
 use crate::cosmos::{self, BatchOperation, CosmosConnection, ReadOutcome};
 use crate::document;
+use crate::partition_key;
 use crate::registry::RegisteredCommand;
 use context::AtomicWriteHandle;
 
@@ -78,7 +79,7 @@ impl Pipeline {
         if message_id.trim().is_empty() {
             return Err(PipelineError::MissingMessageId { command: name });
         }
-        let paths = registration.partition_key_paths;
+        let paths = registration.partition_key;
         let marker_error = |source| PipelineError::Marker {
             command: name,
             message_id: message_id.to_owned(),
@@ -100,7 +101,7 @@ impl Pipeline {
             .container(registration.database, registration.container)
             .await
             .map_err(cosmos_error)?;
-        let key = cosmos::partition_key(&partition_key).map_err(cosmos_error)?;
+        let key = partition_key::sdk_key(&partition_key).map_err(cosmos_error)?;
         let handle = AtomicWriteHandle {
             partition_key_paths: paths,
             partition_key: partition_key.clone(),

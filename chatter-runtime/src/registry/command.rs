@@ -3,6 +3,8 @@
 use std::any::TypeId;
 use std::fmt;
 
+use crate::partition_key::{self, PartitionKeyPath};
+
 /// Where a registration was written, for messages that must name both sides of a conflict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SourceLocation {
@@ -51,11 +53,9 @@ pub struct CommandRegistration {
     pub container: &'static str,
     /// The lease container of the change-feed relay.
     pub lease: &'static str,
-    /// The container's partition-key path(s), in order (several for a hierarchical key).
-    pub partition_key_paths: &'static [&'static str],
-    /// Where each partition-key value is found in the command's serialized JSON, one JSON pointer per
-    /// entry of `partition_key_paths`.
-    pub partition_key_sources: &'static [&'static str],
+    /// The container's partition-key levels, in order (several for a hierarchical key): each
+    /// path with the JSON pointer at which the command's serialized JSON holds its value.
+    pub partition_key: &'static [PartitionKeyPath],
     /// The declared change-feed source identity, when the derive named one.
     pub declared_source_identity: Option<SourceIdentityDeclaration>,
     /// `#[chatter(max_delivery_attempts = N)]`: deliveries of one message (the first included)
@@ -68,16 +68,18 @@ pub struct CommandRegistration {
 impl CommandRegistration {
     /// Resolves the partition-key values from the command's serialized JSON.
     ///
-    /// `None` when a value is absent: the command then passes through without a batch
-    /// (catalog R1.51), exactly like a resolver that returns no key.
+    /// `None` when a value is absent: the command is then handled without a batch, at least
+    /// once, exactly like a resolver that returns no key.
     pub fn resolve_partition_key(
         &self,
         command: &serde_json::Value,
     ) -> Option<Vec<serde_json::Value>> {
-        self.partition_key_sources
-            .iter()
-            .map(|pointer| command.pointer(pointer).cloned())
-            .collect()
+        partition_key::resolve(self.partition_key, command)
+    }
+
+    /// The container's partition-key paths, in order.
+    pub fn partition_key_paths(&self) -> impl Iterator<Item = &'static str> {
+        self.partition_key.iter().map(|level| level.path)
     }
 }
 

@@ -4,6 +4,7 @@ use std::any::TypeId;
 use std::collections::HashMap;
 
 use super::{CommandRegistration, HandlerRegistration, RegistrationProblem, RegistryError};
+use crate::partition_key;
 
 /// A registered command with its one handler.
 #[derive(Debug, Clone, Copy)]
@@ -198,11 +199,11 @@ fn container_conflicts(
         }
     };
     let mut problems = Vec::new();
-    if first.partition_key_paths != second.partition_key_paths {
+    if !partition_key::same_paths(first.partition_key, second.partition_key) {
         problems.push(conflict(
             "partition-key path",
-            format!("[{}]", first.partition_key_paths.join(", ")),
-            format!("[{}]", second.partition_key_paths.join(", ")),
+            partition_key::display(first.partition_key),
+            partition_key::display(second.partition_key),
         ));
     }
     if first.lease != second.lease {
@@ -230,6 +231,7 @@ fn container_conflicts(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::partition_key::PartitionKeyPath;
     use crate::registry::{SourceIdentityDeclaration, SourceLocation};
 
     struct A;
@@ -259,8 +261,10 @@ mod tests {
             database: "shop",
             container,
             lease: "leases",
-            partition_key_paths: &["/k"],
-            partition_key_sources: &["/k"],
+            partition_key: &[PartitionKeyPath {
+                path: "/k",
+                pointer: "/k",
+            }],
             declared_source_identity: declared,
             max_delivery_attempts: None,
             location: at(line),

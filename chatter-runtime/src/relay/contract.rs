@@ -27,6 +27,7 @@ use serde::Deserialize;
 
 use crate::cosmos::{ContainerClient, ContainerSettings, CosmosConnection, CosmosStoreError};
 use crate::document::outbox::RELAY_STAMPED_PATHS;
+use crate::partition_key;
 
 use super::identity::RelaySource;
 
@@ -156,7 +157,7 @@ pub async fn verify(
     container: &ContainerClient,
     database: &str,
     container_id: &str,
-    declared_paths: &[&str],
+    declared_paths: &[impl AsRef<str>],
 ) -> Result<(), ContractError> {
     let settings = read_settings(container)
         .await
@@ -212,7 +213,7 @@ async fn read_settings(container: &ContainerClient) -> Result<ContainerSettings,
 pub fn check(
     database: &str,
     container_id: &str,
-    declared_paths: &[&str],
+    declared_paths: &[impl AsRef<str>],
     settings: &ContainerSettings,
 ) -> Result<(), ContractError> {
     let violations = violations(declared_paths, settings);
@@ -228,12 +229,18 @@ pub fn check(
 }
 
 /// The contract's violations, in check order.
-fn violations(declared_paths: &[&str], settings: &ContainerSettings) -> Vec<ContractViolation> {
+fn violations(
+    declared_paths: &[impl AsRef<str>],
+    settings: &ContainerSettings,
+) -> Vec<ContractViolation> {
     let actual = &settings.partition_key_paths;
     let mut violations = Vec::new();
-    if !paths_match(declared_paths, actual) {
+    if !partition_key::matches_container(declared_paths, actual) {
         violations.push(ContractViolation::PartitionKeyPathMismatch {
-            declared: declared_paths.iter().map(|p| (*p).to_owned()).collect(),
+            declared: declared_paths
+                .iter()
+                .map(|p| p.as_ref().to_owned())
+                .collect(),
             actual: actual.clone(),
         });
     }
@@ -246,34 +253,12 @@ fn violations(declared_paths: &[&str], settings: &ContainerSettings) -> Vec<Cont
     violations
 }
 
-/// Declared and actual paths agree in number and, canonicalized, ordinally in order. A
-/// container reporting no path never matches.
-fn paths_match(declared: &[&str], actual: &[String]) -> bool {
-    !actual.is_empty()
-        && declared.len() == actual.len()
-        && declared
-            .iter()
-            .zip(actual)
-            .all(|(d, a)| canonicalize_path(d) == canonicalize_path(a))
-}
-
 /// The stamped path `actual` names, if any (exact canonical equality, case-sensitive).
 fn stamped_path(actual: &str) -> Option<&'static str> {
-    let canonical = canonicalize_path(actual);
+    let canonical = partition_key::canonical(actual);
     RELAY_STAMPED_PATHS
         .into_iter()
         .find(|stamped| *stamped == canonical)
-}
-
-/// `/`-split, empty segments dropped, re-joined as `/a/b`; a path with no segment is returned
-/// unchanged (so `""` and `"/"` never compare equal to each other).
-pub fn canonicalize_path(path: &str) -> String {
-    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    if segments.is_empty() {
-        path.to_owned()
-    } else {
-        format!("/{}", segments.join("/"))
-    }
 }
 
 /// Verifies the monitored container of every source (each once, with its first
@@ -333,16 +318,6 @@ mod tests {
         ttl: Option<i64>,
     ) -> Vec<ContractViolation> {
         violations(declared, &settings(paths, ttl))
-    }
-
-    #[test]
-    fn canonicalization_drops_empty_segments_and_keeps_segmentless_paths() {
-        assert_eq!(canonicalize_path("tenantId"), "/tenantId");
-        assert_eq!(canonicalize_path("//tenantId/"), "/tenantId");
-        assert_eq!(canonicalize_path("/a//b"), "/a/b");
-        assert_eq!(canonicalize_path(""), "");
-        assert_eq!(canonicalize_path("/"), "/");
-        assert_eq!(canonicalize_path("//"), "//");
     }
 
     #[test]

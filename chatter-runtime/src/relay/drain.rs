@@ -30,6 +30,7 @@ use super::suspension::{ConfirmationReceipt, DrainGate, MonotonicClock};
 use crate::broker::{Broker, BrokerError};
 use crate::cosmos::{self, ContainerClient, CosmosStoreError};
 use crate::document::{self, ContractViolations, outbox, outbox_contract};
+use crate::partition_key::{self, PartitionKeyPath};
 
 /// What one page did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -126,7 +127,7 @@ enum Processed {
 pub struct Drain {
     broker: Arc<dyn Broker>,
     container: Arc<ContainerClient>,
-    partition_key_paths: &'static [&'static str],
+    partition_key_paths: &'static [PartitionKeyPath],
     settings: DeliverySettings,
     gate: Arc<DrainGate>,
     publish_timeout: Duration,
@@ -154,7 +155,7 @@ impl Drain {
         source_identity: impl Into<String>,
         broker: Arc<dyn Broker>,
         container: Arc<ContainerClient>,
-        partition_key_paths: &'static [&'static str],
+        partition_key_paths: &'static [PartitionKeyPath],
         settings: DeliverySettings,
     ) -> Self {
         Self {
@@ -323,16 +324,8 @@ impl Drain {
         id: &str,
         ops: &[(&str, Value)],
     ) -> Result<ConfirmationReceipt, CosmosStoreError> {
-        let values: Vec<Value> = self
-            .partition_key_paths
-            .iter()
-            .map(|path| {
-                document::values_at_paths(doc, &[path])
-                    .and_then(|mut v| v.pop())
-                    .unwrap_or(Value::Null)
-            })
-            .collect();
-        let key = cosmos::partition_key(&values)?;
+        let values = partition_key::read_back_or_null(doc, self.partition_key_paths);
+        let key = partition_key::sdk_key(&values)?;
         cosmos::store::bounded(
             "patch_item",
             self.store_timeout,

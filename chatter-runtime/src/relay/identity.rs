@@ -15,6 +15,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use sha2::{Digest, Sha256};
 
+use crate::partition_key::PartitionKeyPath;
 use crate::registry::{CommandRegistration, Registry};
 
 /// The prefix of every processor name and instance name the relay uses.
@@ -176,7 +177,7 @@ pub struct RelaySource {
     pub lease: &'static str,
     /// The declared partition-key paths of the monitored container, from the first
     /// registration of this source (what the Monitored Container Contract checks, R4.34).
-    pub partition_key_paths: &'static [&'static str],
+    pub partition_key_paths: &'static [PartitionKeyPath],
     /// The names of the commands registered over this source, in registry order.
     pub commands: Vec<&'static str>,
 }
@@ -215,7 +216,7 @@ fn sources_of(
                 database: registration.database,
                 container: registration.container,
                 lease: registration.lease,
-                partition_key_paths: registration.partition_key_paths,
+                partition_key_paths: registration.partition_key,
                 commands: vec![registration.command_name],
             }),
         }
@@ -416,8 +417,10 @@ mod tests {
             database: "shop",
             container,
             lease: "leases",
-            partition_key_paths: &["/tenantId"],
-            partition_key_sources: &["tenant_id"],
+            partition_key: &[PartitionKeyPath {
+                path: "/tenantId",
+                pointer: "/tenant_id",
+            }],
             declared_source_identity: declared,
             max_delivery_attempts: None,
             location: SourceLocation {
@@ -505,7 +508,7 @@ mod tests {
             sources[0].identity,
             ground_truth("https://acct/", "shop", "orders", "leases")
         );
-        assert_eq!(sources[0].partition_key_paths, ["/tenantId"]);
+        assert_eq!(sources[0].partition_key_paths[0].path, "/tenantId");
     }
 
     #[test]

@@ -17,5 +17,5 @@ async fn register(_command: RegisterUser, _ctx: &mut HandlerContext) -> Result<(
 }
 
 fn main() {
-    assert_eq!(RegisterUser::registration().partition_key_sources, &["/organisation"]);
+    assert_eq!(RegisterUser::registration().partition_key.iter().map(|level| level.pointer).collect::<Vec<_>>(), &["/organisation"]);
 }

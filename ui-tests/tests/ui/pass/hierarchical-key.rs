@@ -21,6 +21,6 @@ async fn record(_command: RecordReading, _ctx: &mut HandlerContext) -> Result<()
 
 fn main() {
     let r = RecordReading::registration();
-    assert_eq!(r.partition_key_paths, &["/tenant", "/site", "/meter"]);
-    assert_eq!(r.partition_key_sources, &["/tenant", "/site", "/meterNumber"]);
+    assert_eq!(r.partition_key_paths().collect::<Vec<_>>(), &["/tenant", "/site", "/meter"]);
+    assert_eq!(r.partition_key.iter().map(|level| level.pointer).collect::<Vec<_>>(), &["/tenant", "/site", "/meterNumber"]);
 }

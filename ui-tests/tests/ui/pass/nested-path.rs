@@ -19,7 +19,7 @@ async fn open(_command: OpenAccount, _ctx: &mut HandlerContext) {}
 
 fn main() {
     let r = OpenAccount::registration();
-    assert_eq!(r.partition_key_paths, &["/customer/id"]);
+    assert_eq!(r.partition_key_paths().collect::<Vec<_>>(), &["/customer/id"]);
     let json = serde_json::json!({ "customer": { "id": "c-1" } });
     assert_eq!(r.resolve_partition_key(&json), Some(vec![serde_json::json!("c-1")]));
 }

@@ -20,7 +20,7 @@ fn main() {
     let registration = <CreateOrder as DocumentReliable>::registration();
     assert_eq!(registration.command_name, "CreateOrder");
     assert_eq!(registration.destination, "CreateOrder");
-    assert_eq!(registration.partition_key_paths, &["/orderId"]);
-    assert_eq!(registration.partition_key_sources, &["/orderId"]);
+    assert_eq!(registration.partition_key_paths().collect::<Vec<_>>(), &["/orderId"]);
+    assert_eq!(registration.partition_key.iter().map(|level| level.pointer).collect::<Vec<_>>(), &["/orderId"]);
     assert!(CreateOrder::DOCUMENT_RELIABILITY.declared_source_identity.is_none());
 }

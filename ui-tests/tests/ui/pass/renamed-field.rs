@@ -21,5 +21,5 @@ fn main() {
     let r = PostLedgerEntry::registration();
     assert_eq!(r.command_name, "ledger.post");
     assert_eq!(r.destination, "ledger-commands");
-    assert_eq!(r.partition_key_sources, &["/account"]);
+    assert_eq!(r.partition_key.iter().map(|level| level.pointer).collect::<Vec<_>>(), &["/account"]);
 }
