@@ -1,60 +1,102 @@
-//! Reliable messaging on Azure Cosmos DB.
+//! Reliable messaging on Azure Cosmos DB: a command handler's document writes, the messages it
+//! emits and an inbox marker commit together in **one** TransactionalBatch, and a change-feed
+//! relay publishes the emitted messages to a broker. Nothing is lost, nothing a batch wrote is
+//! applied twice, and a fault that stops progress is logged at `error` and shows in
+//! [`Runtime::health`].
 //!
-//! A command type derives [`DocumentReliable`](macro@DocumentReliable) and gets one `#[handler]`.
-//! [`start()`] collects every registration, validates them, connects to Cosmos, verifies the
-//! monitored containers, and then:
+//! # Start here
 //!
-//! - consumes each command's destination from the [`broker`]; each delivery runs its handler
-//!   inside the document tier ([`pipeline`]): the inbox marker (op 0), the handler's staged writes
-//!   and its outbox documents commit in **one** TransactionalBatch, executed once; a duplicate
-//!   delivery is confirmed by point-reading the marker and acknowledged without committing again;
-//! - runs the change-feed relay ([`relay`]): one change-feed processor per distinct source
-//!   identity, with leases in the lease container, publishing each pending Outbox Document to the
-//!   broker and only then stamping it delivered with a TTL.
+//! 1. Derive [`DocumentReliable`](macro@DocumentReliable) on a command struct: where its
+//!    documents live (`#[cosmos(..)]`) and its partition key (`#[partition_key(..)]`). The
+//!    derive's page is the attribute reference.
+//! 2. Write one [`#[handler]`](macro@handler): `async fn(command, &mut HandlerContext)`. On the
+//!    [`HandlerContext`] stage document writes and [`send`](HandlerContext::send) messages;
+//!    nothing is written until the handler returns `Ok`.
+//! 3. Call [`start()`] (or [`Runtime::builder()`] for a broker, a store or [`RelayOptions`] of
+//!    your own). It validates every registration in the binary, checks the containers, consumes
+//!    each command's destination and runs the relay. [`Runtime::shutdown`] stops it gracefully.
+//!
+//! The README's quick start is a complete program, compiled and run with the tests.
+//!
+//! # What happens to one command
 //!
 //! ```text
-//! broker --CreateOrder--> consumer --> handler --(marker, writes, outbox)--> one batch --> Cosmos
-//! Cosmos change feed --> relay --publish, confirmed--> broker, then patch status/ttl --> Cosmos
+//! broker --command--> consumer --> handler stages writes and messages
+//!        --> one batch [inbox marker, writes.., outbox documents..] --> Cosmos DB
+//! Cosmos DB change feed --> relay --publish, confirmed--> broker --> stamp "delivered" + ttl
 //! ```
 //!
-//! | module | concern |
+//! - A redelivered command conflicts on its inbox marker: nothing commits again and the
+//!   delivery is acknowledged ([`Outcome::Duplicate`]).
+//! - A delivery that fails is delivered again, counted; one that can never succeed, or fails
+//!   too often, is dead-lettered to `<destination>.dead-letter` ([`dead_letter_destination`]).
+//! - An outbox document the broker could never take is stamped `undeliverable` and logged; a
+//!   lease whose delivered stamps keep failing is suspended for a while instead of republishing.
+//!
+//! # Modules
+//!
+//! | module | what you find there |
 //! | --- | --- |
-//! | [`registry`] | registrations collected by `inventory`, validated at start |
-//! | [`pipeline`] | the Batch-Lifecycle Behavior, the Atomic-Write Handle ([`HandlerContext`]) |
-//! | [`document`] | Outbox Documents, inbox markers, ids (the wire shapes shared with .NET) |
-//! | [`cosmos`] | the connection (real, emulator server, embedded), provisioning for development, store calls |
-//! | [`broker`] | the broker trait, in-memory and RabbitMQ implementations |
-//! | [`relay`] | the change-feed relay (on the [`cosmos_change_feed`] processor): drain, source identity, Monitored Container Contract |
+//! | crate root | what an application writes: [`start`], [`Runtime`], [`RuntimeBuilder`], [`HandlerContext`], [`BrokeredMessage`], [`RelayOptions`], the derive and `#[handler]` |
+//! | [`broker`] | the [`Broker`](broker::Broker) trait, [`InMemoryBroker`](broker::InMemoryBroker), `RabbitMqBroker` (feature `rabbitmq`) |
+//! | [`cosmos`] | [`CosmosConnection`](cosmos::CosmosConnection) and, for development, [`provision`](cosmos::provision) |
+//! | [`error`] | every error type, and [`ErrorChain`] to print one with its causes |
+//! | [`registration`] | what the derive registers for a command ([`CommandRegistration`](registration::CommandRegistration)) |
+//!
+//! The change-feed processor under the relay is its own crate, `cosmos-change-feed`, usable
+//! without chatter.
+//!
+//! # Features
 //!
 //! | feature | default | what |
 //! | --- | --- | --- |
-//! | `embedded` | yes | the SDK's in-memory Cosmos emulator when `CHATTER_COSMOS_ENDPOINT` is unset (nothing persisted) |
+//! | `embedded` | yes | the SDK's in-memory Cosmos DB emulator when `CHATTER_COSMOS_ENDPOINT` is unset (nothing persisted) |
 //! | `rabbitmq` | no | `broker::RabbitMqBroker` through `lapin` |
+//! | `test-support` | no | the [`testing`] module: internals for chatter's own integration tests, with no stability promise |
 //!
 //! Registrations are collected with `inventory`, which only sees crates linked into the binary:
-//! reference a crate of commands from the binary (`use my_commands as _;`) or its registrations are
-//! silently left out.
+//! reference a crate of commands from the binary (`use my_commands as _;`) or its registrations
+//! are silently left out.
+
+// The test seams of `testing` are reachable only with `test-support`; CI builds with every
+// feature, where this lint holds everything else to `pub(crate)`.
+#![cfg_attr(not(feature = "test-support"), allow(unreachable_pub, dead_code))]
+
+mod atomic_write;
 mod backoff;
 pub mod broker;
 pub mod cosmos;
-pub mod document;
+mod document;
+pub mod error;
 mod error_chain;
-pub mod message;
+mod message;
 mod partition_key;
-pub mod pipeline;
-pub mod registry;
-pub mod relay;
+mod pipeline;
+mod registry;
+mod relay;
 mod runtime;
+#[cfg(feature = "test-support")]
+pub mod testing;
 
+pub use atomic_write::HandlerContext;
 pub use chatter_macros::{DocumentReliable, handler};
-pub use error_chain::ErrorChain;
-pub use pipeline::HandlerContext;
+pub use error::{DispatchError, ErrorChain, PipelineError, StageError, StartError};
+pub use message::BrokeredMessage;
+pub use pipeline::Outcome;
 pub use registry::{BoxError, DocumentReliable};
+pub use relay::RelayOptions;
 pub use runtime::{
     ATTEMPTS_CONTEXT_KEY, ConsumerHealth, ConsumerState, DEAD_LETTER_REASON_CONTEXT_KEY,
-    DEFAULT_MAX_DELIVERY_ATTEMPTS, DispatchError, Health, LeaseHealth, Runtime, RuntimeBuilder,
-    StartError, dead_letter_destination, start,
+    DEFAULT_MAX_DELIVERY_ATTEMPTS, Health, LeaseHealth, Runtime, RuntimeBuilder,
+    dead_letter_destination, start,
 };
+
+/// What `#[derive(DocumentReliable)]` registers for a command, as
+/// [`DocumentReliable::registration`] and [`Runtime::commands`] return it.
+pub mod registration {
+    pub use crate::partition_key::PartitionKeyPath;
+    pub use crate::registry::{CommandRegistration, SourceIdentityDeclaration, SourceLocation};
+}
 
 /// The README's Rust examples, compiled as doctests so its quick start cannot rot.
 #[cfg(doctest)]

@@ -134,8 +134,7 @@ async fn run() -> Result<(), BoxError> {
         .broker(broker.clone())
         .start()
         .await?;
-    for command in runtime.registry().commands() {
-        let r = command.registration;
+    for r in runtime.commands() {
         println!(
             "registered {} <- destination `{}`, container {}/{} (lease {}), partition key {:?}",
             r.command_name,

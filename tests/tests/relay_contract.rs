@@ -11,7 +11,7 @@ use chatter_runtime::__private::PartitionKeyPath;
 use chatter_runtime::cosmos::provision::{ensure_container, ensure_database};
 use chatter_runtime::cosmos::{ContainerClient, CosmosConnection};
 use chatter_runtime::relay::contract::{
-    ContractError, ContractViolation, MonitoredContainersError, verify, verify_all,
+    MonitoredContainerError, MonitoredContainerViolation, MonitoredContainersError, verify, verify_all,
 };
 use chatter_runtime::relay::identity::{RelaySource, SourceIdentity};
 use chatter_tests::store::embedded;
@@ -49,15 +49,15 @@ async fn verify_orders(
     actual: &[&str],
     default_ttl: TimeToLive,
     declared: &[&str],
-) -> Result<(), ContractError> {
+) -> Result<(), MonitoredContainerError> {
     let connection = embedded().await;
     let orders = container_with(&connection, "orders", actual, default_ttl).await;
     verify(&orders, DATABASE, "orders", declared).await
 }
 
-fn violations(error: &ContractError) -> &[ContractViolation] {
+fn violations(error: &MonitoredContainerError) -> &[MonitoredContainerViolation] {
     match error {
-        ContractError::Violated { violations, .. } => violations,
+        MonitoredContainerError::Violated { violations, .. } => violations,
         other => panic!("expected a contract violation, got: {other}"),
     }
 }
@@ -136,7 +136,7 @@ async fn segment_count_difference_is_a_mismatch() {
     .unwrap_err();
     assert!(matches!(
         violations(&fewer_declared),
-        [ContractViolation::PartitionKeyPathMismatch { .. }]
+        [MonitoredContainerViolation::PartitionKeyPathMismatch { .. }]
     ));
     let more_declared = verify_orders(
         &["/tenantId"],
@@ -147,7 +147,7 @@ async fn segment_count_difference_is_a_mismatch() {
     .unwrap_err();
     assert!(matches!(
         violations(&more_declared),
-        [ContractViolation::PartitionKeyPathMismatch { .. }]
+        [MonitoredContainerViolation::PartitionKeyPathMismatch { .. }]
     ));
 }
 
@@ -168,7 +168,7 @@ async fn default_ttl_zero_is_rejected_with_the_verbatim_text() {
     assert_eq!(error.to_string(), TTL_0_MESSAGE);
     assert_eq!(
         violations(&error),
-        [ContractViolation::DefaultTimeToLive { seconds: 0 }]
+        [MonitoredContainerViolation::DefaultTimeToLive { seconds: 0 }]
     );
 }
 
@@ -211,7 +211,7 @@ async fn ttl_partition_key_is_rejected() {
         .unwrap_err();
     assert_eq!(
         violations(&error),
-        [ContractViolation::StampedPartitionKeyPath { path: "/ttl" }]
+        [MonitoredContainerViolation::StampedPartitionKeyPath { path: "/ttl" }]
     );
     assert!(error.to_string().contains("includes '/ttl'"));
 }
@@ -228,7 +228,7 @@ async fn ttl_as_a_hierarchical_level_is_rejected() {
     .unwrap_err();
     assert_eq!(
         violations(&error),
-        [ContractViolation::StampedPartitionKeyPath { path: "/ttl" }]
+        [MonitoredContainerViolation::StampedPartitionKeyPath { path: "/ttl" }]
     );
 }
 
@@ -288,12 +288,12 @@ async fn all_three_violations_are_reported_in_check_order() {
     assert_eq!(
         violations(&error),
         [
-            ContractViolation::PartitionKeyPathMismatch {
+            MonitoredContainerViolation::PartitionKeyPathMismatch {
                 declared: vec!["/tenantId".to_owned()],
                 actual: vec!["/status".to_owned()],
             },
-            ContractViolation::DefaultTimeToLive { seconds: 0 },
-            ContractViolation::StampedPartitionKeyPath { path: "/status" },
+            MonitoredContainerViolation::DefaultTimeToLive { seconds: 0 },
+            MonitoredContainerViolation::StampedPartitionKeyPath { path: "/status" },
         ]
     );
 }
@@ -309,7 +309,7 @@ async fn a_missing_container_gives_the_read_failure_error_with_the_store_error()
         .await
         .unwrap_err();
     assert_eq!(error.to_string(), READ_FAILURE_MESSAGE);
-    let ContractError::Unreadable { source, .. } = &error else {
+    let MonitoredContainerError::Unreadable { source, .. } = &error else {
         panic!("expected the read failure, got: {error}");
     };
     assert_eq!(source.status(), Some(404), "{source}");
@@ -396,10 +396,10 @@ async fn verify_all_reports_every_violating_container_in_one_error() {
     assert_eq!(errors.len(), 3);
     assert_eq!(errors[0].to_string(), TTL_0_MESSAGE);
     assert!(
-        matches!(&errors[1], ContractError::Violated { container, .. } if container == "invoices")
+        matches!(&errors[1], MonitoredContainerError::Violated { container, .. } if container == "invoices")
     );
     assert!(
-        matches!(&errors[2], ContractError::Unreadable { container, source, .. }
+        matches!(&errors[2], MonitoredContainerError::Unreadable { container, source, .. }
             if container == "missing" && source.status() == Some(404)),
         "{}",
         errors[2]

@@ -1,5 +1,5 @@
 //! Cosmos DB access: the connection (SDK client + account endpoint + container-handle cache),
-//! development provisioning, and the thin item operations the pipeline and the relay call.
+//! development provisioning, and reading back what chatter wrote.
 //!
 //! Only the official SDK (`azure_data_cosmos`) talks to Cosmos. Where the connection comes
 //! from ([`CosmosConnection::resolve`]):
@@ -15,18 +15,20 @@
 mod connection;
 mod error;
 pub mod provision;
-pub mod store;
+pub(crate) mod store;
+
+pub use connection::{CosmosConnection, EMULATOR_KEY};
+#[cfg(feature = "embedded")]
+pub use connection::EMBEDDED_ENDPOINT;
+pub use error::{CosmosStoreError, ENDPOINT_ENV, KEY_ENV};
+pub use store::{ReadOutcome, read_item};
 
 /// Builds the SDK's partition key from JSON values, one per partition-key path.
 pub use crate::partition_key::sdk_key as partition_key;
-#[cfg(feature = "embedded")]
-pub use connection::EMBEDDED_ENDPOINT;
-pub use connection::{CosmosConnection, EMULATOR_KEY};
-pub use error::{CosmosStoreError, ENDPOINT_ENV, KEY_ENV};
-pub use store::{
-    BatchOperation, BatchOperationOutcome, BatchOutcome, ContainerSettings, ReadOutcome,
-    WriteOutcome, execute_batch, patch_item, read_container_properties, read_item,
-};
+
+/// The ids chatter gives the documents it writes beside yours, to read them back by id: the
+/// inbox marker of a message id, and the Outbox Document of a sent message's id.
+pub use crate::document::{inbox_id, outbox_id};
 
 /// The SDK types that appear in this module's signatures.
 pub use azure_data_cosmos::clients::ContainerClient;

@@ -12,12 +12,12 @@
 //! with [`to_json_vec`] / [`to_json_string`] for byte parity with the C#.
 
 mod error;
-pub mod id;
-pub mod inbox_marker;
-pub mod json;
-pub mod outbox;
-pub mod outbox_contract;
-pub mod reserved_id;
+pub(crate) mod id;
+pub(crate) mod inbox_marker;
+pub(crate) mod json;
+pub(crate) mod outbox;
+pub(crate) mod outbox_contract;
+pub(crate) mod reserved_id;
 
 pub use error::DocumentError;
 pub use id::{

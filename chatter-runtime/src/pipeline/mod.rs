@@ -6,11 +6,9 @@
 //! acknowledged only after a point-read proves the conflicting document is a genuine inbox marker
 //! for the same message id.
 
-mod context;
 mod error;
 
-pub use context::{HandlerContext, MAX_BATCH_OPERATIONS};
-pub use error::{PipelineError, StageError};
+pub use error::PipelineError;
 
 use std::sync::Arc;
 
@@ -18,11 +16,12 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::broker::Broker;
-use crate::cosmos::{self, BatchOperation, CosmosConnection, ReadOutcome};
+use crate::cosmos::store::{self, BatchOperation};
+use crate::cosmos::{CosmosConnection, ReadOutcome};
 use crate::document;
 use crate::partition_key;
 use crate::registry::RegisteredCommand;
-use context::AtomicWriteHandle;
+use crate::atomic_write::{AtomicWriteHandle, HandlerContext};
 
 /// How a delivery ended when it did not fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,7 +123,7 @@ impl Pipeline {
         operations.extend(handle.outbox.into_iter().map(BatchOperation::Create));
         let count = operations.len();
 
-        let outcome = cosmos::execute_batch(&container, key.clone(), operations)
+        let outcome = store::execute_batch(&container, key.clone(), operations)
             .await
             .map_err(cosmos_error)?;
         if outcome.is_success() {
@@ -149,7 +148,7 @@ impl Pipeline {
             return Err(failed("Cosmos rejected the batch".to_owned()));
         }
         // A candidate duplicate: confirm against the conflicting document itself.
-        match cosmos::read_item(&container, key, &marker_id).await {
+        match store::read_item(&container, key, &marker_id).await {
             Ok(ReadOutcome::Found { document, .. })
                 if document::is_genuine_inbox_marker(&document, message_id) =>
             {

@@ -25,7 +25,8 @@ use std::fmt;
 
 use serde::Deserialize;
 
-use crate::cosmos::{ContainerClient, ContainerSettings, CosmosConnection, CosmosStoreError};
+use crate::cosmos::store::ContainerSettings;
+use crate::cosmos::{ContainerClient, CosmosConnection, CosmosStoreError};
 use crate::document::outbox::RELAY_STAMPED_PATHS;
 use crate::partition_key;
 
@@ -35,7 +36,7 @@ use super::identity::RelaySource;
 /// violation text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum ContractViolation {
+pub enum MonitoredContainerViolation {
     /// The declared partition-key paths are not the container's actual ones.
     PartitionKeyPathMismatch {
         /// The declared paths, as registered.
@@ -55,7 +56,7 @@ pub enum ContractViolation {
     },
 }
 
-impl fmt::Display for ContractViolation {
+impl fmt::Display for MonitoredContainerViolation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::PartitionKeyPathMismatch { declared, actual } => {
@@ -95,7 +96,7 @@ impl fmt::Display for ContractViolation {
 /// `MonitoredContainerContract`). Messages are the catalog's verbatim texts.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ContractError {
+pub enum MonitoredContainerError {
     /// The container's properties could not be read (or, in [`verify_all`], its handle could
     /// not be derived, e.g. it does not exist).
     #[error(
@@ -125,11 +126,11 @@ pub enum ContractError {
         /// Container id.
         container: String,
         /// The violations, in check order (partition-key path, default TTL, stamped path).
-        violations: Vec<ContractViolation>,
+        violations: Vec<MonitoredContainerViolation>,
     },
 }
 
-fn join_violations(violations: &[ContractViolation]) -> String {
+fn join_violations(violations: &[MonitoredContainerViolation]) -> String {
     violations
         .iter()
         .map(ToString::to_string)
@@ -139,18 +140,18 @@ fn join_violations(violations: &[ContractViolation]) -> String {
 
 /// Every monitored container that failed [`verify_all`], in source order.
 ///
-/// Its message is each container's [`ContractError`] message, one per line (joined with
+/// Its message is each container's [`MonitoredContainerError`] message, one per line (joined with
 /// `"\n"`), so a single failing container reads exactly as the catalog's text.
 #[derive(Debug, thiserror::Error)]
 #[error("{}", self.errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
 pub struct MonitoredContainersError {
     /// One error per failing container (never empty).
-    pub errors: Vec<ContractError>,
+    pub errors: Vec<MonitoredContainerError>,
 }
 
 /// Checks one monitored container: reads its properties exactly once (R4.02), then runs the
 /// three checks of the contract against `declared_paths`, reporting every violation in one
-/// [`ContractError::Violated`]. A failed read is [`ContractError::Unreadable`].
+/// [`MonitoredContainerError::Violated`]. A failed read is [`MonitoredContainerError::Unreadable`].
 ///
 /// `database` and `container_id` name the container in messages.
 pub async fn verify(
@@ -158,10 +159,10 @@ pub async fn verify(
     database: &str,
     container_id: &str,
     declared_paths: &[impl AsRef<str>],
-) -> Result<(), ContractError> {
+) -> Result<(), MonitoredContainerError> {
     let settings = read_settings(container)
         .await
-        .map_err(|source| ContractError::Unreadable {
+        .map_err(|source| MonitoredContainerError::Unreadable {
             database: database.to_owned(),
             container: container_id.to_owned(),
             source: Box::new(source),
@@ -215,12 +216,12 @@ pub fn check(
     container_id: &str,
     declared_paths: &[impl AsRef<str>],
     settings: &ContainerSettings,
-) -> Result<(), ContractError> {
+) -> Result<(), MonitoredContainerError> {
     let violations = violations(declared_paths, settings);
     if violations.is_empty() {
         Ok(())
     } else {
-        Err(ContractError::Violated {
+        Err(MonitoredContainerError::Violated {
             database: database.to_owned(),
             container: container_id.to_owned(),
             violations,
@@ -232,11 +233,11 @@ pub fn check(
 fn violations(
     declared_paths: &[impl AsRef<str>],
     settings: &ContainerSettings,
-) -> Vec<ContractViolation> {
+) -> Vec<MonitoredContainerViolation> {
     let actual = &settings.partition_key_paths;
     let mut violations = Vec::new();
     if !partition_key::matches_container(declared_paths, actual) {
-        violations.push(ContractViolation::PartitionKeyPathMismatch {
+        violations.push(MonitoredContainerViolation::PartitionKeyPathMismatch {
             declared: declared_paths
                 .iter()
                 .map(|p| p.as_ref().to_owned())
@@ -245,10 +246,10 @@ fn violations(
         });
     }
     if let Some(seconds) = settings.default_ttl.filter(|&ttl| ttl != -1) {
-        violations.push(ContractViolation::DefaultTimeToLive { seconds });
+        violations.push(MonitoredContainerViolation::DefaultTimeToLive { seconds });
     }
     if let Some(path) = actual.iter().find_map(|path| stamped_path(path)) {
-        violations.push(ContractViolation::StampedPartitionKeyPath { path });
+        violations.push(MonitoredContainerViolation::StampedPartitionKeyPath { path });
     }
     violations
 }
@@ -266,13 +267,13 @@ fn stamped_path(actual: &str) -> Option<&'static str> {
 /// reports every failing container in one error, in source order.
 ///
 /// A container whose handle cannot be derived (missing database or container, no access) is
-/// reported as [`ContractError::Unreadable`]. The containers are checked concurrently.
+/// reported as [`MonitoredContainerError::Unreadable`]. The containers are checked concurrently.
 pub async fn verify_all(
     connection: &CosmosConnection,
     sources: &[RelaySource],
 ) -> Result<(), MonitoredContainersError> {
     let checks = sources.iter().map(|source| async move {
-        let unreadable = |source_error| ContractError::Unreadable {
+        let unreadable = |source_error| MonitoredContainerError::Unreadable {
             database: source.database.to_owned(),
             container: source.container.to_owned(),
             source: Box::new(source_error),
@@ -289,7 +290,7 @@ pub async fn verify_all(
         )
         .await
     });
-    let errors: Vec<ContractError> = futures::future::join_all(checks)
+    let errors: Vec<MonitoredContainerError> = futures::future::join_all(checks)
         .await
         .into_iter()
         .filter_map(Result::err)
@@ -316,7 +317,7 @@ mod tests {
         declared: &[&str],
         paths: &[&str],
         ttl: Option<i64>,
-    ) -> Vec<ContractViolation> {
+    ) -> Vec<MonitoredContainerViolation> {
         violations(declared, &settings(paths, ttl))
     }
 
@@ -339,7 +340,7 @@ mod tests {
         for ttl in [0, 1, 86400, -5, -2] {
             assert_eq!(
                 violations_of(&["/tenantId"], &["/tenantId"], Some(ttl)),
-                [ContractViolation::DefaultTimeToLive { seconds: ttl }]
+                [MonitoredContainerViolation::DefaultTimeToLive { seconds: ttl }]
             );
         }
         assert!(violations_of(&["/tenantId"], &["/tenantId"], Some(-1)).is_empty());
@@ -357,12 +358,12 @@ mod tests {
     fn only_the_first_stamped_path_is_reported() {
         assert_eq!(
             violations_of(&["/ttl", "/status"], &["/ttl", "/status"], None),
-            [ContractViolation::StampedPartitionKeyPath { path: "/ttl" }]
+            [MonitoredContainerViolation::StampedPartitionKeyPath { path: "/ttl" }]
         );
         // A non-canonical actual spelling still collides, reported in canonical form.
         assert_eq!(
             violations_of(&["status/"], &["status/"], None),
-            [ContractViolation::StampedPartitionKeyPath { path: "/status" }]
+            [MonitoredContainerViolation::StampedPartitionKeyPath { path: "/status" }]
         );
     }
 

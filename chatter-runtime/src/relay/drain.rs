@@ -329,7 +329,7 @@ impl Drain {
         cosmos::store::bounded(
             "patch_item",
             self.store_timeout,
-            cosmos::patch_item(&self.container, key, id, ops),
+            cosmos::store::patch_item(&self.container, key, id, ops),
         )
         .await?;
         Ok(ConfirmationReceipt)

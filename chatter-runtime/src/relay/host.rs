@@ -8,50 +8,29 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cosmos_change_feed::{
-    ChangeFeedError, ChangeFeedProcessor, ChangeFeedProcessorOptions, LeaseFault, LeaseStatus,
-    RunningProcessor,
+    ChangeFeedError, ChangeFeedProcessor, LeaseFault, LeaseStatus, RunningProcessor,
 };
 use futures::FutureExt;
 
 use super::contract::{self, MonitoredContainersError};
-use super::delivery::{DeliverySettings, DeliverySettingsError};
+use super::delivery::DeliverySettingsError;
 use super::diagnostics;
-use super::drain::{DEFAULT_DRAIN_TIMEOUT, Drain, DrainError};
+use super::drain::{Drain, DrainError};
+use super::options::RelayOptions;
 use super::identity::{self, RelaySource};
 use super::suspension::DrainGate;
 use crate::broker::Broker;
 use crate::cosmos::{CosmosConnection, CosmosStoreError};
 
-/// Options of the pipeline-integrated relay.
-#[derive(Debug, Clone)]
-pub struct RelayOptions {
-    /// The change-feed processor's timings and page size; its
-    /// [`store_timeout`](ChangeFeedProcessorOptions::store_timeout) bounds the stamps too.
-    pub processor: ChangeFeedProcessorOptions,
-    /// What a delivered document is stamped with.
-    pub delivery: DeliverySettings,
-    /// The bound of one publish, broker confirm included (whatever the broker's own bounds).
-    /// Default **30 s**. A publish past it fails the page: nothing is stamped, the page is read
-    /// again.
-    pub publish_timeout: Duration,
-}
-
-impl Default for RelayOptions {
-    fn default() -> Self {
-        Self {
-            processor: ChangeFeedProcessorOptions::default(),
-            delivery: DeliverySettings::default(),
-            publish_timeout: DEFAULT_DRAIN_TIMEOUT,
-        }
-    }
-}
-
 /// Why the relay did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
-    /// The change-feed processor options are invalid.
-    #[error("invalid relay options: {0}")]
-    InvalidOptions(String),
+    /// The change-feed settings of the [`RelayOptions`] cannot work together.
+    #[error("invalid relay options")]
+    InvalidOptions(#[source] cosmos_change_feed::InvalidOptions),
+    /// [`RelayOptions::publish_timeout`] is zero: no publish could ever finish.
+    #[error("invalid relay options: `publish_timeout` must be greater than zero")]
+    ZeroPublishTimeout,
     /// The delivery settings are invalid (catalog 3.4).
     #[error(transparent)]
     Delivery(#[from] DeliverySettingsError),
@@ -104,11 +83,9 @@ impl RelayHost {
         options
             .processor
             .validate()
-            .map_err(|e| RelayError::InvalidOptions(e.to_string()))?;
+            .map_err(RelayError::InvalidOptions)?;
         if options.publish_timeout.is_zero() {
-            return Err(RelayError::InvalidOptions(
-                "`publish_timeout` must be greater than zero".to_owned(),
-            ));
+            return Err(RelayError::ZeroPublishTimeout);
         }
         contract::verify_all(cosmos, sources).await?;
 

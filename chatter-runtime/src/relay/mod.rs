@@ -1,23 +1,23 @@
-//! The relay side of chatter: reading the monitored containers' change feeds.
+//! The change-feed relay: one [`cosmos_change_feed`] processor per change-feed source, draining
+//! each monitored container's pending Outbox Documents to the broker.
 //!
-//! | module | concern |
+//! | file | concern |
 //! | --- | --- |
-//! | [`change_feed`] | the change-feed processor: the [`cosmos_change_feed`] crate, re-exported |
-//! | [`drain`] | what one page does: pending gate, Outbox Document Contract, publish, stamps |
-//! | [`delivery`] | the delivered stamp's settings (catalog 3.4) |
-//! | [`suspension`] | Drain Suspension: the per-lease gate over Confirmation Failures (area 6) |
-//! | [`contract`] | the Monitored Container Contract, checked before any processor starts |
-//! | [`identity`] | change-feed source identities and processor names |
-//! | [`host`] | the relay host: one processor per source |
-//! | `diagnostics` | the always-on logs (catalog 8.5) |
-/// The change-feed processor the relay runs: the [`cosmos_change_feed`] crate, re-exported so
-/// that [`RelayOptions::processor`](host::RelayOptions::processor) and the lease documents can be
-/// named without depending on it directly.
-pub use cosmos_change_feed as change_feed;
-pub mod contract;
-pub mod delivery;
+//! | `identity.rs` | change-feed source identities and processor names |
+//! | `contract.rs` | the Monitored Container Contract, checked before any processor starts |
+//! | `drain.rs` | what one page does: pending gate, Outbox Document Contract, publish, stamps |
+//! | `suspension.rs` | Drain Suspension: the per-lease gate over Confirmation Failures |
+//! | `delivery.rs` | what a delivered document is stamped with |
+//! | `options.rs` | [`RelayOptions`] |
+//! | `host.rs` | the relay host: verifies every container, then starts one processor per source |
+//! | `diagnostics.rs` | the always-on logs |
+pub(crate) mod contract;
+pub(crate) mod delivery;
 mod diagnostics;
-pub mod drain;
-pub mod host;
-pub mod identity;
-pub mod suspension;
+pub(crate) mod drain;
+pub(crate) mod host;
+pub(crate) mod identity;
+mod options;
+pub(crate) mod suspension;
+
+pub use options::RelayOptions;

@@ -20,8 +20,9 @@ use tokio_util::task::TaskTracker;
 use crate::broker::{Broker, InMemoryBroker};
 use crate::cosmos::CosmosConnection;
 use crate::pipeline::{Outcome, Pipeline};
-use crate::registry::{DocumentReliable, Registry};
-use crate::relay::host::{RelayHost, RelayOptions};
+use crate::registry::{CommandRegistration, DocumentReliable, Registry};
+use crate::relay::RelayOptions;
+use crate::relay::host::RelayHost;
 use crate::relay::identity;
 
 /// Starts chatter from every registration in the binary, with settings from the environment.
@@ -68,7 +69,9 @@ impl std::fmt::Debug for RuntimeBuilder {
 }
 
 impl RuntimeBuilder {
-    /// Serves exactly this registry instead of every registration `inventory` collected.
+    /// Serves exactly this registry instead of every registration `inventory` collected
+    /// (feature `test-support`: for tests that must leave some registrations out).
+    #[cfg(feature = "test-support")]
     pub fn registry(mut self, registry: Registry) -> Self {
         self.registry = Some(registry);
         self
@@ -265,7 +268,17 @@ impl Runtime {
         RuntimeBuilder::default()
     }
 
-    /// The validated registrations this runtime serves.
+    /// The commands this runtime serves, as their derives registered them.
+    pub fn commands(&self) -> impl Iterator<Item = &'static CommandRegistration> + '_ {
+        self.inner
+            .registry
+            .commands()
+            .iter()
+            .map(|command| command.registration)
+    }
+
+    /// The validated registrations this runtime serves (feature `test-support`).
+    #[cfg(feature = "test-support")]
     pub fn registry(&self) -> &Registry {
         &self.inner.registry
     }

@@ -1,14 +1,17 @@
 //! What a handler receives beside its command: the delivery's identity, the Atomic-Write Handle and
 //! the outbox.
 
+mod error;
+
+pub use error::StageError;
+
 use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::Value;
 
-use super::error::StageError;
 use crate::broker::Broker;
-use crate::cosmos::BatchOperation;
+use crate::cosmos::store::BatchOperation;
 use crate::document;
 use crate::message::BrokeredMessage;
 use crate::partition_key::{self, PartitionKeyPath};

@@ -1,0 +1,32 @@
+//! Every error chatter returns, in one place.
+//!
+//! An error's `Display` says what failed and its [`source`](std::error::Error::source) says
+//! why; print the whole chain with [`ErrorChain`]. Texts the .NET module fixes (so both sides
+//! report the same problem the same way) are kept word for word.
+//!
+//! | error | returned by |
+//! | --- | --- |
+//! | [`StartError`] | [`start()`](crate::start), [`RuntimeBuilder::start`](crate::RuntimeBuilder::start) |
+//! | [`RegistryError`] | registrations that conflict ([`StartError::Registry`]) |
+//! | [`RelayError`] | a relay that cannot start ([`StartError::Relay`]) |
+//! | [`DispatchError`], [`PipelineError`] | [`Runtime::dispatch`](crate::Runtime::dispatch), and what a failed delivery is retried or dead-lettered with |
+//! | [`StageError`] | the [`HandlerContext`](crate::HandlerContext)'s staging calls |
+//! | [`BrokerError`] | a [`Broker`](crate::broker::Broker) |
+//! | [`CosmosStoreError`] | a Cosmos DB call or connection |
+//!
+//! Enums that may gain variants are `#[non_exhaustive]`; match them with a `_` arm.
+
+pub use crate::atomic_write::StageError;
+pub use crate::broker::{BrokerError, TransportError};
+pub use crate::cosmos::CosmosStoreError;
+pub use crate::document::{ContractViolation, ContractViolations, DocumentError};
+pub use crate::error_chain::ErrorChain;
+pub use crate::pipeline::PipelineError;
+pub use crate::registry::{RegistrationProblem, RegistryError};
+pub use crate::relay::contract::{
+    MonitoredContainerError, MonitoredContainerViolation, MonitoredContainersError,
+};
+pub use crate::relay::delivery::DeliverySettingsError;
+pub use crate::relay::host::RelayError;
+pub use crate::runtime::{DispatchError, StartError};
+pub use cosmos_change_feed::{ChangeFeedError, InvalidOptions, ProcessorOption};

@@ -1,0 +1,164 @@
+//! [`RelayOptions`]: every setting of the change-feed relay, in one flat builder.
+
+use std::time::Duration;
+
+use cosmos_change_feed::ChangeFeedProcessorOptions;
+
+use super::delivery::DeliverySettings;
+use super::drain::DEFAULT_DRAIN_TIMEOUT;
+
+/// Settings of the change-feed relay, passed to
+/// [`RuntimeBuilder::relay_options`](crate::RuntimeBuilder::relay_options).
+///
+/// Start from the defaults and change what you need:
+///
+/// ```
+/// use std::time::Duration;
+/// use chatter_runtime::RelayOptions;
+///
+/// let options = RelayOptions::default()
+///     .poll_interval(Duration::from_millis(250))
+///     .lease_expiry(Duration::from_secs(20))
+///     .delivered_ttl_seconds(3_600);
+/// # let _ = options;
+/// ```
+///
+/// `start()` checks them together and refuses settings that cannot work (a zero interval, a
+/// renew interval not below the lease expiry, a blank or reserved delivered status, a ttl that
+/// is not positive).
+#[derive(Debug, Clone)]
+#[must_use = "options do nothing until passed to `RuntimeBuilder::relay_options`"]
+pub struct RelayOptions {
+    pub(crate) processor: ChangeFeedProcessorOptions,
+    pub(crate) delivery: DeliverySettings,
+    pub(crate) publish_timeout: Duration,
+}
+
+impl Default for RelayOptions {
+    fn default() -> Self {
+        Self {
+            processor: ChangeFeedProcessorOptions::default(),
+            delivery: DeliverySettings::default(),
+            publish_timeout: DEFAULT_DRAIN_TIMEOUT,
+        }
+    }
+}
+
+impl RelayOptions {
+    /// How long a lease waits after a page that was not full (or after an error) before reading
+    /// its feed range again. Default **1 s**: most of the write-to-publish delay a quiet
+    /// container sees, at one cheap read (a 304) per lease per interval.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.processor.poll_interval = interval;
+        self
+    }
+
+    /// The most documents one page holds. Default **100**; a full page is followed by the next
+    /// read at once.
+    pub fn max_items_per_page(mut self, max_items: u32) -> Self {
+        self.processor.max_items_per_page = max_items;
+        self
+    }
+
+    /// How often an instance renews each lease it owns. Default **5 s**; must be shorter than
+    /// the [`lease_expiry`](Self::lease_expiry).
+    pub fn lease_renew_interval(mut self, interval: Duration) -> Self {
+        self.processor.lease_renew_interval = interval;
+        self
+    }
+
+    /// How long a lease not renewed counts as still owned. Default **30 s**: a dead instance's
+    /// leases are taken over after this. Instances sharing a lease container need clocks
+    /// synchronized well within it.
+    pub fn lease_expiry(mut self, expiry: Duration) -> Self {
+        self.processor.lease_expiry = expiry;
+        self
+    }
+
+    /// How often an instance takes free and expired leases and balances with the others.
+    /// Default **5 s**.
+    pub fn lease_acquire_interval(mut self, interval: Duration) -> Self {
+        self.processor.lease_acquire_interval = interval;
+        self
+    }
+
+    /// The bound of every store call of the relay: change-feed reads, lease writes and the
+    /// status stamps. Default **30 s**, above the SDK's own retries of throttled requests.
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.processor.store_timeout = timeout;
+        self
+    }
+
+    /// The bound of draining one page; past it the page is cancelled and read again.
+    /// Default **5 min**.
+    pub fn handler_timeout(mut self, timeout: Duration) -> Self {
+        self.processor.handler_timeout = timeout;
+        self
+    }
+
+    /// The longest wait between two attempts after failures: they back off exponentially, with
+    /// jitter, from the poll interval up to this (at least a 429's `Retry-After`). Default
+    /// **10 s**.
+    pub fn max_backoff(mut self, max_backoff: Duration) -> Self {
+        self.processor.max_backoff = max_backoff;
+        self
+    }
+
+    /// The bound of one publish, broker confirm included, whatever the broker's own bounds.
+    /// Default **30 s**. A publish past it fails the page: nothing is stamped, the page is read
+    /// again.
+    pub fn publish_timeout(mut self, timeout: Duration) -> Self {
+        self.publish_timeout = timeout;
+        self
+    }
+
+    /// The `status` a delivered Outbox Document is stamped with. Default `"delivered"`; must
+    /// not be blank, `pending` or `undeliverable`.
+    pub fn delivered_status(mut self, status: impl Into<String>) -> Self {
+        self.delivery.delivered_status = status.into();
+        self
+    }
+
+    /// The `ttl` (seconds) stamped with the delivered status, so Cosmos DB purges delivered
+    /// documents. Default **86 400** (one day); must be positive.
+    pub fn delivered_ttl_seconds(mut self, seconds: i64) -> Self {
+        self.delivery.delivered_ttl_seconds = seconds;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_setter_changes_only_its_own_setting() {
+        let defaults = RelayOptions::default();
+        let second = Duration::from_secs(1);
+        let changed = RelayOptions::default()
+            .poll_interval(2 * second)
+            .max_items_per_page(7)
+            .lease_renew_interval(3 * second)
+            .lease_expiry(40 * second)
+            .lease_acquire_interval(4 * second)
+            .store_timeout(5 * second)
+            .handler_timeout(6 * second)
+            .max_backoff(8 * second)
+            .publish_timeout(9 * second)
+            .delivered_status("sent")
+            .delivered_ttl_seconds(60);
+        let p = &changed.processor;
+        assert_eq!(p.poll_interval, 2 * second);
+        assert_eq!(p.max_items_per_page, 7);
+        assert_eq!(p.lease_renew_interval, 3 * second);
+        assert_eq!(p.lease_expiry, 40 * second);
+        assert_eq!(p.lease_acquire_interval, 4 * second);
+        assert_eq!(p.store_timeout, 5 * second);
+        assert_eq!(p.handler_timeout, 6 * second);
+        assert_eq!(p.max_backoff, 8 * second);
+        assert_eq!(changed.publish_timeout, 9 * second);
+        assert_eq!(changed.delivery.delivered_status, "sent");
+        assert_eq!(changed.delivery.delivered_ttl_seconds, 60);
+        assert_eq!(p.start_from, defaults.processor.start_from);
+    }
+}
