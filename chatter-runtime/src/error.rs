@@ -19,7 +19,8 @@
 pub use crate::atomic_write::StageError;
 pub use crate::broker::{BrokerError, TransportError};
 pub use crate::cosmos::CosmosStoreError;
-pub use crate::document::{ContractViolation, ContractViolations, DocumentError};
+pub use crate::document::DocumentError;
+pub use crate::document::outbox_contract::{ContractViolation, ContractViolations};
 pub use crate::error_chain::ErrorChain;
 pub use crate::pipeline::PipelineError;
 pub use crate::registry::{RegistrationProblem, RegistryError};

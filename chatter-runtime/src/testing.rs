@@ -10,12 +10,15 @@ pub use crate::cosmos::store::{
     WriteOutcome, create_item, execute_batch, patch_item, read_container_properties, read_item,
     upsert_item,
 };
-pub use crate::document::{OutboxDocument, inbox_id, outbox_id, outbox_contract::verify};
+pub use crate::document::id::{inbox_id, outbox_id};
+pub use crate::document::outbox::OutboxDocument;
+pub use crate::document::outbox_contract::verify as verify_outbox_document;
 pub use crate::registry::{HandlerRegistration, RegisteredCommand, Registry};
-pub use crate::relay::contract::{check, verify_all};
+pub use crate::relay::contract::{check, verify, verify_all};
 pub use crate::relay::delivery::DeliverySettings;
 pub use crate::relay::drain::{Drain, DrainError, DrainReport};
 pub use crate::relay::identity::{RelaySource, SourceIdentity, distinct_sources};
 pub use crate::relay::suspension::{
-    ConfirmationReceipt, DrainGate, ManualClock, MonotonicClock, SystemClock,
+    CONFIRMATION_FAILURE_THRESHOLD, ConfirmationReceipt, DrainGate, ManualClock, MonotonicClock,
+    SUSPENSION_WINDOW, SystemClock,
 };

@@ -16,9 +16,9 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::{self, CosmosConnection, ReadOutcome, provision};
-use chatter_runtime::message::BrokeredMessage;
 use chatter_runtime::{BoxError, DocumentReliable, ErrorChain, HandlerContext, Runtime, handler};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -195,8 +195,8 @@ async fn run() -> Result<(), BoxError> {
         let message_id = format!("{order_id}:create");
         let ids = [
             order_id.clone(),
-            chatter_runtime::document::inbox_id(&message_id)?,
-            chatter_runtime::document::outbox_id(&format!("{message_id}:OrderCreated"))?,
+            chatter_runtime::cosmos::inbox_id(&message_id)?,
+            chatter_runtime::cosmos::outbox_id(&format!("{message_id}:OrderCreated"))?,
         ];
         for id in &ids {
             match cosmos::read_item(&container, cosmos::partition_key(&[json!(order_id)])?, id)

@@ -56,7 +56,7 @@ async fn a_second_process_reads_the_examples_documents_in_the_exact_shapes() {
     for order_id in orders {
         let key = || cosmos::partition_key(&[Value::from(order_id)]).unwrap();
         let message_id = format!("{order_id}:create");
-        let marker_id = chatter_runtime::document::inbox_id(&message_id).unwrap();
+        let marker_id = chatter_runtime::cosmos::inbox_id(&message_id).unwrap();
         let marker = cosmos::read_item(&container, key(), &marker_id)
             .await
             .unwrap()
@@ -75,7 +75,7 @@ async fn a_second_process_reads_the_examples_documents_in_the_exact_shapes() {
         assert_eq!(marker["MessageId"], message_id.as_str());
 
         let event_id = format!("{message_id}:OrderCreated");
-        let outbox_id = chatter_runtime::document::outbox_id(&event_id).unwrap();
+        let outbox_id = chatter_runtime::cosmos::outbox_id(&event_id).unwrap();
         let outbox = cosmos::read_item(&container, key(), &outbox_id)
             .await
             .unwrap()
@@ -153,7 +153,7 @@ async fn serve_mode_shuts_down_on_sigterm_and_releases_its_leases() {
     // While it serves, its relay owns the leases of shop/orders.
     let reader = CosmosConnection::connect(&endpoint, None).await.unwrap();
     let leases = reader.container("shop", "orders-leases").await.unwrap();
-    let owned = chatter_runtime::relay::change_feed::read_leases(&leases, &processor_name(&reader))
+    let owned = cosmos_change_feed::read_leases(&leases, &processor_name(&reader))
         .await
         .unwrap();
     assert!(
@@ -172,7 +172,7 @@ async fn serve_mode_shuts_down_on_sigterm_and_releases_its_leases() {
         .unwrap();
     assert!(exit.success(), "graceful shutdown exits 0, got {exit}");
 
-    let after = chatter_runtime::relay::change_feed::read_leases(&leases, &processor_name(&reader))
+    let after = cosmos_change_feed::read_leases(&leases, &processor_name(&reader))
         .await
         .unwrap();
     assert!(!after.is_empty());
@@ -184,7 +184,7 @@ async fn serve_mode_shuts_down_on_sigterm_and_releases_its_leases() {
 
 /// The processor name the shop's relay uses over this store (ground truth: endpoint + containers).
 fn processor_name(reader: &CosmosConnection) -> String {
-    chatter_runtime::relay::identity::SourceIdentity::GroundTruth {
+    chatter_runtime::testing::SourceIdentity::GroundTruth {
         monitored_endpoint: reader.endpoint().to_owned(),
         monitored_database: "shop".into(),
         monitored_container: "orders".into(),

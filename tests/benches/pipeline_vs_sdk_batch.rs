@@ -10,8 +10,8 @@
 use std::time::{Duration, Instant};
 
 use azure_data_cosmos::TransactionalBatch;
+use chatter_runtime::BrokeredMessage;
 use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection, provision};
-use chatter_runtime::message::BrokeredMessage;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -124,7 +124,7 @@ async fn run_baseline(container: &ContainerClient, next: &mut usize) -> Result<D
         let message_id = format!("bm-{next}");
         // What a careful hand-written port would send: the same three documents.
         let marker = json!({
-            "id": chatter_runtime::document::inbox_id(&message_id)?,
+            "id": chatter_runtime::cosmos::inbox_id(&message_id)?,
             "_chatterType": "inbox",
             "MessageId": message_id,
             "ReceivedAtUtc": "2026-11-30T00:00:00Z",
@@ -132,7 +132,7 @@ async fn run_baseline(container: &ContainerClient, next: &mut usize) -> Result<D
         });
         let event_id = format!("{message_id}:created");
         let outbox = json!({
-            "id": chatter_runtime::document::outbox_id(&event_id)?,
+            "id": chatter_runtime::cosmos::outbox_id(&event_id)?,
             "_chatterType": "outbox",
             "status": "pending",
             "MessageId": event_id,

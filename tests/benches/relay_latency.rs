@@ -14,9 +14,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use chatter_runtime::RelayOptions;
 use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::{CosmosConnection, provision};
-use chatter_runtime::relay::host::RelayOptions;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -53,7 +53,8 @@ const DOTNET_POLL_INTERVAL: Duration = Duration::from_secs(5);
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), BoxError> {
     let options = RelayOptions::default();
-    let poll = options.processor.poll_interval;
+    // RelayOptions keeps the change-feed processor's default poll interval.
+    let poll = cosmos_change_feed::ChangeFeedProcessorOptions::default().poll_interval;
     let cosmos = CosmosConnection::embedded().await?;
     provision::ensure_container(&cosmos, "bench", "orders", &["/orderId"]).await?;
     provision::ensure_lease_container(&cosmos, "bench", "orders-leases").await?;

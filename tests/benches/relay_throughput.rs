@@ -33,10 +33,10 @@ use azure_data_cosmos::models::{PatchInstructions, PatchOperation};
 use azure_data_cosmos::options::{
     ChangeFeedOptions, ChangeFeedStartFrom, MaxItemCountHint, PatchItemOptions, PatchStrategy,
 };
+use chatter_runtime::BrokeredMessage;
+use chatter_runtime::RelayOptions;
 use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection, provision};
-use chatter_runtime::message::BrokeredMessage;
-use chatter_runtime::relay::host::RelayOptions;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, BrokerError, Delivery, InMemoryBroker, Subscription};
-use chatter_runtime::message::BrokeredMessage;
 use chatter_tests::broker::{assert_quiet_for, next_delivery};
 use serde_json::json;
 use tokio::time::timeout;

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
+use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, BrokerError, Delivery, RabbitMqBroker, Subscription};
-use chatter_runtime::message::BrokeredMessage;
 use chatter_tests::broker::{assert_quiet_for, next_delivery};
 use chatter_tests::rabbitmq;
 use serde_json::json;

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
+use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, BrokerError, RabbitMqBroker};
-use chatter_runtime::message::BrokeredMessage;
 use chatter_tests::broker::next_delivery;
 use chatter_tests::logs::capture;
 use chatter_tests::proxy::TcpProxy;

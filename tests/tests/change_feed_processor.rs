@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chatter_runtime::cosmos::store::upsert_item;
 use chatter_runtime::cosmos::{ContainerClient, CosmosConnection, partition_key};
+use chatter_runtime::testing::upsert_item;
 use chatter_tests::broker::Received;
 use chatter_tests::store::{embedded, emulator_server, provisioned_with_leases};
 use chatter_tests::wait::eventually;

@@ -4,10 +4,11 @@
 use std::sync::Arc;
 
 use chatter_runtime::cosmos::provision::{ensure_container, ensure_lease_container};
-use chatter_runtime::cosmos::store::{create_item, upsert_item};
 use chatter_runtime::cosmos::{
-    BatchOperation, ContainerClient, CosmosConnection, CosmosStoreError, ReadOutcome,
-    execute_batch, partition_key, patch_item, read_container_properties, read_item,
+    ContainerClient, CosmosConnection, CosmosStoreError, ReadOutcome, partition_key, read_item,
+};
+use chatter_runtime::testing::{
+    BatchOperation, create_item, execute_batch, patch_item, read_container_properties, upsert_item,
 };
 use chatter_tests::store::{embedded, provisioned};
 use serde_json::{Value, json};

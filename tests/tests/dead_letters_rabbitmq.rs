@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::Broker;
-use chatter_runtime::message::BrokeredMessage;
-use chatter_runtime::registry::Registry;
+use chatter_runtime::testing::Registry;
 use chatter_runtime::{
     ATTEMPTS_CONTEXT_KEY, BoxError, DEAD_LETTER_REASON_CONTEXT_KEY, DocumentReliable,
     HandlerContext, Runtime, dead_letter_destination, handler,

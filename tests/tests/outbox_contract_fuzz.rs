@@ -5,7 +5,7 @@
 //! CI runs 20 000 cases; the million:
 //! `PROPTEST_CASES=1000000 cargo test --release -p chatter-tests --test outbox_contract_fuzz`.
 
-use chatter_runtime::document::outbox_contract::verify;
+use chatter_runtime::testing::verify_outbox_document as verify;
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 

@@ -4,12 +4,12 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use chatter_runtime::BrokeredMessage;
 use chatter_runtime::cosmos::{self, CosmosConnection, provision};
-use chatter_runtime::message::BrokeredMessage;
-use chatter_runtime::pipeline::{Outcome, PipelineError};
 use chatter_runtime::{
     BoxError, DispatchError, DocumentReliable, ErrorChain, HandlerContext, Runtime, handler,
 };
+use chatter_runtime::{Outcome, PipelineError};
 use chatter_tests::store::{document, find_document};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -290,7 +290,7 @@ async fn a_forged_document_at_the_marker_id_is_not_a_duplicate() {
     let c = cosmos.container("shop", "orders").await.unwrap();
     let pk = cosmos::partition_key(&[json!("o-3")]).unwrap();
     // R2.16: an application document squatting on the marker id.
-    cosmos::store::create_item(
+    chatter_runtime::testing::create_item(
         &c,
         pk,
         &json!({ "id": "inbox:bXNnLTM", "_chatterType": "order", "orderId": "o-3" }),
@@ -321,7 +321,9 @@ async fn a_marker_of_another_message_id_is_not_a_duplicate() {
     let pk = cosmos::partition_key(&[json!("o-4")]).unwrap();
     // R2.17: a genuine-looking marker whose MessageId differs.
     let forged = json!({ "id": "inbox:bXNnLTQ", "_chatterType": "inbox", "MessageId": "msg-4-other", "orderId": "o-4" });
-    cosmos::store::create_item(&c, pk, &forged).await.unwrap();
+    chatter_runtime::testing::create_item(&c, pk, &forged)
+        .await
+        .unwrap();
     let err = runtime
         .dispatch(order("o-4", "ok"), "msg-4")
         .await

@@ -6,9 +6,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::{CosmosConnection, provision};
-use chatter_runtime::message::BrokeredMessage;
 use chatter_runtime::{
     ATTEMPTS_CONTEXT_KEY, BoxError, DEAD_LETTER_REASON_CONTEXT_KEY, DEFAULT_MAX_DELIVERY_ATTEMPTS,
     DocumentReliable, HandlerContext, Runtime, dead_letter_destination, handler,
@@ -124,7 +124,7 @@ async fn a_failed_attempt_commits_nothing_and_is_redelivered_until_it_succeeds()
         read(
             &cosmos,
             "sku-1",
-            &chatter_runtime::document::inbox_id("m-fail-twice").unwrap()
+            &chatter_runtime::cosmos::inbox_id("m-fail-twice").unwrap()
         )
         .await
         .is_some()

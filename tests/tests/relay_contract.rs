@@ -7,13 +7,13 @@ use std::error::Error as _;
 use std::sync::Arc;
 
 use azure_data_cosmos::models::{ContainerProperties, PartitionKeyDefinition, TimeToLive};
-use chatter_runtime::__private::PartitionKeyPath;
 use chatter_runtime::cosmos::provision::{ensure_container, ensure_database};
 use chatter_runtime::cosmos::{ContainerClient, CosmosConnection};
-use chatter_runtime::relay::contract::{
-    MonitoredContainerError, MonitoredContainerViolation, MonitoredContainersError, verify, verify_all,
+use chatter_runtime::error::{
+    MonitoredContainerError, MonitoredContainerViolation, MonitoredContainersError,
 };
-use chatter_runtime::relay::identity::{RelaySource, SourceIdentity};
+use chatter_runtime::registration::PartitionKeyPath;
+use chatter_runtime::testing::{RelaySource, SourceIdentity, verify, verify_all};
 use chatter_tests::store::embedded;
 
 const DATABASE: &str = "shop";

@@ -7,16 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chatter_emulator::{Faults, RunningEmulator};
-use chatter_runtime::__private::PartitionKeyPath;
+use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::InMemoryBroker;
 use chatter_runtime::cosmos::{self, ContainerClient};
-use chatter_runtime::document::OutboxDocument;
-use chatter_runtime::message::BrokeredMessage;
-use chatter_runtime::relay::delivery::DeliverySettings;
-use chatter_runtime::relay::drain::{Drain, DrainError, DrainReport};
-use chatter_runtime::relay::suspension::{
+use chatter_runtime::registration::PartitionKeyPath;
+use chatter_runtime::testing::DeliverySettings;
+use chatter_runtime::testing::OutboxDocument;
+use chatter_runtime::testing::{
     CONFIRMATION_FAILURE_THRESHOLD, ConfirmationReceipt, DrainGate, ManualClock, SUSPENSION_WINDOW,
 };
+use chatter_runtime::testing::{Drain, DrainError, DrainReport};
 use chatter_tests::logs::capture;
 use chatter_tests::store::{document, emulator_server, provisioned};
 use serde_json::{Value, json};
@@ -250,7 +250,7 @@ impl Fixture {
 
     async fn store(&self, doc: Value) -> Value {
         let key = cosmos::partition_key(&[doc["tenantId"].clone()]).unwrap();
-        cosmos::store::create_item(&self.container, key, &doc)
+        chatter_runtime::testing::create_item(&self.container, key, &doc)
             .await
             .unwrap();
         self.read(&doc).await
@@ -515,14 +515,14 @@ async fn a_page_whose_first_stamp_lands_and_second_fails_records_only_the_failur
     // The second document was deleted after the change feed read it: its stamp fails (404).
     let good = f.pending("msg-2", "t").await;
     let gone = f.pending("msg-3", "t").await;
-    cosmos::store::delete_item(
-        &f.container,
-        cosmos::partition_key(&[json!("t")]).unwrap(),
-        gone["id"].as_str().unwrap(),
-        None,
-    )
-    .await
-    .unwrap();
+    f.container
+        .delete_item(
+            cosmos::partition_key(&[json!("t")]).unwrap(),
+            gone["id"].as_str().unwrap(),
+            None,
+        )
+        .await
+        .unwrap();
     let err = f.drain.drain("0", &[good.clone(), gone]).await.unwrap_err();
     assert_eq!(status_of(&err), Some(404), "{err}");
     assert_eq!(f.read(&good).await["status"], "delivered");

@@ -13,10 +13,10 @@
 
 use std::time::Duration;
 
+use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, BrokerError};
 use chatter_runtime::cosmos::{self, ContainerClient};
-use chatter_runtime::document::OutboxDocument;
-use chatter_runtime::message::BrokeredMessage;
+use chatter_runtime::testing::OutboxDocument;
 use chatter_runtime::{BoxError, DocumentReliable, ErrorChain, HandlerContext, Runtime, handler};
 use chatter_tests::broker::Received;
 use chatter_tests::logs::capture;
@@ -85,7 +85,7 @@ fn pending(message_id: &str, order: &str, destination: &str) -> Value {
 
 async fn write(container: &ContainerClient, doc: &Value) {
     let key = cosmos::partition_key(&[doc["orderId"].clone()]).unwrap();
-    cosmos::store::create_item(container, key, doc)
+    chatter_runtime::testing::create_item(container, key, doc)
         .await
         .unwrap();
 }

@@ -5,16 +5,15 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use chatter_runtime::RelayOptions;
 use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::{self, CosmosConnection};
-use chatter_runtime::registry::Registry;
-use chatter_runtime::relay::delivery::DeliverySettings;
-use chatter_runtime::relay::host::RelayOptions;
-use chatter_runtime::relay::identity::distinct_sources;
+use chatter_runtime::testing::Registry;
+use chatter_runtime::testing::distinct_sources;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, StartError, handler};
 use chatter_tests::store::{document, embedded, provisioned_with_leases};
 use chatter_tests::wait::eventually;
-use cosmos_change_feed::{ChangeFeedProcessorOptions, read_leases};
+use cosmos_change_feed::read_leases;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -53,14 +52,11 @@ async fn post(_command: PostLedgerEntry, _ctx: &mut HandlerContext) -> Result<()
 }
 
 fn fast() -> RelayOptions {
-    RelayOptions {
-        processor: ChangeFeedProcessorOptions::default()
-            .with_poll_interval(Duration::from_millis(50))
-            .with_lease_acquire_interval(Duration::from_millis(200))
-            .with_lease_renew_interval(Duration::from_millis(500))
-            .with_lease_expiry(Duration::from_secs(3)),
-        ..RelayOptions::default()
-    }
+    RelayOptions::default()
+        .poll_interval(Duration::from_millis(50))
+        .lease_acquire_interval(Duration::from_millis(200))
+        .lease_renew_interval(Duration::from_millis(500))
+        .lease_expiry(Duration::from_secs(3))
 }
 
 async fn store(ledger_path: &str) -> CosmosConnection {
@@ -137,11 +133,7 @@ async fn invalid_delivery_settings_fail_the_start_with_the_specified_texts() {
             "The delivered TTL must be a positive number of seconds (got 0)",
         ),
     ] {
-        let mut options = fast();
-        options.delivery = DeliverySettings {
-            delivered_status: status.into(),
-            delivered_ttl_seconds: ttl,
-        };
+        let options = fast().delivered_status(status).delivered_ttl_seconds(ttl);
         let err = Runtime::builder()
             .cosmos(cosmos.clone())
             .relay_options(options)
@@ -180,12 +172,12 @@ async fn the_relay_publishes_each_pending_document_once_and_never_touches_other_
     let key = || cosmos::partition_key(&[json!("control")]).unwrap();
     let domain = json!({ "id": "control-order", "orderId": "control", "_chatterType": "order", "status": "pending" });
     let delivered = json!({
-        "id": chatter_runtime::document::outbox_id("old").unwrap(), "_chatterType": "outbox", "status": "delivered",
+        "id": chatter_runtime::cosmos::outbox_id("old").unwrap(), "_chatterType": "outbox", "status": "delivered",
         "MessageId": "old", "Destination": "order-events", "MessageBody": "{}", "MessageContentType": "application/json",
         "MessageContext": "{}", "orderId": "control",
     });
     for doc in [&domain, &delivered] {
-        cosmos::store::create_item(&orders, key(), doc)
+        chatter_runtime::testing::create_item(&orders, key(), doc)
             .await
             .unwrap();
     }
@@ -239,7 +231,7 @@ async fn the_relay_publishes_each_pending_document_once_and_never_touches_other_
     );
     // Every outbox document ends delivered with a positive ttl.
     for i in 0..5 {
-        let id = chatter_runtime::document::outbox_id(&format!("m-{i}:created")).unwrap();
+        let id = chatter_runtime::cosmos::outbox_id(&format!("m-{i}:created")).unwrap();
         let key = [json!(format!("o-{i}"))];
         eventually(
             Duration::from_secs(30),

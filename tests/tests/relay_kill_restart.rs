@@ -15,7 +15,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use chatter_runtime::message::BrokeredMessage;
+use chatter_runtime::BrokeredMessage;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, handler};
 use chatter_tests::broker::Received;
 use chatter_tests::process::ChildProcess;

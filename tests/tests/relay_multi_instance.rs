@@ -10,9 +10,9 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::InMemoryBroker;
 use chatter_runtime::cosmos::{ContainerClient, CosmosConnection};
-use chatter_runtime::message::BrokeredMessage;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
 use chatter_tests::broker::Received;
 use chatter_tests::relay::fast_relay;

@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use azure_data_cosmos::options::ReadFeedRangesOptions;
+use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, BrokerError, InMemoryBroker, Subscription};
 use chatter_runtime::cosmos::ContainerClient;
-use chatter_runtime::message::BrokeredMessage;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
 use chatter_tests::broker::Received;
 use chatter_tests::relay::fast_relay;
@@ -174,8 +174,7 @@ async fn a_split_while_draining_loses_and_skips_no_outbox_message() {
     place_orders(&writer, 0..BEFORE).await;
 
     // Small pages, so draining takes several pages per lease and checkpoints in between.
-    let mut options = fast_relay(Duration::from_secs(4));
-    options.processor = options.processor.with_max_items_per_page(5);
+    let options = fast_relay(Duration::from_secs(4)).max_items_per_page(5);
     let relay = Runtime::builder()
         .cosmos(cosmos.clone())
         .broker(gated.clone())

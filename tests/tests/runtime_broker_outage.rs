@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
+use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, RabbitMqBroker};
-use chatter_runtime::message::BrokeredMessage;
 use chatter_runtime::{
     BoxError, ConsumerState, DocumentReliable, HandlerContext, Runtime, handler,
 };

@@ -1,7 +1,7 @@
 //! `start()` rejects conflicting registrations with one error that names every problem and both
 //! source locations of each. This binary holds only the conflicting registrations below.
 
-use chatter_runtime::registry::RegistrationProblem;
+use chatter_runtime::error::RegistrationProblem;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, StartError, handler};
 use serde::{Deserialize, Serialize};
 

@@ -3,11 +3,11 @@
 use std::sync::Mutex;
 
 use chatter_runtime::cosmos::{CosmosConnection, provision};
-use chatter_runtime::pipeline::{Outcome, PipelineError};
 use chatter_runtime::{
     BoxError, DispatchError, DocumentReliable, ErrorChain, HandlerContext, Runtime, StartError,
     handler,
 };
+use chatter_runtime::{Outcome, PipelineError};
 use serde::{Deserialize, Serialize};
 
 /// Places an order.

@@ -11,7 +11,7 @@ use super::serde_names::{self, FieldSerde};
 
 /// `#[cosmos(...)]`: where the command's documents live.
 #[derive(Debug, Default, FromMeta)]
-pub struct CosmosArgs {
+pub(crate) struct CosmosArgs {
     pub database: Option<SpannedValue<String>>,
     pub container: Option<SpannedValue<String>>,
     pub lease: Option<SpannedValue<String>>,
@@ -21,14 +21,14 @@ pub struct CosmosArgs {
 
 /// `#[partition_key(path = "...")]` on the struct: the container's partition-key path(s), in order.
 #[derive(Debug, Default, FromMeta)]
-pub struct PartitionKeyArgs {
+pub(crate) struct PartitionKeyArgs {
     #[darling(multiple)]
     pub path: Vec<SpannedValue<String>>,
 }
 
 /// `#[chatter(...)]`: how the command is known on the broker.
 #[derive(Debug, Default, FromMeta)]
-pub struct ChatterArgs {
+pub(crate) struct ChatterArgs {
     pub name: Option<SpannedValue<String>>,
     pub destination: Option<SpannedValue<String>>,
     pub max_delivery_attempts: Option<syn::Lit>,
@@ -36,13 +36,13 @@ pub struct ChatterArgs {
 
 /// `#[partition_key]` or `#[partition_key(path = "...")]` on a field: this field carries the value.
 #[derive(Debug, Default, FromMeta)]
-pub struct FieldPartitionKeyArgs {
+pub(crate) struct FieldPartitionKeyArgs {
     pub path: Option<SpannedValue<String>>,
 }
 
 /// An attribute's parsed arguments with the span of the attribute itself.
 #[derive(Debug)]
-pub struct Attr<T> {
+pub(crate) struct Attr<T> {
     pub args: T,
     pub span: Span,
     /// False when the attribute's syntax was already reported: its keys are then unknown, and
@@ -52,7 +52,7 @@ pub struct Attr<T> {
 
 /// A named field of the command.
 #[derive(Debug)]
-pub struct Field {
+pub(crate) struct Field {
     pub ident: Ident,
     pub serde: FieldSerde,
     pub serialized_name: String,
@@ -61,7 +61,7 @@ pub struct Field {
 
 /// The command as the attributes describe it.
 #[derive(Debug)]
-pub struct Command {
+pub(crate) struct Command {
     pub ident: Ident,
     pub cosmos: Option<Attr<CosmosArgs>>,
     pub partition_key: Option<Attr<PartitionKeyArgs>>,
@@ -71,7 +71,7 @@ pub struct Command {
 
 /// Parses the derive input. Shape errors (enum, tuple, generics) are reported but parsing goes on
 /// as far as it can, so every mistake shows at once.
-pub fn parse(cx: &Ctxt, input: &DeriveInput) -> Command {
+pub(crate) fn parse(cx: &Ctxt, input: &DeriveInput) -> Command {
     let ident = input.ident.clone();
     if !input.generics.params.is_empty() {
         cx.error(

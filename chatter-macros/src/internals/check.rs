@@ -12,7 +12,7 @@ use super::ctxt::Ctxt;
 
 /// Root fields chatter writes on its documents (catalog section 0): a partition-key path rooted at
 /// one of them would overwrite a required field. `status` and `ttl` are patched by the relay.
-pub const RESERVED_ROOTS: &[&str] = &[
+pub(crate) const RESERVED_ROOTS: &[&str] = &[
     "id",
     "_chatterType",
     "status",
@@ -29,11 +29,11 @@ pub const RESERVED_ROOTS: &[&str] = &[
 const MAX_PARTITION_KEY_PATHS: usize = 3;
 
 /// The shape every handler must have, quoted by the handler's errors.
-pub const HANDLER_SHAPE: &str = "a chatter handler is `async fn name(command: YourCommand, ctx: &mut HandlerContext) -> Result<(), BoxError>`";
+pub(crate) const HANDLER_SHAPE: &str = "a chatter handler is `async fn name(command: YourCommand, ctx: &mut HandlerContext) -> Result<(), BoxError>`";
 
 /// A command whose attributes passed every check.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Checked {
+pub(crate) struct Checked {
     pub command_name: String,
     pub destination: String,
     /// `None`: the runtime's default.
@@ -63,7 +63,7 @@ struct PartitionKey {
 
 /// Every rule of `#[derive(DocumentReliable)]`. `None` when a rule could not produce its part of
 /// the result (it reported why); errors of the other rules are reported all the same.
-pub fn command(cx: &Ctxt, cmd: &Command) -> Option<Checked> {
+pub(crate) fn command(cx: &Ctxt, cmd: &Command) -> Option<Checked> {
     let cosmos = cosmos_attribute_is_present(cx, cmd);
     let database = cosmos.and_then(|c| {
         resource_name(
@@ -617,7 +617,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 
 /// Every rule of `#[handler]`; returns the command type (the first parameter's). `None` when
 /// there is none to return (a rule reported why).
-pub fn handler<'a>(cx: &Ctxt, args: &TokenStream, function: &'a ItemFn) -> Option<&'a Type> {
+pub(crate) fn handler<'a>(cx: &Ctxt, args: &TokenStream, function: &'a ItemFn) -> Option<&'a Type> {
     let sig = &function.sig;
     handler_takes_no_arguments(cx, args);
     handler_is_async(cx, sig);

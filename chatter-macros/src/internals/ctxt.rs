@@ -10,25 +10,25 @@ use proc_macro2::Span;
 /// Collects the errors of one macro invocation (serde's `Ctxt`). Stages take `&Ctxt` and report
 /// as they go; [`Ctxt::check`] hands back every error combined. Dropping a context that was never
 /// checked is a bug and panics.
-pub struct Ctxt {
+pub(crate) struct Ctxt {
     /// `None` once checked.
     errors: RefCell<Option<Vec<syn::Error>>>,
 }
 
 impl Ctxt {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Ctxt {
             errors: RefCell::new(Some(Vec::new())),
         }
     }
 
     /// Reports `message` spanned on `span`.
-    pub fn error(&self, span: Span, message: impl Display) {
+    pub(crate) fn error(&self, span: Span, message: impl Display) {
         self.syn_error(syn::Error::new(span, message));
     }
 
     /// Reports an error syn built.
-    pub fn syn_error(&self, error: syn::Error) {
+    pub(crate) fn syn_error(&self, error: syn::Error) {
         self.errors
             .borrow_mut()
             .as_mut()
@@ -38,14 +38,14 @@ impl Ctxt {
 
     /// Reports every error in a darling error (which may hold several), keeping its messages and
     /// "did you mean" suggestions.
-    pub fn darling_error(&self, error: darling::Error) {
+    pub(crate) fn darling_error(&self, error: darling::Error) {
         for single in error.flatten() {
             self.syn_error(single.into());
         }
     }
 
     /// Every error reported so far, combined into one; `Ok` when there were none.
-    pub fn check(self) -> syn::Result<()> {
+    pub(crate) fn check(self) -> syn::Result<()> {
         let errors = self.errors.borrow_mut().take().expect("Ctxt checked twice");
         let mut errors = errors.into_iter();
         let Some(mut combined) = errors.next() else {

@@ -10,7 +10,7 @@ use super::check::Checked;
 
 /// The rustdoc stating the command's contract, in the words of the spec's
 /// "Handler idempotency contract".
-pub fn contract_doc(ident: &Ident, c: &Checked) -> String {
+pub(crate) fn contract_doc(ident: &Ident, c: &Checked) -> String {
     let mut pk = String::new();
     for ((path, field), source) in c
         .partition_key_paths
@@ -67,7 +67,7 @@ pub fn contract_doc(ident: &Ident, c: &Checked) -> String {
 }
 
 /// `#[derive(DocumentReliable)]`: the registration of a command that passed every check.
-pub fn document_reliable(ident: &Ident, c: &Checked) -> TokenStream {
+pub(crate) fn document_reliable(ident: &Ident, c: &Checked) -> TokenStream {
     let doc = contract_doc(ident, c);
     let Checked {
         command_name,
@@ -137,7 +137,7 @@ pub fn document_reliable(ident: &Ident, c: &Checked) -> TokenStream {
 }
 
 /// `#[handler]`: the function itself and the registration binding it to its command.
-pub fn handler(f: &ItemFn, command: &Type) -> TokenStream {
+pub(crate) fn handler(f: &ItemFn, command: &Type) -> TokenStream {
     let name = &f.sig.ident;
     let ctx_span = f
         .sig

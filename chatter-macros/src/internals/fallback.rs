@@ -7,7 +7,7 @@ use syn::DeriveInput;
 
 /// `#[derive(DocumentReliable)]` failed: the errors and a stub impl of the trait (none for a
 /// generic type, which the stub could not name correctly).
-pub fn document_reliable(input: &DeriveInput, errors: syn::Error) -> TokenStream {
+pub(crate) fn document_reliable(input: &DeriveInput, errors: syn::Error) -> TokenStream {
     let errors = errors.into_compile_error();
     if !input.generics.params.is_empty() {
         return errors;
@@ -26,7 +26,7 @@ pub fn document_reliable(input: &DeriveInput, errors: syn::Error) -> TokenStream
 }
 
 /// `#[handler]` failed: the errors and the function untouched.
-pub fn handler(item: TokenStream, errors: syn::Error) -> TokenStream {
+pub(crate) fn handler(item: TokenStream, errors: syn::Error) -> TokenStream {
     let errors = errors.into_compile_error();
     quote! { #errors #item }
 }

@@ -2,12 +2,12 @@
 //! [`Ctxt`](ctxt::Ctxt): parse ([`attr`]) -> check ([`check`]) -> expand ([`expand`]). Only expand
 //! produces tokens; when parse or check reported anything, [`fallback`] emits the errors instead.
 
-pub mod attr;
-pub mod check;
-pub mod ctxt;
-pub mod expand;
-pub mod fallback;
-pub mod serde_names;
+pub(crate) mod attr;
+pub(crate) mod check;
+pub(crate) mod ctxt;
+pub(crate) mod expand;
+pub(crate) mod fallback;
+pub(crate) mod serde_names;
 
 use proc_macro2::TokenStream;
 use syn::{DeriveInput, ItemFn};
@@ -15,7 +15,7 @@ use syn::{DeriveInput, ItemFn};
 use self::ctxt::Ctxt;
 
 /// `#[derive(DocumentReliable)]`: the expansion, or every error at once.
-pub fn document_reliable(input: &DeriveInput) -> syn::Result<TokenStream> {
+pub(crate) fn document_reliable(input: &DeriveInput) -> syn::Result<TokenStream> {
     let cx = Ctxt::new();
     let command = attr::parse(&cx, input);
     let checked = check::command(&cx, &command);
@@ -30,7 +30,7 @@ pub fn document_reliable(input: &DeriveInput) -> syn::Result<TokenStream> {
 }
 
 /// `#[handler]`: the expansion, or every error at once.
-pub fn handler(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
+pub(crate) fn handler(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
     let function: ItemFn = syn::parse2(item).map_err(|e| {
         syn::Error::new(
             e.span(),

@@ -4,7 +4,7 @@ use syn::{Attribute, LitStr, Token};
 
 /// What serde's attributes say about a field's serialized form.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct FieldSerde {
+pub(crate) struct FieldSerde {
     /// `rename = "..."` or `rename(serialize = "...")`.
     pub rename: Option<String>,
     /// `skip` or `skip_serializing`: the field never appears in the JSON.
@@ -14,7 +14,7 @@ pub struct FieldSerde {
 }
 
 /// The container's `rename_all` rule (serialize side), if any.
-pub fn container_rename_all(attrs: &[Attribute]) -> Option<String> {
+pub(crate) fn container_rename_all(attrs: &[Attribute]) -> Option<String> {
     let mut rule = None;
     for attr in attrs.iter().filter(|a| a.path().is_ident("serde")) {
         // Malformed serde attributes are serde's to report; ignore what does not parse.
@@ -31,7 +31,7 @@ pub fn container_rename_all(attrs: &[Attribute]) -> Option<String> {
 }
 
 /// What serde's attributes say about one field.
-pub fn field(attrs: &[Attribute]) -> FieldSerde {
+pub(crate) fn field(attrs: &[Attribute]) -> FieldSerde {
     let mut out = FieldSerde::default();
     for attr in attrs.iter().filter(|a| a.path().is_ident("serde")) {
         let _ = attr.parse_nested_meta(|meta| {
@@ -79,7 +79,11 @@ fn skip_value(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<()> {
 }
 
 /// A field's serialized name: its `rename`, else its identifier under the `rename_all` rule.
-pub fn serialized_name(ident: &syn::Ident, field: &FieldSerde, rename_all: Option<&str>) -> String {
+pub(crate) fn serialized_name(
+    ident: &syn::Ident,
+    field: &FieldSerde,
+    rename_all: Option<&str>,
+) -> String {
     if let Some(name) = &field.rename {
         return name.clone();
     }

@@ -17,7 +17,7 @@ use crate::message::BrokeredMessage;
 use crate::partition_key::{self, PartitionKeyPath};
 
 /// Cosmos's limit on operations in one TransactionalBatch.
-pub const MAX_BATCH_OPERATIONS: usize = 100;
+pub(crate) const MAX_BATCH_OPERATIONS: usize = 100;
 
 /// The Atomic-Write Handle of a participant delivery: the partition and the operations staged so
 /// far. Staging and counting are one action (catalog R2.08).

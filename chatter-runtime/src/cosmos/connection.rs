@@ -254,15 +254,6 @@ impl CosmosConnection {
     pub fn container_derivations(&self) -> usize {
         self.inner.derivations.load(Ordering::Relaxed)
     }
-
-    /// Forgets the cached handle of one container (e.g. after it was deleted and recreated).
-    pub fn forget_container(&self, database: &str, container: &str) {
-        self.inner
-            .containers
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(&(database.to_owned(), container.to_owned()));
-    }
 }
 
 fn env_value(name: &str) -> Option<String> {

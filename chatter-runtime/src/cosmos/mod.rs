@@ -17,9 +17,9 @@ mod error;
 pub mod provision;
 pub(crate) mod store;
 
-pub use connection::{CosmosConnection, EMULATOR_KEY};
 #[cfg(feature = "embedded")]
 pub use connection::EMBEDDED_ENDPOINT;
+pub use connection::{CosmosConnection, EMULATOR_KEY};
 pub use error::{CosmosStoreError, ENDPOINT_ENV, KEY_ENV};
 pub use store::{ReadOutcome, read_item};
 
@@ -28,7 +28,7 @@ pub use crate::partition_key::sdk_key as partition_key;
 
 /// The ids chatter gives the documents it writes beside yours, to read them back by id: the
 /// inbox marker of a message id, and the Outbox Document of a sent message's id.
-pub use crate::document::{inbox_id, outbox_id};
+pub use crate::document::id::{inbox_id, outbox_id};
 
 /// The SDK types that appear in this module's signatures.
 pub use azure_data_cosmos::clients::ContainerClient;

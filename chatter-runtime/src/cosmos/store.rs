@@ -7,15 +7,15 @@
 
 use azure_data_cosmos::TransactionalBatch;
 use azure_data_cosmos::clients::ContainerClient;
-use azure_data_cosmos::models::{PartitionKey, PatchInstructions, PatchOperation, TimeToLive};
-use azure_data_cosmos::options::{ItemWriteOptions, PatchItemOptions, PatchStrategy, Precondition};
+use azure_data_cosmos::models::{PartitionKey, PatchInstructions, PatchOperation};
+use azure_data_cosmos::options::{PatchItemOptions, PatchStrategy};
 use serde_json::Value;
 
 use super::error::CosmosStoreError;
 
 /// HTTP status of a transactional-batch operation that was not applied because another
 /// operation of the same batch failed.
-pub const FAILED_DEPENDENCY: u16 = 424;
+pub(crate) const FAILED_DEPENDENCY: u16 = 424;
 
 /// Runs one store call, failing it with [`CosmosStoreError::Timeout`] past `timeout` (the call
 /// is cancelled).
@@ -54,7 +54,7 @@ pub enum BatchOperation {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchOperationOutcome {
     /// HTTP status of the operation: 2xx when applied, the failing operation's own status
-    /// (e.g. 409), and [`FAILED_DEPENDENCY`] (424) for the operations rolled back with it.
+    /// (e.g. 409), and `FAILED_DEPENDENCY` (424) for the operations rolled back with it.
     pub status: u16,
     /// Cosmos sub-status, when given.
     pub sub_status: Option<u32>,
@@ -92,7 +92,7 @@ impl BatchOutcome {
     }
 
     /// The operation that made the batch fail: the first one whose status is neither 2xx nor
-    /// [`FAILED_DEPENDENCY`], with its index.
+    /// `FAILED_DEPENDENCY`, with its index.
     pub fn failed_operation(&self) -> Option<(usize, &BatchOperationOutcome)> {
         self.operations
             .iter()
@@ -253,45 +253,6 @@ pub async fn upsert_item(
         .map_err(|e| CosmosStoreError::request(OPERATION, e))
 }
 
-/// Replaces document `id` with `doc`; with `if_match`, only while its ETag is that one
-/// (412 otherwise). 404 if it does not exist.
-pub async fn replace_item(
-    container: &ContainerClient,
-    partition_key: PartitionKey,
-    id: &str,
-    doc: &Value,
-    if_match: Option<&str>,
-) -> Result<WriteOutcome, CosmosStoreError> {
-    const OPERATION: &str = "replace_item";
-    let options = if_match.map(|etag| {
-        ItemWriteOptions::default().with_precondition(Precondition::if_match(etag.to_owned()))
-    });
-    container
-        .replace_item(partition_key, id, doc, options)
-        .await
-        .map(|response| write_outcome(&response))
-        .map_err(|e| CosmosStoreError::request(OPERATION, e))
-}
-
-/// Deletes document `id`; with `if_match`, only while its ETag is that one (412 otherwise).
-/// 404 if it does not exist.
-pub async fn delete_item(
-    container: &ContainerClient,
-    partition_key: PartitionKey,
-    id: &str,
-    if_match: Option<&str>,
-) -> Result<(), CosmosStoreError> {
-    const OPERATION: &str = "delete_item";
-    let options = if_match.map(|etag| {
-        ItemWriteOptions::default().with_precondition(Precondition::if_match(etag.to_owned()))
-    });
-    container
-        .delete_item(partition_key, id, options)
-        .await
-        .map(|_| ())
-        .map_err(|e| CosmosStoreError::request(OPERATION, e))
-}
-
 /// Patches document `id` with one server-side PATCH request made of `Set` operations, applied
 /// in the given order (e.g. `[("/status", "delivered"), ("/ttl", 86400)]`). 404 if the
 /// document does not exist.
@@ -328,32 +289,45 @@ pub struct ContainerSettings {
     pub partition_key_paths: Vec<String>,
 }
 
-/// Reads the container's `defaultTtl` and partition-key paths.
+/// Reads the container's `defaultTtl` and partition-key paths in one request: the one reader
+/// of container properties (provisioning and the Monitored Container Contract both use it).
+///
+/// Every integer `defaultTtl` is taken as the service reports it (the SDK's own model refuses
+/// `0` and values below `-1`), so such a container is reported as the TTL violation it is
+/// rather than as unreadable.
 pub async fn read_container_properties(
     container: &ContainerClient,
 ) -> Result<ContainerSettings, CosmosStoreError> {
     const OPERATION: &str = "read_container";
-    let properties = container
+    let resource: ContainerResource = container
         .read(None)
         .await
         .map_err(|e| CosmosStoreError::request(OPERATION, e))?
-        .into_model()
+        .into_body()
+        .into_single()
         .map_err(|e| CosmosStoreError::codec(OPERATION, e))?;
-    let default_ttl = match properties.default_ttl {
-        TimeToLive::NoDefault => Some(-1),
-        TimeToLive::Seconds(seconds) => Some(i64::from(seconds)),
-        _ => None,
-    };
-    let partition_key_paths = properties
-        .partition_key
-        .paths()
-        .iter()
-        .map(|path| path.to_string())
-        .collect();
     Ok(ContainerSettings {
-        default_ttl,
-        partition_key_paths,
+        default_ttl: resource.default_ttl,
+        partition_key_paths: resource
+            .partition_key
+            .and_then(|pk| pk.paths)
+            .unwrap_or_default(),
     })
+}
+
+/// The container resource as chatter reads it: only the two properties it checks.
+#[derive(serde::Deserialize)]
+struct ContainerResource {
+    #[serde(rename = "defaultTtl", default)]
+    default_ttl: Option<i64>,
+    #[serde(rename = "partitionKey", default)]
+    partition_key: Option<PartitionKeyResource>,
+}
+
+#[derive(serde::Deserialize)]
+struct PartitionKeyResource {
+    #[serde(default)]
+    paths: Option<Vec<String>>,
 }
 
 #[cfg(test)]

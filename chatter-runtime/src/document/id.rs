@@ -10,16 +10,16 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use super::DocumentError;
 
 /// The discriminator value and id prefix of Outbox Documents.
-pub const OUTBOX_KIND: &str = "outbox";
+pub(crate) const OUTBOX_KIND: &str = "outbox";
 
 /// The discriminator value and id prefix of Inbox Markers.
-pub const INBOX_KIND: &str = "inbox";
+pub(crate) const INBOX_KIND: &str = "inbox";
 
 /// The Chatter-reserved id prefixes, derived from the kinds.
-pub const RESERVED_ID_PREFIXES: [&str; 2] = ["outbox:", "inbox:"];
+pub(crate) const RESERVED_ID_PREFIXES: [&str; 2] = ["outbox:", "inbox:"];
 
 /// Cosmos DB's maximum item-id length, in characters.
-pub const MAX_ITEM_ID_LENGTH: usize = 1023;
+pub(crate) const MAX_ITEM_ID_LENGTH: usize = 1023;
 
 /// The Cosmos-forbidden item-id characters.
 const FORBIDDEN_ID_CHARS: [char; 4] = ['/', '\\', '?', '#'];
@@ -29,7 +29,7 @@ const FORBIDDEN_ID_CHARS: [char; 4] = ['/', '\\', '?', '#'];
 /// ```
 /// assert_eq!(chatter_runtime::document::encode("msg-1"), "bXNnLTE");
 /// ```
-pub fn encode(message_id: &str) -> String {
+pub(crate) fn encode(message_id: &str) -> String {
     URL_SAFE_NO_PAD.encode(message_id.as_bytes())
 }
 
@@ -39,7 +39,7 @@ pub fn encode(message_id: &str) -> String {
 /// [`DocumentError::MissingKind`] for an empty or whitespace kind, [`DocumentError::InvalidKind`]
 /// for a kind holding `/`, `\`, `?` or `#`, [`DocumentError::IdTooLong`] when the composed id is
 /// over [`MAX_ITEM_ID_LENGTH`] characters.
-pub fn build(kind: &str, message_id: &str) -> Result<String, DocumentError> {
+pub(crate) fn build(kind: &str, message_id: &str) -> Result<String, DocumentError> {
     if kind.trim().is_empty() {
         return Err(DocumentError::MissingKind);
     }
@@ -74,7 +74,7 @@ pub fn inbox_id(message_id: &str) -> Result<String, DocumentError> {
 }
 
 /// Whether `id` starts (ordinal, case-sensitive) with a reserved prefix, `outbox:` or `inbox:`.
-pub fn is_reserved_id(id: &str) -> bool {
+pub(crate) fn is_reserved_id(id: &str) -> bool {
     RESERVED_ID_PREFIXES
         .iter()
         .any(|prefix| id.starts_with(prefix))
@@ -85,7 +85,7 @@ pub fn is_reserved_id(id: &str) -> bool {
 ///
 /// # Errors
 /// [`DocumentError::ReservedId`] naming the id.
-pub fn guard_not_reserved(id: &str) -> Result<(), DocumentError> {
+pub(crate) fn guard_not_reserved(id: &str) -> Result<(), DocumentError> {
     if is_reserved_id(id) {
         return Err(DocumentError::ReservedId { id: id.to_owned() });
     }

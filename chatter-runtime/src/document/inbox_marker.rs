@@ -9,15 +9,13 @@ use super::outbox::{DISCRIMINATOR_FIELD, ID_FIELD, MESSAGE_ID_FIELD, TTL_FIELD};
 use super::{DocumentError, format_utc_timestamp, id};
 
 /// The field holding the instant the marker was stamped.
-pub const RECEIVED_AT_UTC_FIELD: &str = "ReceivedAtUtc";
+pub(crate) const RECEIVED_AT_UTC_FIELD: &str = "ReceivedAtUtc";
 /// The two-phase completion flag of a Claimed Inbox Marker.
-pub const COMPLETED_FIELD: &str = "Completed";
-/// The default partition-key path of the standalone inbox's idempotency container.
-pub const DEFAULT_IDEMPOTENCY_KEY_PATH: &str = "/idempotencyKey";
+pub(crate) const COMPLETED_FIELD: &str = "Completed";
 
 /// The root fields a partition-key path must not target on an Inbox Marker (0.3, R2.90), in the
 /// C# declaration order. `ttl` and `Completed` are deliberately not reserved.
-pub const INBOX_MARKER_RESERVED_ROOT_FIELDS: [&str; 4] = [
+pub(crate) const INBOX_MARKER_RESERVED_ROOT_FIELDS: [&str; 4] = [
     ID_FIELD,
     DISCRIMINATOR_FIELD,
     MESSAGE_ID_FIELD,
@@ -63,7 +61,7 @@ fn base_marker(
 /// # Errors
 /// [`DocumentError::IdTooLong`], [`DocumentError::TimestampOutOfRange`], or a stamping error
 /// (reserved roots: [`INBOX_MARKER_RESERVED_ROOT_FIELDS`]).
-pub fn inbox_marker(
+pub(crate) fn inbox_marker(
     message_id: &str,
     pk_paths: &[impl AsRef<str>],
     pk_values: &[Value],
@@ -79,45 +77,10 @@ pub fn inbox_marker(
     Ok(Value::Object(doc))
 }
 
-/// The Claimed Inbox Marker (0.4) of the standalone inbox: the marker fields, `ttl` only when
-/// `ttl_seconds` is positive, `Completed`, then the raw message id as the partition value at the
-/// single-segment `pk_path` (default [`DEFAULT_IDEMPOTENCY_KEY_PATH`]).
-///
-/// # Errors
-/// As [`inbox_marker`]; a path rooted at a marker field is a stamping error (R7.11).
-pub fn claimed_inbox_marker(
-    message_id: &str,
-    pk_path: &str,
-    received_at: OffsetDateTime,
-    ttl_seconds: Option<i32>,
-    completed: bool,
-) -> Result<Value, DocumentError> {
-    let mut doc = base_marker(message_id, received_at, ttl_seconds, Some(completed))?;
-    let value = Value::String(message_id.to_owned());
-    crate::partition_key::stamp(
-        &mut doc,
-        &[pk_path],
-        &[value],
-        &INBOX_MARKER_RESERVED_ROOT_FIELDS,
-    )?;
-    Ok(Value::Object(doc))
-}
-
-/// The root fields the standalone inbox must reject as a partition-key root at registration: every
-/// field a Claimed Inbox Marker renders, so `ttl` only when a positive TTL is configured.
-pub fn standalone_reserved_root_fields(ttl_seconds: Option<i32>) -> Vec<&'static str> {
-    let mut fields = INBOX_MARKER_RESERVED_ROOT_FIELDS.to_vec();
-    if ttl_seconds.is_some_and(|ttl| ttl > 0) {
-        fields.push(TTL_FIELD);
-    }
-    fields.push(COMPLETED_FIELD);
-    fields
-}
-
 /// Whether a conflicting document is a genuine Chatter Inbox Marker for `message_id`: a JSON
 /// object whose `_chatterType` is the string `"inbox"` and whose `MessageId` is the string
 /// `message_id` (ordinal). Anything else is not (R2.15–R2.20, R7.24, R7.25).
-pub fn is_genuine_inbox_marker(doc: &Value, message_id: &str) -> bool {
+pub(crate) fn is_genuine_inbox_marker(doc: &Value, message_id: &str) -> bool {
     let Some(object) = doc.as_object() else {
         return false;
     };
@@ -250,83 +213,6 @@ mod tests {
         assert!(matches!(err, DocumentError::IdTooLong { .. }));
     }
 
-    // 0.4 golden; R7.36
-    #[test]
-    fn claimed_marker_serializes_byte_for_byte_to_the_catalog_shape() {
-        let doc =
-            claimed_inbox_marker("msg-1", DEFAULT_IDEMPOTENCY_KEY_PATH, AT, None, false).unwrap();
-        assert_eq!(
-            to_json_string(&doc),
-            r#"{"id":"inbox:bXNnLTE","_chatterType":"inbox","MessageId":"msg-1","ReceivedAtUtc":"2026-06-15T00:00:00.1234567Z","Completed":false,"idempotencyKey":"msg-1"}"#
-        );
-    }
-
-    // R7.37, R2.88
-    #[test]
-    fn claimed_marker_carries_a_positive_ttl_as_an_integer_before_completed() {
-        let doc =
-            claimed_inbox_marker("msg-1", "/idempotencyKey", AT, Some(604_800), false).unwrap();
-        assert_eq!(
-            to_json_string(&doc),
-            r#"{"id":"inbox:bXNnLTE","_chatterType":"inbox","MessageId":"msg-1","ReceivedAtUtc":"2026-06-15T00:00:00.1234567Z","ttl":604800,"Completed":false,"idempotencyKey":"msg-1"}"#
-        );
-        assert!(doc["ttl"].is_i64());
-    }
-
-    // R7.38, R2.88
-    #[test]
-    fn claimed_marker_omits_a_zero_or_negative_ttl() {
-        for ttl in [Some(0), Some(-1), None] {
-            let doc = claimed_inbox_marker("m", "/idempotencyKey", AT, ttl, false).unwrap();
-            assert!(doc.get("ttl").is_none(), "{ttl:?}");
-        }
-    }
-
-    // R2.87
-    #[test]
-    fn claimed_marker_completed_flag_is_rendered_as_given() {
-        let done = claimed_inbox_marker("m", "/idempotencyKey", AT, None, true).unwrap();
-        assert_eq!(done["Completed"], json!(true));
-        let pending = claimed_inbox_marker("m", "/idempotencyKey", AT, None, false).unwrap();
-        assert_eq!(pending["Completed"], json!(false));
-    }
-
-    // R7.11
-    #[test]
-    fn claimed_marker_rejects_a_reserved_marker_root() {
-        assert!(claimed_inbox_marker("m", "/MessageId", AT, None, false).is_err());
-    }
-
-    // R7.09, R7.10, R7.12
-    #[test]
-    fn standalone_reserved_roots_include_ttl_only_with_a_positive_ttl() {
-        assert_eq!(
-            standalone_reserved_root_fields(None),
-            [
-                "id",
-                "_chatterType",
-                "MessageId",
-                "ReceivedAtUtc",
-                "Completed"
-            ]
-        );
-        assert_eq!(
-            standalone_reserved_root_fields(Some(0)),
-            standalone_reserved_root_fields(None)
-        );
-        assert_eq!(
-            standalone_reserved_root_fields(Some(3600)),
-            [
-                "id",
-                "_chatterType",
-                "MessageId",
-                "ReceivedAtUtc",
-                "ttl",
-                "Completed"
-            ]
-        );
-    }
-
     // R2.15, R7.21
     #[test]
     fn genuine_marker_for_the_same_message_is_confirmed() {
@@ -336,8 +222,6 @@ mod tests {
         ));
         let built = inbox_marker("msg-1", &["/p"], &[json!(1)], AT).unwrap();
         assert!(is_genuine_inbox_marker(&built, "msg-1"));
-        let claimed = claimed_inbox_marker("msg-1", "/idempotencyKey", AT, None, true).unwrap();
-        assert!(is_genuine_inbox_marker(&claimed, "msg-1"));
     }
 
     // R2.16, R2.17, R2.20, R7.24, R7.25

@@ -22,7 +22,7 @@ use super::DocumentError;
 
 /// A compact serde_json formatter with `ChatterJson.Options` escaping (see the module docs).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ChatterJsonFormatter;
+pub(crate) struct ChatterJsonFormatter;
 
 const HEX_UPPER: &[u8; 16] = b"0123456789ABCDEF";
 
@@ -72,7 +72,7 @@ impl Formatter for ChatterJsonFormatter {
 
 /// Serializes `value` as `ChatterJson.Options` would: compact, insertion-ordered keys, minimal
 /// escaping (see the module docs). These are the bytes Chatter hands the store.
-pub fn to_json_vec(value: &Value) -> Vec<u8> {
+pub(crate) fn to_json_vec(value: &Value) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
     let mut serializer = serde_json::Serializer::with_formatter(&mut out, ChatterJsonFormatter);
     // Serializing a `Value` into a `Vec` cannot fail: object keys are strings, numbers are
@@ -85,7 +85,7 @@ pub fn to_json_vec(value: &Value) -> Vec<u8> {
 }
 
 /// [`to_json_vec`] as a string.
-pub fn to_json_string(value: &Value) -> String {
+pub(crate) fn to_json_string(value: &Value) -> String {
     // The formatter writes whole `&str` fragments and ASCII escapes only: always UTF-8.
     String::from_utf8(to_json_vec(value))
         .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
@@ -98,7 +98,7 @@ pub fn to_json_string(value: &Value) -> String {
 ///
 /// # Errors
 /// [`DocumentError::TimestampOutOfRange`] outside the years 0001–9999 (after conversion to UTC).
-pub fn format_utc_timestamp(instant: OffsetDateTime) -> Result<String, DocumentError> {
+pub(crate) fn format_utc_timestamp(instant: OffsetDateTime) -> Result<String, DocumentError> {
     let utc = instant.checked_to_offset(UtcOffset::UTC);
     let Some(utc) = utc.filter(|t| (1..=9999).contains(&t.year())) else {
         return Err(DocumentError::TimestampOutOfRange {

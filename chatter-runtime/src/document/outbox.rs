@@ -7,39 +7,37 @@ use super::{DocumentError, id, to_json_string};
 use crate::message::BrokeredMessage;
 
 /// The document-id field (Cosmos requires `id`).
-pub const ID_FIELD: &str = "id";
+pub(crate) const ID_FIELD: &str = "id";
 /// The Chatter discriminator field.
-pub const DISCRIMINATOR_FIELD: &str = "_chatterType";
+pub(crate) const DISCRIMINATOR_FIELD: &str = "_chatterType";
 /// The delivery-state field.
-pub const STATUS_FIELD: &str = "status";
+pub(crate) const STATUS_FIELD: &str = "status";
 /// The initial delivery state: the relay publishes only pending documents.
-pub const STATUS_PENDING: &str = "pending";
+pub(crate) const STATUS_PENDING: &str = "pending";
 /// The default delivered state the relay stamps after a publish.
-pub const STATUS_DELIVERED: &str = "delivered";
+pub(crate) const STATUS_DELIVERED: &str = "delivered";
 /// The state the relay stamps on a document the Outbox Document Contract rejects.
-pub const STATUS_UNDELIVERABLE: &str = "undeliverable";
+pub(crate) const STATUS_UNDELIVERABLE: &str = "undeliverable";
 /// The Cosmos per-document time-to-live field.
-pub const TTL_FIELD: &str = "ttl";
-/// The Cosmos last-write timestamp field (Unix seconds), written by Cosmos, read by the relay.
-pub const TIMESTAMP_FIELD: &str = "_ts";
+pub(crate) const TTL_FIELD: &str = "ttl";
 /// The verbatim message-id field.
-pub const MESSAGE_ID_FIELD: &str = "MessageId";
+pub(crate) const MESSAGE_ID_FIELD: &str = "MessageId";
 /// The destination field.
-pub const DESTINATION_FIELD: &str = "Destination";
+pub(crate) const DESTINATION_FIELD: &str = "Destination";
 /// The body field (the body rendered as a string).
-pub const MESSAGE_BODY_FIELD: &str = "MessageBody";
+pub(crate) const MESSAGE_BODY_FIELD: &str = "MessageBody";
 /// The content-type field.
-pub const MESSAGE_CONTENT_TYPE_FIELD: &str = "MessageContentType";
+pub(crate) const MESSAGE_CONTENT_TYPE_FIELD: &str = "MessageContentType";
 /// The message-context field: a JSON *string* holding the serialized context.
-pub const MESSAGE_CONTEXT_FIELD: &str = "MessageContext";
+pub(crate) const MESSAGE_CONTEXT_FIELD: &str = "MessageContext";
 /// The context key carrying the content type.
-pub const CONTENT_TYPE_CONTEXT_KEY: &str = "Chatter.ContentType";
+pub(crate) const CONTENT_TYPE_CONTEXT_KEY: &str = "Chatter.ContentType";
 /// The context key naming the messaging infrastructure.
-pub const INFRASTRUCTURE_TYPE_CONTEXT_KEY: &str = "Chatter.Infrastructure.Type";
+pub(crate) const INFRASTRUCTURE_TYPE_CONTEXT_KEY: &str = "Chatter.Infrastructure.Type";
 
 /// The root fields a partition-key path must not target on an Outbox Document (R2.68), in the
 /// C# declaration order (the order its error message lists them in).
-pub const OUTBOX_RESERVED_ROOT_FIELDS: [&str; 8] = [
+pub(crate) const OUTBOX_RESERVED_ROOT_FIELDS: [&str; 8] = [
     ID_FIELD,
     DISCRIMINATOR_FIELD,
     STATUS_FIELD,
@@ -52,7 +50,7 @@ pub const OUTBOX_RESERVED_ROOT_FIELDS: [&str; 8] = [
 
 /// The paths the relay patches on every drained document; a container partitioned on one of
 /// them can never be stamped (Area 4).
-pub const RELAY_STAMPED_PATHS: [&str; 2] = ["/status", "/ttl"];
+pub(crate) const RELAY_STAMPED_PATHS: [&str; 2] = ["/status", "/ttl"];
 
 /// The fields every pending Outbox Document starts with, in the catalog's order: `id`,
 /// `_chatterType`, `status`, `MessageId` (shared by the full document and the thin trigger).
@@ -108,8 +106,8 @@ impl OutboxDocument {
     /// The JSON body, keys in the section-0.2 order, partition values stamped at `pk_paths`.
     ///
     /// # Errors
-    /// The stamping errors of [`partition_key::stamp`](crate::partition_key::stamp), with the outbox reserved
-    /// roots ([`OUTBOX_RESERVED_ROOT_FIELDS`]).
+    /// The stamping errors of `partition_key::stamp`, with the outbox reserved
+    /// roots (`OUTBOX_RESERVED_ROOT_FIELDS`).
     pub fn to_json(
         &self,
         pk_paths: &[impl AsRef<str>],
@@ -147,21 +145,6 @@ impl OutboxDocument {
         pk_values: &[Value],
     ) -> Result<Value, DocumentError> {
         Self::from_message(message)?.to_json(pk_paths, pk_values)
-    }
-
-    /// The thin trigger of the standalone relay with a body resolver (0.2): id, discriminator,
-    /// `pending`, the message id and the partition values, nothing else.
-    ///
-    /// # Errors
-    /// As [`Self::build`].
-    pub fn thin_trigger(
-        message_id: &str,
-        pk_paths: &[impl AsRef<str>],
-        pk_values: &[Value],
-    ) -> Result<Value, DocumentError> {
-        let mut doc = pending_header(id::outbox_id(message_id)?, message_id.to_owned());
-        crate::partition_key::stamp(&mut doc, pk_paths, pk_values, &OUTBOX_RESERVED_ROOT_FIELDS)?;
-        Ok(Value::Object(doc))
     }
 
     /// Reads the fields of a persisted Outbox Document (extra fields, such as the partition
@@ -253,7 +236,7 @@ fn malformed(reason: &str) -> DocumentError {
 /// The relay's pending gate (R3.01–R3.07): an object whose `_chatterType` is the string
 /// `"outbox"`, whose `status` is the string `"pending"`, and whose `id` is exactly the id Chatter
 /// mints for its non-empty string `MessageId`. Ordinal comparisons; never fails.
-pub fn is_pending_outbox(doc: &Value) -> bool {
+pub(crate) fn is_pending_outbox(doc: &Value) -> bool {
     let Some(object) = doc.as_object() else {
         return false;
     };
@@ -458,16 +441,6 @@ mod tests {
             &[json!(1)],
         );
         assert!(matches!(err, Err(DocumentError::IdTooLong { .. })));
-    }
-
-    #[test]
-    fn thin_trigger_has_only_the_trigger_fields() {
-        let doc = OutboxDocument::thin_trigger("msg-1", &["/tenantId"], &[json!("t")]).unwrap();
-        assert_eq!(
-            to_json_string(&doc),
-            r#"{"id":"outbox:bXNnLTE","_chatterType":"outbox","status":"pending","MessageId":"msg-1","tenantId":"t"}"#
-        );
-        assert!(is_pending_outbox(&doc));
     }
 
     #[test]

@@ -1,8 +1,7 @@
 //! Errors of the document tier: staging (returned to the handler) and the batch lifecycle.
 
-use crate::broker::BrokerError;
 use crate::cosmos::CosmosStoreError;
-use crate::document::{ContractViolations, DocumentError};
+use crate::document::DocumentError;
 use crate::registry::BoxError;
 
 /// Why a delivery was not handled.

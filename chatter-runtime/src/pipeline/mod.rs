@@ -15,13 +15,13 @@ use std::sync::Arc;
 use serde_json::Value;
 use time::OffsetDateTime;
 
+use crate::atomic_write::{AtomicWriteHandle, HandlerContext};
 use crate::broker::Broker;
 use crate::cosmos::store::{self, BatchOperation};
 use crate::cosmos::{CosmosConnection, ReadOutcome};
 use crate::document;
 use crate::partition_key;
 use crate::registry::RegisteredCommand;
-use crate::atomic_write::{AtomicWriteHandle, HandlerContext};
 
 /// How a delivery ended when it did not fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,7 +41,7 @@ pub enum Outcome {
 
 /// Runs handlers inside the batch lifecycle.
 #[derive(Clone)]
-pub struct Pipeline {
+pub(crate) struct Pipeline {
     cosmos: CosmosConnection,
     broker: Arc<dyn Broker>,
 }
@@ -56,12 +56,12 @@ impl std::fmt::Debug for Pipeline {
 
 impl Pipeline {
     /// A pipeline writing through `cosmos` and publishing pass-through messages on `broker`.
-    pub fn new(cosmos: CosmosConnection, broker: Arc<dyn Broker>) -> Self {
+    pub(crate) fn new(cosmos: CosmosConnection, broker: Arc<dyn Broker>) -> Self {
         Self { cosmos, broker }
     }
 
     /// Handles one delivery of `command` whose body (the command's JSON) is `body`.
-    pub async fn handle(
+    pub(crate) async fn handle(
         &self,
         command: &RegisteredCommand,
         body: Value,

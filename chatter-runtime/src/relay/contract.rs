@@ -23,9 +23,7 @@
 
 use std::fmt;
 
-use serde::Deserialize;
-
-use crate::cosmos::store::ContainerSettings;
+use crate::cosmos::store::{self, ContainerSettings};
 use crate::cosmos::{ContainerClient, CosmosConnection, CosmosStoreError};
 use crate::document::outbox::RELAY_STAMPED_PATHS;
 use crate::partition_key;
@@ -160,7 +158,7 @@ pub async fn verify(
     container_id: &str,
     declared_paths: &[impl AsRef<str>],
 ) -> Result<(), MonitoredContainerError> {
-    let settings = read_settings(container)
+    let settings = store::read_container_properties(container)
         .await
         .map_err(|source| MonitoredContainerError::Unreadable {
             database: database.to_owned(),
@@ -168,45 +166,6 @@ pub async fn verify(
             source: Box::new(source),
         })?;
     check(database, container_id, declared_paths, &settings)
-}
-
-/// The container resource as the contract reads it: only the two properties it checks, each
-/// taken as the service reports it.
-#[derive(Deserialize)]
-struct ContainerResource {
-    #[serde(rename = "defaultTtl", default)]
-    default_ttl: Option<i64>,
-    #[serde(rename = "partitionKey", default)]
-    partition_key: Option<PartitionKeyResource>,
-}
-
-#[derive(Deserialize)]
-struct PartitionKeyResource {
-    #[serde(default)]
-    paths: Option<Vec<String>>,
-}
-
-/// Reads the container's `defaultTtl` and partition-key paths in one request.
-///
-/// Unlike [`crate::cosmos::read_container_properties`] (the SDK model, which refuses a
-/// `defaultTtl` of `0` or below `-1`), every integer `defaultTtl` is accepted here, so such a
-/// container is reported as the TTL violation it is rather than as unreadable.
-async fn read_settings(container: &ContainerClient) -> Result<ContainerSettings, CosmosStoreError> {
-    const OPERATION: &str = "read_container";
-    let resource: ContainerResource = container
-        .read(None)
-        .await
-        .map_err(|e| CosmosStoreError::request(OPERATION, e))?
-        .into_body()
-        .into_single()
-        .map_err(|e| CosmosStoreError::codec(OPERATION, e))?;
-    Ok(ContainerSettings {
-        default_ttl: resource.default_ttl,
-        partition_key_paths: resource
-            .partition_key
-            .and_then(|pk| pk.paths)
-            .unwrap_or_default(),
-    })
 }
 
 /// The three checks of the contract on already-read container settings (what [`verify`] runs

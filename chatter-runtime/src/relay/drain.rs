@@ -46,7 +46,7 @@ pub struct DrainReport {
 /// Why a pending Outbox Document was stamped `undeliverable`.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
-pub enum UndeliverableReason {
+pub(crate) enum UndeliverableReason {
     /// The document's own fields violate the Outbox Document Contract.
     #[error(transparent)]
     Contract(ContractViolations),
@@ -135,7 +135,7 @@ pub struct Drain {
 }
 
 /// The default bound of one publish and of one stamp.
-pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl std::fmt::Debug for Drain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -170,7 +170,7 @@ impl Drain {
     }
 
     /// Bounds each publish (broker confirm included) by `publish` and each stamp by `store`
-    /// (defaults [`DEFAULT_DRAIN_TIMEOUT`]). A publish past its bound fails the page like any
+    /// (defaults `DEFAULT_DRAIN_TIMEOUT`). A publish past its bound fails the page like any
     /// failed publish; a stamp past its bound is a failed stamp.
     pub fn with_timeouts(mut self, publish: Duration, store: Duration) -> Self {
         self.publish_timeout = publish;

@@ -5,7 +5,6 @@
 //! Container Contract before any processor is built, so the relay never starts degraded.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use cosmos_change_feed::{
     ChangeFeedError, ChangeFeedProcessor, LeaseFault, LeaseStatus, RunningProcessor,
@@ -16,8 +15,8 @@ use super::contract::{self, MonitoredContainersError};
 use super::delivery::DeliverySettingsError;
 use super::diagnostics;
 use super::drain::{Drain, DrainError};
-use super::options::RelayOptions;
 use super::identity::{self, RelaySource};
+use super::options::RelayOptions;
 use super::suspension::DrainGate;
 use crate::broker::Broker;
 use crate::cosmos::{CosmosConnection, CosmosStoreError};
@@ -67,13 +66,13 @@ pub enum RelayError {
 
 /// The running relays.
 #[derive(Debug)]
-pub struct RelayHost {
+pub(crate) struct RelayHost {
     processors: Vec<(RunningProcessor, Arc<DrainGate>)>,
 }
 
 impl RelayHost {
     /// Verifies every monitored container, then starts one processor per source.
-    pub async fn start(
+    pub(crate) async fn start(
         cosmos: &CosmosConnection,
         broker: Arc<dyn Broker>,
         sources: &[RelaySource],
@@ -106,16 +105,8 @@ impl RelayHost {
         Ok(Self { processors })
     }
 
-    /// The processors' names, one per source.
-    pub fn processor_names(&self) -> Vec<&str> {
-        self.processors
-            .iter()
-            .map(|(p, _)| p.processor_name())
-            .collect()
-    }
-
     /// The lease tokens this instance drains now, per processor.
-    pub fn owned_leases(&self) -> Vec<(String, Vec<String>)> {
+    pub(crate) fn owned_leases(&self) -> Vec<(String, Vec<String>)> {
         self.processors
             .iter()
             .map(|(p, _)| (p.processor_name().to_owned(), p.owned_leases()))
@@ -124,7 +115,7 @@ impl RelayHost {
 
     /// Every lease this instance owns: its processor, its progress and fault, and whether it is
     /// under a Drain Suspension.
-    pub fn lease_statuses(&self) -> Vec<(String, LeaseStatus, bool)> {
+    pub(crate) fn lease_statuses(&self) -> Vec<(String, LeaseStatus, bool)> {
         let mut statuses = Vec::new();
         for (processor, gate) in &self.processors {
             for status in processor.lease_statuses() {
@@ -136,7 +127,7 @@ impl RelayHost {
     }
 
     /// The leases under a Drain Suspension now, per processor (only processors with one).
-    pub fn suspended_leases(&self) -> Vec<(String, Vec<String>)> {
+    pub(crate) fn suspended_leases(&self) -> Vec<(String, Vec<String>)> {
         self.processors
             .iter()
             .filter_map(|(p, gate)| {
@@ -147,7 +138,7 @@ impl RelayHost {
     }
 
     /// Stops every processor, finishing pages in flight and releasing leases.
-    pub async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         for (processor, _) in self.processors {
             processor.shutdown().await;
         }

@@ -19,7 +19,7 @@ use crate::partition_key::PartitionKeyPath;
 use crate::registry::{CommandRegistration, Registry};
 
 /// The prefix of every processor name and instance name the relay uses.
-pub const PROCESSOR_NAME_PREFIX: &str = "chatter-cosmos-outbox-relay:";
+pub(crate) const PROCESSOR_NAME_PREFIX: &str = "chatter-cosmos-outbox-relay:";
 
 /// The identity of one change-feed source: what decides whether two registrations share a
 /// change-feed processor.
@@ -139,7 +139,7 @@ impl SourceIdentity {
 /// The machine name is the kernel host name (`/proc/sys/kernel/hostname`), else
 /// `/etc/hostname`, else the `HOSTNAME` environment variable, else `"localhost"`; like .NET's
 /// `Environment.MachineName` it is cut at the first `.`.
-pub fn instance_name() -> String {
+pub(crate) fn instance_name() -> String {
     format!(
         "{PROCESSOR_NAME_PREFIX}{}:{}",
         machine_name(),

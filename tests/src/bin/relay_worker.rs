@@ -18,9 +18,9 @@ use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, BrokerError, RabbitMqBroker, Subscription};
 use chatter_runtime::cosmos::CosmosConnection;
-use chatter_runtime::message::BrokeredMessage;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
 use chatter_tests::rabbitmq::URI as DEFAULT_RABBITMQ_URI;
 use chatter_tests::relay::fast_relay;
@@ -89,8 +89,7 @@ async fn run() -> Result<(), BoxError> {
     let hang = env("CHATTER_TEST_HANG_AFTER_PUBLISH").as_deref() == Some("1");
 
     let expiry = Duration::from_millis(expiry_ms);
-    let mut options = fast_relay(expiry);
-    options.processor = options.processor.with_lease_renew_interval(expiry / 4);
+    let options = fast_relay(expiry).lease_renew_interval(expiry / 4);
     let cosmos = CosmosConnection::connect(&endpoint, None).await?;
     // It may start while the broker is cut off (the chaos test): wait for it.
     let rabbitmq = RabbitMqBroker::connect_retrying(&uri, Duration::from_secs(60)).await?;

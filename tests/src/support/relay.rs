@@ -2,19 +2,15 @@
 
 use std::time::Duration;
 
-use chatter_runtime::relay::host::RelayOptions;
-use cosmos_change_feed::ChangeFeedProcessorOptions;
+use chatter_runtime::RelayOptions;
 
 /// Short relay timings so draining, balancing and hand-overs happen within seconds: poll every
 /// 100 ms, renew owned leases every 400 ms, try to acquire leases every 250 ms, leases expire
 /// after `lease_expiry`; default delivery settings.
 pub fn fast_relay(lease_expiry: Duration) -> RelayOptions {
-    RelayOptions {
-        processor: ChangeFeedProcessorOptions::default()
-            .with_poll_interval(Duration::from_millis(100))
-            .with_lease_expiry(lease_expiry)
-            .with_lease_renew_interval(Duration::from_millis(400))
-            .with_lease_acquire_interval(Duration::from_millis(250)),
-        ..RelayOptions::default()
-    }
+    RelayOptions::default()
+        .poll_interval(Duration::from_millis(100))
+        .lease_expiry(lease_expiry)
+        .lease_renew_interval(Duration::from_millis(400))
+        .lease_acquire_interval(Duration::from_millis(250))
 }

@@ -79,7 +79,7 @@ pub async fn outbox_document(
     key: &[Value],
     message_id: &str,
 ) -> Value {
-    let id = chatter_runtime::document::outbox_id(message_id).unwrap();
+    let id = chatter_runtime::cosmos::outbox_id(message_id).unwrap();
     find_document(container, key, &id)
         .await
         .unwrap_or_else(|| panic!("outbox document {id} exists"))
