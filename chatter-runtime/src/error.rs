@@ -22,6 +22,7 @@ pub use crate::cosmos::CosmosStoreError;
 pub use crate::document::DocumentError;
 pub use crate::document::outbox_contract::{ContractViolation, ContractViolations};
 pub use crate::error_chain::ErrorChain;
+pub use crate::partition_key::PartitionKeyError;
 pub use crate::pipeline::PipelineError;
 pub use crate::registry::{RegistrationProblem, RegistryError};
 pub use crate::relay::contract::{

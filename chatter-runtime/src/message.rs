@@ -2,7 +2,7 @@
 
 use serde_json::{Map, Value};
 
-/// A message as the broker carries it and as an Outbox Document stores it (catalog 0.2).
+/// A message as the broker carries it and as an Outbox Document stores it.
 ///
 /// The body is a string because the Outbox Document stores it as one (`MessageBody`); the relay
 /// republishes it verbatim.

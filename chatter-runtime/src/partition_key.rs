@@ -9,8 +9,78 @@
 use azure_data_cosmos::models::{PartitionKey, PartitionKeyValue};
 use serde_json::{Map, Value};
 
-use crate::cosmos::CosmosStoreError;
-use crate::document::DocumentError;
+/// Why a partition key could not be stamped into a document or built for the SDK.
+///
+/// The stamping texts are the .NET module's, word for word.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PartitionKeyError {
+    /// No partition-key path was given to stamp with.
+    #[error("A container partition-key path is required to stamp the document.")]
+    MissingPartitionKeyPath,
+
+    /// A partition-key path has no property name in it, e.g. `/` or `` (an empty path).
+    #[error("A partition-key path segment must contain at least one property name.")]
+    EmptyPartitionKeyPath {
+        /// The rejected path.
+        path: String,
+    },
+
+    /// The number of values to stamp differs from the number of partition-key paths.
+    #[error(
+        "Expected '{expected}' partition-key value(s) to match the path segment count but got '{actual}'."
+    )]
+    PartitionKeyCountMismatch {
+        /// How many paths the container declares.
+        expected: usize,
+        /// How many values were given.
+        actual: usize,
+    },
+
+    /// A partition-key path's root segment is a field the document itself needs.
+    ///
+    /// `reserved` is rendered the way the C# `string.Join(", ", set)` renders its reserved set:
+    /// insertion order, e.g. `[id, _chatterType, status, MessageId, ...]`.
+    #[error(
+        "The container partition-key path '{path}' targets the Chatter-reserved field '{root}'. A co-resident \
+         document cannot be stamped on a partition-key path whose root segment is one of [{}] without overwriting \
+         a required field. Use a non-reserved partition-key path for the container.",
+        reserved.join(", ")
+    )]
+    ReservedPartitionKeyPath {
+        /// The offending path, as given.
+        path: String,
+        /// Its root segment.
+        root: String,
+        /// The document's reserved root fields, in declaration order.
+        reserved: Vec<String>,
+    },
+
+    /// A partition-key value is not a JSON string, number, boolean or null.
+    #[error(
+        "partition key value {index} is a JSON {kind}; a partition key value must be a string, number, boolean or null"
+    )]
+    InvalidPartitionKeyValue {
+        /// Zero-based position of the value (the hierarchical level).
+        index: usize,
+        /// The JSON kind found (`array` or `object`).
+        kind: &'static str,
+    },
+
+    /// A partition key has no value, or more than the three levels Cosmos allows.
+    #[error("a partition key needs 1 to 3 values (one per partition-key path), got {count}")]
+    PartitionKeyArity {
+        /// How many values were given.
+        count: usize,
+    },
+
+    /// A partition-key number is NaN or infinite.
+    #[error("partition key value {index} is not a finite number")]
+    NonFinitePartitionKeyNumber {
+        /// Zero-based position of the value.
+        index: usize,
+    },
+}
 
 /// The most levels a Cosmos DB partition key has (a hierarchical key of three paths).
 pub(crate) const MAX_LEVELS: usize = 3;
@@ -70,11 +140,11 @@ pub(crate) fn segments(path: &str) -> impl Iterator<Item = &str> {
 /// The first property name of a partition-key path: `/tenant/id` -> `tenant`.
 ///
 /// # Errors
-/// [`DocumentError::EmptyPartitionKeyPath`] when the path names no property (`""`, `/`).
-fn root_segment(path: &str) -> Result<&str, DocumentError> {
+/// [`PartitionKeyError::EmptyPartitionKeyPath`] when the path names no property (`""`, `/`).
+fn root_segment(path: &str) -> Result<&str, PartitionKeyError> {
     segments(path)
         .next()
-        .ok_or_else(|| DocumentError::EmptyPartitionKeyPath {
+        .ok_or_else(|| PartitionKeyError::EmptyPartitionKeyPath {
             path: path.to_owned(),
         })
 }
@@ -107,21 +177,21 @@ pub(crate) fn matches_container(declared: &[impl AsRef<str>], actual: &[String])
 /// intermediate that exists but is not an object is replaced by an object (as the C# does).
 ///
 /// # Errors
-/// [`DocumentError::MissingPartitionKeyPath`] for no paths, [`DocumentError::PartitionKeyCountMismatch`]
-/// when the counts differ, [`DocumentError::EmptyPartitionKeyPath`] for a path without a property
-/// name, [`DocumentError::ReservedPartitionKeyPath`] for a path whose root segment is one of
+/// [`PartitionKeyError::MissingPartitionKeyPath`] for no paths, [`PartitionKeyError::PartitionKeyCountMismatch`]
+/// when the counts differ, [`PartitionKeyError::EmptyPartitionKeyPath`] for a path without a property
+/// name, [`PartitionKeyError::ReservedPartitionKeyPath`] for a path whose root segment is one of
 /// `reserved_roots`.
 pub(crate) fn stamp(
     doc: &mut Map<String, Value>,
     paths: &[impl AsRef<str>],
     values: &[Value],
     reserved_roots: &[&str],
-) -> Result<(), DocumentError> {
+) -> Result<(), PartitionKeyError> {
     if paths.is_empty() {
-        return Err(DocumentError::MissingPartitionKeyPath);
+        return Err(PartitionKeyError::MissingPartitionKeyPath);
     }
     if values.len() != paths.len() {
-        return Err(DocumentError::PartitionKeyCountMismatch {
+        return Err(PartitionKeyError::PartitionKeyCountMismatch {
             expected: paths.len(),
             actual: values.len(),
         });
@@ -130,7 +200,7 @@ pub(crate) fn stamp(
         let path = path.as_ref();
         let root = root_segment(path)?;
         if reserved_roots.contains(&root) {
-            return Err(DocumentError::ReservedPartitionKeyPath {
+            return Err(PartitionKeyError::ReservedPartitionKeyPath {
                 path: path.to_owned(),
                 root: root.to_owned(),
                 reserved: reserved_roots.iter().map(|r| (*r).to_owned()).collect(),
@@ -201,10 +271,10 @@ fn read_one(doc: &Value, path: &str) -> Option<Value> {
 /// [`MAX_LEVELS`].
 ///
 /// # Errors
-/// [`CosmosStoreError::PartitionKeyArity`] naming the count.
-pub(crate) fn check_levels(count: usize) -> Result<(), CosmosStoreError> {
+/// [`PartitionKeyError::PartitionKeyArity`] naming the count.
+pub(crate) fn check_levels(count: usize) -> Result<(), PartitionKeyError> {
     if count == 0 || count > MAX_LEVELS {
-        return Err(CosmosStoreError::PartitionKeyArity { count });
+        return Err(PartitionKeyError::PartitionKeyArity { count });
     }
     Ok(())
 }
@@ -215,21 +285,21 @@ pub(crate) fn check_levels(count: usize) -> Result<(), CosmosStoreError> {
 /// Strings, numbers, booleans and `null` keep their JSON kind; arrays and objects are errors.
 ///
 /// # Errors
-/// [`CosmosStoreError::PartitionKeyArity`], [`CosmosStoreError::InvalidPartitionKeyValue`],
-/// [`CosmosStoreError::NonFinitePartitionKeyNumber`].
-pub fn sdk_key(values: &[Value]) -> Result<PartitionKey, CosmosStoreError> {
+/// [`PartitionKeyError::PartitionKeyArity`], [`PartitionKeyError::InvalidPartitionKeyValue`],
+/// [`PartitionKeyError::NonFinitePartitionKeyNumber`].
+pub fn sdk_key(values: &[Value]) -> Result<PartitionKey, PartitionKeyError> {
     check_levels(values.len())?;
     let components = values
         .iter()
         .enumerate()
         .map(|(index, value)| sdk_value(index, value))
         .collect::<Result<Vec<_>, _>>()?;
-    PartitionKey::try_from(components).map_err(|_| CosmosStoreError::PartitionKeyArity {
+    PartitionKey::try_from(components).map_err(|_| PartitionKeyError::PartitionKeyArity {
         count: values.len(),
     })
 }
 
-fn sdk_value(index: usize, value: &Value) -> Result<PartitionKeyValue, CosmosStoreError> {
+fn sdk_value(index: usize, value: &Value) -> Result<PartitionKeyValue, PartitionKeyError> {
     match value {
         Value::String(text) => Ok(PartitionKeyValue::from(text.clone())),
         Value::Bool(flag) => Ok(PartitionKeyValue::from(*flag)),
@@ -237,12 +307,12 @@ fn sdk_value(index: usize, value: &Value) -> Result<PartitionKeyValue, CosmosSto
         Value::Number(number) => number
             .as_f64()
             .and_then(|n| PartitionKeyValue::try_from(n).ok())
-            .ok_or(CosmosStoreError::NonFinitePartitionKeyNumber { index }),
-        Value::Array(_) => Err(CosmosStoreError::InvalidPartitionKeyValue {
+            .ok_or(PartitionKeyError::NonFinitePartitionKeyNumber { index }),
+        Value::Array(_) => Err(PartitionKeyError::InvalidPartitionKeyValue {
             index,
             kind: "array",
         }),
-        Value::Object(_) => Err(CosmosStoreError::InvalidPartitionKeyValue {
+        Value::Object(_) => Err(PartitionKeyError::InvalidPartitionKeyValue {
             index,
             kind: "object",
         }),
@@ -257,7 +327,7 @@ mod tests {
 
     const RESERVED: &[&str] = &["id", "_chatterType", "status"];
 
-    fn stamped(paths: &[&str], values: &[Value]) -> Result<Value, DocumentError> {
+    fn stamped(paths: &[&str], values: &[Value]) -> Result<Value, PartitionKeyError> {
         let mut doc = Map::new();
         doc.insert("id".into(), json!("x"));
         stamp(&mut doc, paths, values, RESERVED).map(|()| Value::Object(doc))
@@ -336,7 +406,7 @@ mod tests {
     #[test]
     fn empty_path_list_is_rejected_with_the_catalog_text() {
         let err = stamped(&[], &[]).unwrap_err();
-        assert_eq!(err, DocumentError::MissingPartitionKeyPath);
+        assert_eq!(err, PartitionKeyError::MissingPartitionKeyPath);
         assert_eq!(
             err.to_string(),
             "A container partition-key path is required to stamp the document."
@@ -349,7 +419,7 @@ mod tests {
         let err = stamped(&["/a", "/b"], &[json!(1)]).unwrap_err();
         assert_eq!(
             err,
-            DocumentError::PartitionKeyCountMismatch {
+            PartitionKeyError::PartitionKeyCountMismatch {
                 expected: 2,
                 actual: 1
             }
@@ -365,7 +435,7 @@ mod tests {
         for path in ["", "/", "//"] {
             assert_eq!(
                 stamped(&[path], &[json!(1)]).unwrap_err(),
-                DocumentError::EmptyPartitionKeyPath {
+                PartitionKeyError::EmptyPartitionKeyPath {
                     path: path.to_owned()
                 }
             );
@@ -534,7 +604,7 @@ mod tests {
         assert!(
             matches!(
                 err,
-                CosmosStoreError::InvalidPartitionKeyValue {
+                PartitionKeyError::InvalidPartitionKeyValue {
                     index: 1,
                     kind: "array"
                 }
@@ -543,18 +613,18 @@ mod tests {
         );
         assert!(matches!(
             sdk_key(&[json!({})]).unwrap_err(),
-            CosmosStoreError::InvalidPartitionKeyValue {
+            PartitionKeyError::InvalidPartitionKeyValue {
                 index: 0,
                 kind: "object"
             }
         ));
         assert!(matches!(
             sdk_key(&[]).unwrap_err(),
-            CosmosStoreError::PartitionKeyArity { count: 0 }
+            PartitionKeyError::PartitionKeyArity { count: 0 }
         ));
         assert!(matches!(
             sdk_key(&[json!(1), json!(2), json!(3), json!(4)]).unwrap_err(),
-            CosmosStoreError::PartitionKeyArity { count: 4 }
+            PartitionKeyError::PartitionKeyArity { count: 4 }
         ));
     }
 }

@@ -10,7 +10,7 @@ use syn::{FnArg, ItemFn, Signature, Type};
 use super::attr::{Attr, ChatterArgs, Command, CosmosArgs, Field, FieldPartitionKeyArgs};
 use super::ctxt::Ctxt;
 
-/// Root fields chatter writes on its documents (catalog section 0): a partition-key path rooted at
+/// Root fields chatter writes on its documents: a partition-key path rooted at
 /// one of them would overwrite a required field. `status` and `ttl` are patched by the relay.
 pub(crate) const RESERVED_ROOTS: &[&str] = &[
     "id",

@@ -20,7 +20,7 @@ use crate::partition_key::{self, PartitionKeyPath};
 pub(crate) const MAX_BATCH_OPERATIONS: usize = 100;
 
 /// The Atomic-Write Handle of a participant delivery: the partition and the operations staged so
-/// far. Staging and counting are one action (catalog R2.08).
+/// far. Staging and counting are one action.
 #[derive(Debug)]
 pub(crate) struct AtomicWriteHandle {
     pub(crate) partition_key_paths: &'static [PartitionKeyPath],

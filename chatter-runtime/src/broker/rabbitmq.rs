@@ -31,8 +31,8 @@ use serde_json::{Map, Value};
 use tokio::runtime::Handle;
 
 use super::{Broker, BrokerError, Delivery, Liveness, Settle, Subscription};
-use crate::ErrorChain;
 use crate::backoff::Backoff;
+use crate::error_chain::ErrorChain;
 use crate::message::BrokeredMessage;
 
 /// The AMQP header carrying a Brokered Message's `context`, as a JSON object string.

@@ -31,7 +31,7 @@ type ContainerKey = (String, String);
 ///
 /// Cheap to clone (an `Arc` inside); clones share the client and the cache.
 ///
-/// Container handles are *derived*, never provisioned (catalog R1.40–R1.43): [`container`]
+/// Container handles are *derived*, never provisioned: [`container`]
 /// resolves an existing container's metadata once per `(database, container)` pair and hands
 /// out the same handle afterwards. Creating containers is left to the application (or to
 /// [`provision`](super::provision) in development and tests).

@@ -2,6 +2,8 @@
 
 use azure_data_cosmos::CosmosError;
 
+use crate::partition_key::PartitionKeyError;
+
 /// Environment variable naming the Cosmos account endpoint chatter connects to.
 pub const ENDPOINT_ENV: &str = "CHATTER_COSMOS_ENDPOINT";
 /// Environment variable holding the account key (optional for loopback emulator endpoints).
@@ -32,30 +34,9 @@ pub enum CosmosStoreError {
         source: CosmosError,
     },
 
-    /// A partition-key value is not a JSON string, number, boolean or null.
-    #[error(
-        "partition key value {index} is a JSON {kind}; a partition key value must be a string, number, boolean or null"
-    )]
-    InvalidPartitionKeyValue {
-        /// Zero-based position of the value (the hierarchical level).
-        index: usize,
-        /// The JSON kind found (`array` or `object`).
-        kind: &'static str,
-    },
-
-    /// A partition key has no value, or more than the three levels Cosmos allows.
-    #[error("a partition key needs 1 to 3 values (one per partition-key path), got {count}")]
-    PartitionKeyArity {
-        /// How many values were given.
-        count: usize,
-    },
-
-    /// A partition-key number is NaN or infinite.
-    #[error("partition key value {index} is not a finite number")]
-    NonFinitePartitionKeyNumber {
-        /// Zero-based position of the value.
-        index: usize,
-    },
+    /// A partition key the SDK cannot take (no value, more than three, an array or object).
+    #[error(transparent)]
+    PartitionKey(#[from] PartitionKeyError),
 
     /// A document to write has no string `id` field.
     #[error("a Cosmos document needs a string `id` field; {operation} got a document without one")]

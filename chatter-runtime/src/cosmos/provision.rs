@@ -1,7 +1,7 @@
 //! Creating databases and containers, for development and tests.
 //!
 //! Production code never provisions: chatter derives handles of containers the application
-//! created (catalog R1.40–R1.46). These helpers exist so examples, tests and the embedded store
+//! created. These helpers exist so examples, tests and the embedded store
 //! can start from nothing. They are idempotent: they create only what is missing, and accept
 //! an existing container when its partition-key paths are the requested ones.
 

@@ -1,4 +1,4 @@
-//! Cosmos item ids Chatter mints for its own documents (catalog 0.1, 2.4).
+//! Cosmos item ids Chatter mints for its own documents.
 //!
 //! A raw message id may carry characters Cosmos forbids in an item id (`/`, `\`, `?`, `#`), so the
 //! id segment is the unpadded base64url of the message id's UTF-8 bytes; the raw id is stored
@@ -81,7 +81,7 @@ pub(crate) fn is_reserved_id(id: &str) -> bool {
 }
 
 /// Rejects an id in the reserved namespace: the guard of the public staging surface for explicit
-/// ids (replace, patch; R2.50).
+/// ids (replace, patch).
 ///
 /// # Errors
 /// [`DocumentError::ReservedId`] naming the id.

@@ -1,6 +1,6 @@
 //! Inbox Markers: the Batched Inbox Marker (catalog 0.3, op 0 of the aggregate batch), the
 //! Claimed Inbox Marker of the Standalone Inbox Gate (0.4), and the genuine-marker check that
-//! confirms a marker conflict (R2.15–R2.20, Area 7).
+//! confirms a marker conflict.
 
 use serde_json::{Map, Value};
 use time::OffsetDateTime;
@@ -13,7 +13,7 @@ pub(crate) const RECEIVED_AT_UTC_FIELD: &str = "ReceivedAtUtc";
 /// The two-phase completion flag of a Claimed Inbox Marker.
 pub(crate) const COMPLETED_FIELD: &str = "Completed";
 
-/// The root fields a partition-key path must not target on an Inbox Marker (0.3, R2.90), in the
+/// The root fields a partition-key path must not target on an Inbox Marker, in the
 /// C# declaration order. `ttl` and `Completed` are deliberately not reserved.
 pub(crate) const INBOX_MARKER_RESERVED_ROOT_FIELDS: [&str; 4] = [
     ID_FIELD,
@@ -79,7 +79,7 @@ pub(crate) fn inbox_marker(
 
 /// Whether a conflicting document is a genuine Chatter Inbox Marker for `message_id`: a JSON
 /// object whose `_chatterType` is the string `"inbox"` and whose `MessageId` is the string
-/// `message_id` (ordinal). Anything else is not (R2.15–R2.20, R7.24, R7.25).
+/// `message_id` (ordinal). Anything else is not.
 pub(crate) fn is_genuine_inbox_marker(doc: &Value, message_id: &str) -> bool {
     let Some(object) = doc.as_object() else {
         return false;
@@ -190,7 +190,12 @@ mod tests {
         ] {
             let err = inbox_marker("m", &[path], &[json!(1)], AT).unwrap_err();
             assert!(
-                matches!(err, DocumentError::ReservedPartitionKeyPath { .. }),
+                matches!(
+                    err,
+                    DocumentError::PartitionKey(
+                        crate::partition_key::PartitionKeyError::ReservedPartitionKeyPath { .. }
+                    )
+                ),
                 "{path}"
             );
             assert!(

@@ -1,4 +1,4 @@
-//! The serialized form of Chatter-authored bodies: `ChatterJson.Options` parity (catalog 0).
+//! The serialized form of Chatter-authored bodies: `ChatterJson.Options` parity.
 //!
 //! The C# writes compact JSON, keys in insertion order, with an encoder that leaves `+ < > & ' /`
 //! and every non-ASCII character literal. It escapes `"` as `\"`, `\` as `\\`, the C0 controls

@@ -1,4 +1,4 @@
-//! The documents Chatter writes next to application data, and their wire shapes (catalog 0, 2.2–2.4).
+//! The documents Chatter writes next to application data, and their wire shapes.
 //!
 //! - [`id`]: the item ids Chatter mints, `outbox:`/`inbox:` + unpadded base64url of the message id.
 //! - [`outbox`]: the Outbox Document, its pending gate, and reading it back into a message.

@@ -1,4 +1,4 @@
-//! The Outbox Document (catalog 0.2, 2.3, 3.1): a brokered message staged in the aggregate's
+//! The Outbox Document: a brokered message staged in the aggregate's
 //! batch, drained and published by the relay.
 
 use serde_json::{Map, Value};
@@ -35,7 +35,7 @@ pub(crate) const CONTENT_TYPE_CONTEXT_KEY: &str = "Chatter.ContentType";
 /// The context key naming the messaging infrastructure.
 pub(crate) const INFRASTRUCTURE_TYPE_CONTEXT_KEY: &str = "Chatter.Infrastructure.Type";
 
-/// The root fields a partition-key path must not target on an Outbox Document (R2.68), in the
+/// The root fields a partition-key path must not target on an Outbox Document, in the
 /// C# declaration order (the order its error message lists them in).
 pub(crate) const OUTBOX_RESERVED_ROOT_FIELDS: [&str; 8] = [
     ID_FIELD,
@@ -48,9 +48,29 @@ pub(crate) const OUTBOX_RESERVED_ROOT_FIELDS: [&str; 8] = [
     MESSAGE_CONTEXT_FIELD,
 ];
 
+/// The path of the delivery-state stamp.
+pub(crate) const STATUS_PATH: &str = "/status";
+/// The path of the time-to-live stamped with a delivered state.
+pub(crate) const TTL_PATH: &str = "/ttl";
+
 /// The paths the relay patches on every drained document; a container partitioned on one of
-/// them can never be stamped (Area 4).
-pub(crate) const RELAY_STAMPED_PATHS: [&str; 2] = ["/status", "/ttl"];
+/// them can never be stamped.
+pub(crate) const RELAY_STAMPED_PATHS: [&str; 2] = [STATUS_PATH, TTL_PATH];
+
+/// The patch that marks a published document delivered: its state and a ttl, so Cosmos DB
+/// purges it, in one request.
+pub(crate) fn delivered_stamp(status: &str, ttl_seconds: i64) -> [(&'static str, Value); 2] {
+    [
+        (STATUS_PATH, Value::from(status)),
+        (TTL_PATH, Value::from(ttl_seconds)),
+    ]
+}
+
+/// The patch that marks a document undeliverable: the state alone, no ttl, so it stays for a
+/// person to inspect.
+pub(crate) fn undeliverable_stamp() -> [(&'static str, Value); 1] {
+    [(STATUS_PATH, Value::from(STATUS_UNDELIVERABLE))]
+}
 
 /// The fields every pending Outbox Document starts with, in the catalog's order: `id`,
 /// `_chatterType`, `status`, `MessageId` (shared by the full document and the thin trigger).
@@ -151,7 +171,7 @@ impl OutboxDocument {
     /// leaves and Cosmos's `_ts`, are ignored).
     ///
     /// This is a structural read; whether a drained document may be published is the Outbox
-    /// Document Contract's decision (Area 5), which also accepts an absent body or destination
+    /// Document Contract's decision, which also accepts an absent body or destination
     /// only to reject it with its own messages.
     ///
     /// # Errors
@@ -187,7 +207,7 @@ impl OutboxDocument {
 
     /// The brokered message this document carries, verbatim: the context is parsed back from its
     /// JSON string (absent, null or blank means an empty context); a missing content type falls
-    /// back to the context's `Chatter.ContentType` string, as the contract does (R5.03).
+    /// back to the context's `Chatter.ContentType` string, as the contract does.
     ///
     /// # Errors
     /// [`DocumentError::MalformedOutboxDocument`] when the context is not a JSON object (including
@@ -233,7 +253,7 @@ fn malformed(reason: &str) -> DocumentError {
     }
 }
 
-/// The relay's pending gate (R3.01–R3.07): an object whose `_chatterType` is the string
+/// The relay's pending gate: an object whose `_chatterType` is the string
 /// `"outbox"`, whose `status` is the string `"pending"`, and whose `id` is exactly the id Chatter
 /// mints for its non-empty string `MessageId`. Ordinal comparisons; never fails.
 pub(crate) fn is_pending_outbox(doc: &Value) -> bool {

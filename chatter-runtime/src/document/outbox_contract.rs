@@ -51,7 +51,7 @@ impl VerifiedOutboxDocument {
     }
 }
 
-/// One fact a document's bytes prove about why it can never be published (catalog 5, verbatim
+/// One fact a document's bytes prove about why it can never be published (the .NET module's text, verbatim
 /// texts in `Display`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -106,7 +106,7 @@ impl fmt::Display for ContractViolation {
     }
 }
 
-/// Every violation one document proves, in the catalog's order; `Display` is the catalog's
+/// Every violation one document proves, in a fixed order; `Display` is the .NET module's
 /// violation message, naming the `MessageId`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct ContractViolations {

@@ -7,7 +7,7 @@ use crate::registry::BoxError;
 /// Why a delivery was not handled.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
-    /// A participant arrived without a message id (catalog R2.05).
+    /// A participant arrived without a message id.
     #[error(
         "Document-tier reliability participant '{command}' requires a non-empty MessageId: the once-only guarantee cannot be honored without a message identity to dedup by."
     )]

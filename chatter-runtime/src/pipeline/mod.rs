@@ -100,7 +100,7 @@ impl Pipeline {
             .container(registration.database, registration.container)
             .await
             .map_err(cosmos_error)?;
-        let key = partition_key::sdk_key(&partition_key).map_err(cosmos_error)?;
+        let key = partition_key::sdk_key(&partition_key).map_err(|e| cosmos_error(e.into()))?;
         let handle = AtomicWriteHandle {
             partition_key_paths: paths,
             partition_key: partition_key.clone(),

@@ -158,7 +158,7 @@ impl Registry {
         &self.commands
     }
 
-    /// The registered command of type `T`, if `T` takes part (catalog R1.01/R1.02).
+    /// The registered command of type `T`, if `T` takes part.
     pub fn get<T: 'static>(&self) -> Option<&RegisteredCommand> {
         self.get_by_type_id(TypeId::of::<T>())
     }

@@ -30,7 +30,7 @@ use crate::partition_key;
 
 use super::identity::RelaySource;
 
-/// One way a monitored container breaks the contract. Its `Display` is the catalog's verbatim
+/// One way a monitored container breaks the contract. Its `Display` is the .NET module's verbatim
 /// violation text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -91,7 +91,7 @@ impl fmt::Display for MonitoredContainerViolation {
 }
 
 /// A monitored container the relay cannot monitor (the .NET `InvalidOperationException`s of
-/// `MonitoredContainerContract`). Messages are the catalog's verbatim texts.
+/// `MonitoredContainerContract`). Messages are the .NET module's verbatim texts.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum MonitoredContainerError {
@@ -139,7 +139,7 @@ fn join_violations(violations: &[MonitoredContainerViolation]) -> String {
 /// Every monitored container that failed [`verify_all`], in source order.
 ///
 /// Its message is each container's [`MonitoredContainerError`] message, one per line (joined with
-/// `"\n"`), so a single failing container reads exactly as the catalog's text.
+/// `"\n"`), so a single failing container reads exactly as the .NET module's text.
 #[derive(Debug, thiserror::Error)]
 #[error("{}", self.errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
 pub struct MonitoredContainersError {
@@ -147,7 +147,7 @@ pub struct MonitoredContainersError {
     pub errors: Vec<MonitoredContainerError>,
 }
 
-/// Checks one monitored container: reads its properties exactly once (R4.02), then runs the
+/// Checks one monitored container: reads its properties exactly once, then runs the
 /// three checks of the contract against `declared_paths`, reporting every violation in one
 /// [`MonitoredContainerError::Violated`]. A failed read is [`MonitoredContainerError::Unreadable`].
 ///
@@ -222,7 +222,7 @@ fn stamped_path(actual: &str) -> Option<&'static str> {
 }
 
 /// Verifies the monitored container of every source (each once, with its first
-/// registration's partition-key paths, R4.34) before any processor is built (R4.32), and
+/// registration's partition-key paths) before any processor is built, and
 /// reports every failing container in one error, in source order.
 ///
 /// A container whose handle cannot be derived (missing database or container, no access) is

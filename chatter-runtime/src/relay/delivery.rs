@@ -1,4 +1,4 @@
-//! Delivery settings (catalog 3.4): what the relay stamps on a delivered Outbox Document.
+//! Delivery settings: what the relay stamps on a delivered Outbox Document.
 //!
 //! The status path is `/status` and the ttl path `/ttl`, both fixed: the pending gate reads
 //! `status`, so a stamp on any other path would leave the document pending forever (the .NET
@@ -25,7 +25,7 @@ impl Default for DeliverySettings {
     }
 }
 
-/// Why [`DeliverySettings`] are refused (the catalog's texts, R3.60–R3.64).
+/// Why [`DeliverySettings`] are refused (with the .NET module's texts).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum DeliverySettingsError {
@@ -54,7 +54,7 @@ pub enum DeliverySettingsError {
 }
 
 impl DeliverySettings {
-    /// Checks the settings in the catalog's order: status empty, `pending`, `undeliverable`,
+    /// Checks the settings in a fixed order: status empty, `pending`, `undeliverable`,
     /// then the ttl. Comparisons are ordinal (`"Pending"` is a valid, if odd, status).
     ///
     /// A blank status (only white space) counts as empty: it would be an invisible terminal

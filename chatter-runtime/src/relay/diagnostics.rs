@@ -1,9 +1,9 @@
-//! The relay's always-on logs (catalog 8.5): one function per event, each the one place where
+//! The relay's always-on logs: one function per event, each the one place where
 //! that event's metric will be recorded too.
 //!
 //! These are written whatever the application opted into: an undeliverable document, a Drain
 //! Suspension opening or closing, and a change-feed fault are what an operator has to act on.
-//! A log sink that panics never takes the relay down with it (R8.61, R8.66).
+//! A log sink that panics never takes the relay down with it.
 
 use std::fmt::Display;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -13,7 +13,7 @@ fn guarded(log: impl FnOnce()) {
     let _ = catch_unwind(AssertUnwindSafe(log));
 }
 
-/// A pending document was stamped `undeliverable` (R5.33): logged after the stamp landed, at
+/// A pending document was stamped `undeliverable`: logged after the stamp landed, at
 /// Error, without an error value (nothing failed: the document itself is the defect).
 pub(crate) fn undeliverable(
     source_identity: &str,
@@ -33,7 +33,7 @@ pub(crate) fn undeliverable(
     });
 }
 
-/// A Drain Suspension opened on `lease_token` (R6.15), with the confirmation fault that opened it.
+/// A Drain Suspension opened on `lease_token`, with the confirmation fault that opened it.
 pub(crate) fn drain_suspended(
     source_identity: &str,
     lease_token: &str,
@@ -55,7 +55,7 @@ pub(crate) fn drain_suspended(
     });
 }
 
-/// A suspended lease confirmed again and drains as before (R6.19).
+/// A suspended lease confirmed again and drains as before.
 pub(crate) fn drain_resumed(source_identity: &str, lease_token: &str) {
     guarded(|| {
         tracing::info!(
@@ -67,7 +67,7 @@ pub(crate) fn drain_resumed(source_identity: &str, lease_token: &str) {
     });
 }
 
-/// The change feed of `lease_token` faulted (R8.60): a read, a page that failed, or a checkpoint
+/// The change feed of `lease_token` faulted: a read, a page that failed, or a checkpoint
 /// that could not be written. The lease does not advance until the fault clears.
 pub(crate) fn change_feed_fault(
     source_identity: &str,

@@ -104,7 +104,7 @@ pub enum DrainError {
         source: CosmosStoreError,
     },
     /// An undeliverable document could not be stamped; nothing was published, so this is no
-    /// Confirmation Failure (R5.35).
+    /// Confirmation Failure.
     #[error("outbox document '{id}' is undeliverable and stamping it so failed")]
     UndeliverableStamp {
         /// The document id.
@@ -273,13 +273,10 @@ impl Drain {
                 });
             }
         }
-        let stamp = [
-            (
-                "/status",
-                Value::from(self.settings.delivered_status.as_str()),
-            ),
-            ("/ttl", Value::from(self.settings.delivered_ttl_seconds)),
-        ];
+        let stamp = outbox::delivered_stamp(
+            &self.settings.delivered_status,
+            self.settings.delivered_ttl_seconds,
+        );
         let receipt =
             self.patch(doc, id, &stamp)
                 .await
@@ -296,7 +293,7 @@ impl Drain {
     }
 
     /// Stamps `undeliverable` (one op, no ttl: the document is kept for a person to inspect),
-    /// then logs. A failed stamp propagates as itself, with nothing logged (R5.34, R5.35).
+    /// then logs. A failed stamp propagates as itself, with nothing logged.
     async fn give_up(
         &self,
         lease_token: &str,
@@ -304,7 +301,7 @@ impl Drain {
         id: &str,
         reason: &UndeliverableReason,
     ) -> Result<Processed, DrainError> {
-        let stamp = [("/status", Value::from(outbox::STATUS_UNDELIVERABLE))];
+        let stamp = outbox::undeliverable_stamp();
         let receipt =
             self.patch(doc, id, &stamp)
                 .await
@@ -317,7 +314,7 @@ impl Drain {
     }
 
     /// One patch keyed by the document's id and the partition key recovered from the document at
-    /// the declared path(s) (R3.31: a missing value is a JSON `null` component).
+    /// the declared path(s) (a missing value is a JSON `null` component).
     async fn patch(
         &self,
         doc: &Value,

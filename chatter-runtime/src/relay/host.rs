@@ -1,7 +1,7 @@
 //! The pipeline-integrated relay host: one change-feed processor per distinct change-feed source
 //! identity, each draining its monitored container to the broker.
 //!
-//! Start is two-pass (catalog 4.2): every monitored container is verified against the Monitored
+//! Start is two-pass: every monitored container is verified against the Monitored
 //! Container Contract before any processor is built, so the relay never starts degraded.
 
 use std::sync::Arc;
@@ -30,7 +30,7 @@ pub enum RelayError {
     /// [`RelayOptions::publish_timeout`] is zero: no publish could ever finish.
     #[error("invalid relay options: `publish_timeout` must be greater than zero")]
     ZeroPublishTimeout,
-    /// The delivery settings are invalid (catalog 3.4).
+    /// The delivery settings are invalid.
     #[error(transparent)]
     Delivery(#[from] DeliverySettingsError),
     /// A monitored container breaks the contract (every violation of every container is listed).

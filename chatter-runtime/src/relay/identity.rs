@@ -5,11 +5,11 @@
 //! ground truth of the containers (account endpoint, database id and container id, for the
 //! monitored and the lease container). The identity is compared component by component, never
 //! as a joined string, so no choice of names can make two sources collapse into one
-//! (R1.74).
+//!.
 //!
 //! The **processor name** is derived from the identity alone, so every host draining the same
-//! source cooperates on the same logical processor (R1.76–R1.78); the **instance name** is
-//! unique per host start (R1.79).
+//! source cooperates on the same logical processor; the **instance name** is
+//! unique per host start.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -24,11 +24,11 @@ pub(crate) const PROCESSOR_NAME_PREFIX: &str = "chatter-cosmos-outbox-relay:";
 /// The identity of one change-feed source: what decides whether two registrations share a
 /// change-feed processor.
 ///
-/// Equality and hashing are component-wise (R1.74).
+/// Equality and hashing are component-wise.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum SourceIdentity {
     /// The `(monitored, lease)` pair a registration declared
-    /// (`#[cosmos(source_identity(monitored = ..., lease = ...))]`); the container handles
+    /// (`#[cosmos(monitored_source = "..", lease_source = "..")]`); the container handles
     /// are not read.
     Declared {
         /// The declared identity of the monitored container.
@@ -38,7 +38,7 @@ pub enum SourceIdentity {
     },
     /// The resolved containers' ground truth: account endpoint, database id and container id
     /// of the monitored and of the lease container. The endpoint is part of the key, so
-    /// identically named containers in different accounts stay distinct (R1.73).
+    /// identically named containers in different accounts stay distinct.
     GroundTruth {
         /// Account endpoint of the monitored container (`""` when unknown).
         monitored_endpoint: String,
@@ -76,14 +76,14 @@ impl SourceIdentity {
         }
     }
 
-    /// The change-feed processor name of this source (R1.78):
+    /// The change-feed processor name of this source:
     /// `"chatter-cosmos-outbox-relay:" + base64url_nopad(SHA-256(canonical))`.
     ///
     /// `canonical` is one kind byte (`Declared` = 0, `GroundTruth` = 1) followed by eight
     /// components in this order: Monitored, Lease, MonitoredEndpoint, MonitoredDb,
     /// MonitoredContainer, LeaseEndpoint, LeaseDb, LeaseContainer. Each component is its UTF-8
     /// byte length as a little-endian `i32`, then its UTF-8 bytes; components the kind does not
-    /// use are `""`. Deterministic across processes and hosts (R1.76, R1.77).
+    /// use are `""`. Deterministic across processes and hosts.
     pub fn processor_name(&self) -> String {
         let digest = Sha256::digest(self.canonical_bytes());
         format!("{PROCESSOR_NAME_PREFIX}{}", URL_SAFE_NO_PAD.encode(digest))
@@ -133,7 +133,7 @@ impl SourceIdentity {
     }
 }
 
-/// A fresh instance name for one host start (R1.79):
+/// A fresh instance name for one host start:
 /// `"chatter-cosmos-outbox-relay:{machine name}:{new uuid v4}"`, unique per call.
 ///
 /// The machine name is the kernel host name (`/proc/sys/kernel/hostname`), else
@@ -169,22 +169,22 @@ pub struct RelaySource {
     /// Its processor name ([`SourceIdentity::processor_name`]).
     pub processor_name: String,
     /// Database of the monitored (and lease) container, from the first registration of this
-    /// source (R1.70).
+    /// source.
     pub database: &'static str,
     /// The monitored container, from the first registration of this source.
     pub container: &'static str,
     /// The lease container, from the first registration of this source.
     pub lease: &'static str,
     /// The declared partition-key paths of the monitored container, from the first
-    /// registration of this source (what the Monitored Container Contract checks, R4.34).
+    /// registration of this source (what the Monitored Container Contract checks).
     pub partition_key_paths: &'static [PartitionKeyPath],
     /// The names of the commands registered over this source, in registry order.
     pub commands: Vec<&'static str>,
 }
 
 /// The distinct change-feed sources of `registry`, one per distinct [`SourceIdentity`], in
-/// registry order (R1.70–R1.73); ground-truth identities use `account_endpoint`. An empty
-/// registry has no sources (R1.83).
+/// registry order; ground-truth identities use `account_endpoint`. An empty
+/// registry has no sources.
 ///
 /// A source's containers and partition-key paths are those of its first registration; later
 /// registrations over the same identity only add their command names.

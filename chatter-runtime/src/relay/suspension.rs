@@ -1,4 +1,4 @@
-//! Drain Suspension (catalog area 6): a lease whose confirmations keep failing stops draining.
+//! Drain Suspension: a lease whose confirmations keep failing stops draining.
 //!
 //! A Confirmation Failure is a publish the broker confirmed followed by a status stamp that
 //! failed: the message is on the broker, the page is not checkpointed, and every redrain would

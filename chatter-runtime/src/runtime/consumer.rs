@@ -21,9 +21,9 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::health::ConsumerStatus;
-use crate::ErrorChain;
 use crate::backoff::Backoff;
 use crate::broker::{Broker, Delivery, Subscription, dead_letter_destination};
+use crate::error_chain::ErrorChain;
 use crate::message::BrokeredMessage;
 use crate::pipeline::{Outcome, Pipeline, PipelineError};
 use crate::registry::RegisteredCommand;
