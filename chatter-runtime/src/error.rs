@@ -14,7 +14,10 @@
 //! | [`BrokerError`] | a [`Broker`](crate::broker::Broker) |
 //! | [`CosmosStoreError`] | a Cosmos DB call or connection |
 //!
-//! Enums that may gain variants are `#[non_exhaustive]`; match them with a `_` arm.
+//! One rule for `#[non_exhaustive]`: every public enum of errors or outcomes carries it (match
+//! them with a `_` arm), so a new failure is not a breaking change. Structs whose fields are a
+//! wire shape or what the derive fills in (`BrokeredMessage`, `CommandRegistration`) do not: they
+//! are built with struct literals.
 
 pub use crate::atomic_write::StageError;
 pub use crate::broker::{BrokerError, TransportError};

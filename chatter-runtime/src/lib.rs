@@ -92,10 +92,13 @@ pub use runtime::{
 };
 
 /// What `#[derive(DocumentReliable)]` registers for a command, as
-/// [`DocumentReliable::registration`] and [`Runtime::commands`] return it.
+/// [`DocumentReliable::registration`] and [`Runtime::commands`] return it, and the return
+/// types `#[handler]` accepts ([`IntoHandlerResult`](registration::IntoHandlerResult)).
 pub mod registration {
     pub use crate::partition_key::PartitionKeyPath;
-    pub use crate::registry::{CommandRegistration, SourceIdentityDeclaration, SourceLocation};
+    pub use crate::registry::{
+        CommandRegistration, IntoHandlerResult, SourceIdentityDeclaration, SourceLocation,
+    };
 }
 
 /// The README's Rust examples, compiled as doctests so its quick start cannot rot.

@@ -5,6 +5,7 @@ use crate::document::{ContractViolations, DocumentError};
 
 /// A write or message the Atomic-Write Handle refused; nothing was staged.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StageError {
     /// No batch is active: the command is not a participant, or its partition key did not resolve.
     #[error(

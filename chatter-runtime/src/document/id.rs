@@ -25,10 +25,6 @@ pub(crate) const MAX_ITEM_ID_LENGTH: usize = 1023;
 const FORBIDDEN_ID_CHARS: [char; 4] = ['/', '\\', '?', '#'];
 
 /// The unpadded base64url (RFC 4648 §5) of `message_id`'s UTF-8 bytes: deterministic and id-safe.
-///
-/// ```
-/// assert_eq!(chatter_runtime::document::encode("msg-1"), "bXNnLTE");
-/// ```
 pub(crate) fn encode(message_id: &str) -> String {
     URL_SAFE_NO_PAD.encode(message_id.as_bytes())
 }
@@ -57,7 +53,12 @@ pub(crate) fn build(kind: &str, message_id: &str) -> Result<String, DocumentErro
     Ok(id)
 }
 
-/// The Outbox Document id: `outbox:{encode(message_id)}`.
+/// The Outbox Document id: `outbox:` and the unpadded base64url of the message id.
+///
+/// ```
+/// assert_eq!(chatter_runtime::cosmos::outbox_id("msg-1").unwrap(), "outbox:bXNnLTE");
+/// assert_eq!(chatter_runtime::cosmos::inbox_id("msg-1").unwrap(), "inbox:bXNnLTE");
+/// ```
 ///
 /// # Errors
 /// [`DocumentError::IdTooLong`] when the message id is too long for a Cosmos item id.
@@ -65,7 +66,7 @@ pub fn outbox_id(message_id: &str) -> Result<String, DocumentError> {
     build(OUTBOX_KIND, message_id)
 }
 
-/// The Inbox Marker id: `inbox:{encode(message_id)}`.
+/// The Inbox Marker id: `inbox:` and the unpadded base64url of the message id.
 ///
 /// # Errors
 /// [`DocumentError::IdTooLong`] when the message id is too long for a Cosmos item id.

@@ -6,6 +6,7 @@ use crate::registry::BoxError;
 
 /// Why a delivery was not handled.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PipelineError {
     /// A participant arrived without a message id.
     #[error(

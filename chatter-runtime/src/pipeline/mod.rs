@@ -25,6 +25,7 @@ use crate::registry::RegisteredCommand;
 
 /// How a delivery ended when it did not fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// The batch committed: the inbox marker, the handler's writes and its outbox documents.
     Committed {

@@ -28,6 +28,7 @@ impl fmt::Display for RegistryError {
 
 /// One registration problem.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RegistrationProblem {
     /// Two command types claim one command name.
     #[error(

@@ -23,6 +23,7 @@ use crate::cosmos::{CosmosConnection, CosmosStoreError};
 
 /// Why the relay did not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RelayError {
     /// The change-feed settings of the [`RelayOptions`] cannot work together.
     #[error("invalid relay options")]

@@ -7,6 +7,7 @@ use crate::registry::RegistryError;
 
 /// Why `start()` failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StartError {
     /// The registrations conflict; every problem is listed.
     #[error(transparent)]
@@ -59,6 +60,7 @@ pub enum StartError {
 
 /// Why a dispatched command was not handled.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DispatchError {
     /// The command type is not registered with this runtime.
     #[error(
