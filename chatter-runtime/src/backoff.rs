@@ -1,75 +1,11 @@
-//! Retry delays for loops that must never give up: exponential, with jitter, capped, reset on
-//! success (backon's exponential schedule, without a retry limit).
+//! The retry schedule of chatter's loops that wait for a broker to come back: the change-feed
+//! processor's [`Backoff`], from 100 ms doubling to 5 s.
 
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+pub(crate) use cosmos_change_feed::Backoff;
 
-/// The delays between attempts of one retry loop.
-#[derive(Debug)]
-pub(crate) struct Backoff {
-    builder: ExponentialBuilder,
-    delays: ExponentialBackoff,
-}
-
-impl Backoff {
-    /// Delays from `min`, doubling up to `max`, each with up to 100 % jitter added (so never
-    /// below `min`; a cap of `2 * max` with jitter).
-    pub(crate) fn new(min: Duration, max: Duration) -> Self {
-        let builder = ExponentialBuilder::default()
-            .with_min_delay(min)
-            .with_max_delay(max.max(min))
-            .with_factor(2.0)
-            .with_jitter()
-            .without_max_times();
-        Self {
-            delays: builder.build(),
-            builder,
-        }
-    }
-
-    /// The schedule of loops waiting for a broker to come back: 100 ms doubling to 5 s.
-    pub(crate) fn reconnect() -> Self {
-        Self::new(Duration::from_millis(100), Duration::from_secs(5))
-    }
-
-    /// The delay before the next attempt.
-    pub(crate) fn next_delay(&mut self) -> Duration {
-        // Without a retry limit the schedule never ends; the fallback is only a guard.
-        self.delays.next().unwrap_or(Duration::from_secs(1))
-    }
-
-    /// Starts the schedule over after a success.
-    #[cfg_attr(
-        not(any(feature = "rabbitmq", test)),
-        expect(
-            dead_code,
-            reason = "only the RabbitMQ broker's loops start their schedule over"
-        )
-    )]
-    pub(crate) fn reset(&mut self) {
-        self.delays = self.builder.build();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn delays_grow_to_the_cap_and_start_over_after_a_reset() {
-        let (min, max) = (Duration::from_millis(100), Duration::from_secs(2));
-        let mut backoff = Backoff::new(min, max);
-        let delays: Vec<Duration> = (0..12).map(|_| backoff.next_delay()).collect();
-        assert!(
-            delays.iter().all(|d| *d >= min && *d <= max * 2),
-            "{delays:?}"
-        );
-        assert!(
-            delays[11] >= max,
-            "capped, not stuck at the minimum: {delays:?}"
-        );
-        backoff.reset();
-        assert!(backoff.next_delay() <= min * 2, "reset to the minimum");
-    }
+/// The schedule of loops waiting for a broker to come back: 100 ms doubling to 5 s.
+pub(crate) fn reconnect() -> Backoff {
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(5))
 }

@@ -17,7 +17,8 @@
 //! One rule for `#[non_exhaustive]`: every public enum of errors or outcomes carries it (match
 //! them with a `_` arm), so a new failure is not a breaking change. Structs whose fields are a
 //! wire shape or what the derive fills in (`BrokeredMessage`, `CommandRegistration`) do not: they
-//! are built with struct literals.
+//! are built with struct literals. A two-state result that is complete by nature
+//! ([`ReadOutcome`](crate::cosmos::ReadOutcome): found or not found) stays exhaustive too.
 
 pub use crate::atomic_write::StageError;
 pub use crate::broker::{BrokerError, TransportError};
@@ -34,4 +35,4 @@ pub use crate::relay::contract::{
 pub use crate::relay::delivery::DeliverySettingsError;
 pub use crate::relay::host::RelayError;
 pub use crate::runtime::{DispatchError, StartError};
-pub use cosmos_change_feed::{ChangeFeedError, InvalidOptions, ProcessorOption};
+pub use cosmos_change_feed::{ChangeFeedError, InvalidOptions, ProcessorOption, StoreError};

@@ -52,15 +52,16 @@
 //! | --- | --- | --- |
 //! | `embedded` | yes | the SDK's in-memory Cosmos DB emulator when `CHATTER_COSMOS_ENDPOINT` is unset (nothing persisted) |
 //! | `rabbitmq` | no | `broker::RabbitMqBroker` through `lapin` |
-//! | `test-support` | no | the [`testing`] module: internals for chatter's own integration tests, with no stability promise |
+//! | `test-support` | no | the `testing` module: internals for chatter's own integration tests, with no stability promise |
 //!
 //! Registrations are collected with `inventory`, which only sees crates linked into the binary:
 //! reference a crate of commands from the binary (`use my_commands as _;`) or its registrations
 //! are silently left out.
 
-// The test seams of `testing` are reachable only with `test-support`; CI builds with every
-// feature, where this lint holds everything else to `pub(crate)`.
-#![cfg_attr(not(feature = "test-support"), allow(unreachable_pub, dead_code))]
+// The test seams `testing` re-exports are `pub` so that the `test-support` feature can reach
+// them; without it they are unreachable by design. CI builds with every feature, where this lint
+// holds everything else to `pub(crate)`.
+#![cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
 
 mod atomic_write;
 mod backoff;

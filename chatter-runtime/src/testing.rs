@@ -6,19 +6,19 @@
 //! nothing here is stable; an application never enables this feature.
 
 pub use crate::cosmos::store::{
-    BatchOperation, BatchOperationOutcome, BatchOutcome, ContainerSettings, ReadOutcome,
-    WriteOutcome, create_item, execute_batch, patch_item, read_container_properties, read_item,
-    upsert_item,
+    BatchOperation, BatchOperationOutcome, BatchOutcome, ContainerSettings, WriteOutcome,
+    create_item, execute_batch, patch_item, read_container_properties, upsert_item,
 };
-pub use crate::document::id::{inbox_id, outbox_id};
 pub use crate::document::outbox::OutboxDocument;
-pub use crate::document::outbox_contract::verify as verify_outbox_document;
-pub use crate::registry::{HandlerRegistration, RegisteredCommand, Registry};
-pub use crate::relay::contract::{check, verify, verify_all};
+pub use crate::document::outbox_contract::{
+    VerifiedOutboxDocument, verify as verify_outbox_document,
+};
+pub use crate::registry::Registry;
+pub use crate::relay::contract::{verify, verify_all};
 pub use crate::relay::delivery::DeliverySettings;
 pub use crate::relay::drain::{Drain, DrainError, DrainReport};
 pub use crate::relay::identity::{RelaySource, SourceIdentity, distinct_sources};
 pub use crate::relay::suspension::{
     CONFIRMATION_FAILURE_THRESHOLD, ConfirmationReceipt, DrainGate, ManualClock, MonotonicClock,
-    SUSPENSION_WINDOW, SystemClock,
+    SUSPENSION_WINDOW,
 };

@@ -6,6 +6,7 @@
 //! once every document has been seen.
 
 use std::collections::BTreeSet;
+use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,7 +34,30 @@ const KEY: &str =
 const DOCUMENTS: usize = 25;
 
 #[tokio::main]
-async fn main() -> Result<(), BoxError> {
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // A sentence with its causes, not a `Debug` dump.
+            eprintln!("print_batches: {}", chain(&*error));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `error` and its sources, joined by `": "`.
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        text.push_str(": ");
+        text.push_str(&next.to_string());
+        cause = next.source();
+    }
+    text
+}
+
+async fn run() -> Result<(), BoxError> {
     let client = in_memory_client().await?;
     client.create_database("shop", None).await?;
     let orders = container(&client, "orders", "/orderId").await?;
@@ -52,7 +76,13 @@ async fn main() -> Result<(), BoxError> {
         .with_max_items_per_page(10);
     let processor = ChangeFeedProcessor::builder("orders-printer", "host-1", orders, leases)
         .options(options)
-        .on_fault(|fault| eprintln!("lease {} faulted: {}", fault.lease_token, fault.error))
+        .on_fault(|fault| {
+            eprintln!(
+                "lease {} faulted: {}",
+                fault.lease_token,
+                chain(fault.error)
+            )
+        })
         .start(move |batch: ChangeFeedBatch| {
             let seen = Arc::clone(&recorded);
             async move {

@@ -1,13 +1,24 @@
-//! Retry delays for loops that must never give up: exponential, with jitter, capped, reset on
-//! success (backon's exponential schedule, without a retry limit).
+//! [`Backoff`]: retry delays for loops that must never give up: exponential, with jitter,
+//! capped, reset on success (backon's exponential schedule, without a retry limit).
 
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 
-/// The delays between attempts of one retry loop.
+/// The delays between attempts of one retry loop: the schedule the processor's own loops use
+/// after failures, usable for any loop of yours that must keep trying (a reconnect loop, say).
+///
+/// ```
+/// use std::time::Duration;
+/// use cosmos_change_feed::Backoff;
+///
+/// let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+/// let first = backoff.next_delay();
+/// assert!(first >= Duration::from_millis(100) && first <= Duration::from_millis(200));
+/// backoff.reset(); // after a success
+/// ```
 #[derive(Debug)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     builder: ExponentialBuilder,
     delays: ExponentialBackoff,
 }
@@ -15,7 +26,7 @@ pub(crate) struct Backoff {
 impl Backoff {
     /// Delays from `min`, doubling up to `max`, each with up to 100 % jitter added (so never
     /// below `min`; a cap of `2 * max` with jitter).
-    pub(crate) fn new(min: Duration, max: Duration) -> Self {
+    pub fn new(min: Duration, max: Duration) -> Self {
         let builder = ExponentialBuilder::default()
             .with_min_delay(min)
             .with_max_delay(max.max(min))
@@ -29,19 +40,19 @@ impl Backoff {
     }
 
     /// The delay before the next attempt.
-    pub(crate) fn next_delay(&mut self) -> Duration {
+    pub fn next_delay(&mut self) -> Duration {
         // Without a retry limit the schedule never ends; the fallback is only a guard.
         self.delays.next().unwrap_or(Duration::from_secs(1))
     }
 
     /// The delay before the next attempt, at least `floor` (a server's `Retry-After`).
-    pub(crate) fn next_delay_at_least(&mut self, floor: Option<Duration>) -> Duration {
+    pub fn next_delay_at_least(&mut self, floor: Option<Duration>) -> Duration {
         let delay = self.next_delay();
         floor.map_or(delay, |floor| delay.max(floor))
     }
 
     /// Starts the schedule over after a success.
-    pub(crate) fn reset(&mut self) {
+    pub fn reset(&mut self) {
         self.delays = self.builder.build();
     }
 }

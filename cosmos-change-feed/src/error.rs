@@ -106,3 +106,39 @@ pub enum InvalidOptions {
         lease_expiry: Duration,
     },
 }
+
+/// An error and its sources joined by `": "`, for logs and health reports: the crate's errors
+/// say what failed in `Display` and why in `source()`, so `Display` alone drops the cause.
+pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut previous = self.0.to_string();
+        f.write_str(&previous)?;
+        let mut cause = self.0.source();
+        while let Some(error) = cause {
+            let text = error.to_string();
+            if text != previous {
+                write!(f, ": {text}")?;
+            }
+            previous = text;
+            cause = error.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::*;
+
+    #[test]
+    fn a_store_error_shows_its_cause() {
+        let error = ChangeFeedError::InvalidOptions(InvalidOptions::Zero {
+            option: ProcessorOption::PollInterval,
+        });
+        let text = Chain(&error).to_string();
+        assert!(text.starts_with(&error.to_string()), "{text}");
+        assert!(text.ends_with("must be greater than zero"), "{text}");
+    }
+}

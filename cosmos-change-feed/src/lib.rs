@@ -95,6 +95,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use backoff::Backoff;
 pub use error::{ChangeFeedError, InvalidOptions, ProcessorOption};
 pub use fault::{HandlerPanicked, HandlerTimedOut, LeaseFault, LeaseFaultStage};
 pub use lease::{LeaseDocument, LeaseFeedRange, lease_id, read_leases};

@@ -399,7 +399,13 @@ async fn the_handle_rejects_reserved_ids_wrong_partitions_and_oversized_batches(
         .await
         .unwrap_err();
     let err = ErrorChain(&err).to_string();
-    assert!(err.contains("partition-key value"), "{err}");
+    assert!(
+        err.contains(
+            "the document's partition-key value at [/orderId] is [\"another-order\"], but this \
+             delivery's batch is for [\"o-8\"]: a TransactionalBatch writes one logical partition"
+        ),
+        "{err}"
+    );
     let err = runtime
         .dispatch(order("o-9", "too-many"), "msg-9")
         .await

@@ -25,10 +25,10 @@ pub enum StageError {
     NotAnObject,
     /// The document's partition-key value differs from the batch's.
     #[error(
-        "the document's partition-key value at [{paths}] is {found}, but this delivery's batch is for {expected}: a TransactionalBatch writes one logical partition"
+        "the document's partition-key value at {paths} is {found}, but this delivery's batch is for {expected}: a TransactionalBatch writes one logical partition"
     )]
     PartitionKeyMismatch {
-        /// The container's paths.
+        /// The container's paths, as `[/a, /b]`.
         paths: String,
         /// The batch's values.
         expected: String,

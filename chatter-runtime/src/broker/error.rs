@@ -73,6 +73,9 @@ pub enum BrokerError {
         operation: String,
         /// The bound that elapsed.
         after: std::time::Duration,
+        /// The last failure of the attempts made before the bound elapsed, if any.
+        #[source]
+        source: Option<Box<BrokerError>>,
     },
     /// The broker client failed (connection refused or lost, channel closed by the server...).
     #[error("broker {operation} failed")]

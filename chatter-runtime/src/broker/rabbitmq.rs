@@ -31,7 +31,7 @@ use serde_json::{Map, Value};
 use tokio::runtime::Handle;
 
 use super::{Broker, BrokerError, Delivery, Liveness, Settle, Subscription};
-use crate::backoff::Backoff;
+use crate::backoff;
 use crate::error_chain::ErrorChain;
 use crate::message::BrokeredMessage;
 
@@ -134,7 +134,7 @@ impl RabbitMqBroker {
     /// failure is logged at Error; the last one is returned.
     pub async fn connect_retrying(uri: &str, give_up_after: Duration) -> Result<Self, BrokerError> {
         let deadline = tokio::time::Instant::now() + give_up_after;
-        let mut backoff = Backoff::reconnect();
+        let mut backoff = backoff::reconnect();
         let mut attempts = 0u32;
         loop {
             match Self::connect(uri).await {
@@ -240,7 +240,7 @@ impl Inner {
         {
             return Ok(Arc::clone(connection));
         }
-        let mut backoff = Backoff::reconnect();
+        let mut backoff = backoff::reconnect();
         let mut attempts = 0u32;
         loop {
             if self.closed.load(Ordering::SeqCst) {
@@ -383,7 +383,7 @@ impl Inner {
             // A transport failure (the connection dropped before or during the publish) is
             // retried on a new connection until the bound: the broker never confirmed, so at
             // worst the message is stored twice, which consumers deduplicate.
-            let mut backoff = Backoff::reconnect();
+            let mut backoff = backoff::reconnect();
             loop {
                 match self
                     .publish_once(message.clone(), queue.clone(), properties.clone())
@@ -391,7 +391,7 @@ impl Inner {
                 {
                     Err(error @ BrokerError::Transport { .. }) => {
                         tracing::debug!(error = %ErrorChain(&error), "RabbitMQ publish failed; retrying on a new connection");
-                        last_error = Some(ErrorChain(&error).to_string());
+                        last_error = Some(Box::new(error));
                         // Its channel may be dead before the client noticed: open a new one.
                         *self.publisher.lock().await = None;
                         tokio::time::sleep(backoff.next_delay()).await;
@@ -403,11 +403,9 @@ impl Inner {
         match tokio::time::timeout(timeout, attempts).await {
             Ok(done) => done,
             Err(_) => Err(BrokerError::Timeout {
-                operation: match last_error {
-                    Some(error) => format!("{operation} (last error: {error})"),
-                    None => operation,
-                },
+                operation,
                 after: timeout,
+                source: last_error,
             }),
         }
     }
@@ -537,6 +535,7 @@ impl Inner {
                 Err(BrokerError::Timeout {
                     operation: format!("dead-letter to `{destination}`"),
                     after: timeout,
+                    source: None,
                 })
             })
     }
@@ -620,7 +619,7 @@ struct Consuming {
 impl Consuming {
     /// The next delivery (or undecodable item); `None` only once the broker was closed.
     async fn next(&mut self) -> Option<Result<Delivery, BrokerError>> {
-        let mut backoff = Backoff::reconnect();
+        let mut backoff = backoff::reconnect();
         let mut lost = false;
         loop {
             if self.inner.closed.load(Ordering::SeqCst) {

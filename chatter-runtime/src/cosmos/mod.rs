@@ -31,5 +31,6 @@ pub use crate::partition_key::sdk_key as partition_key;
 pub use crate::document::id::{inbox_id, outbox_id};
 
 /// The SDK types that appear in this module's signatures.
+pub use azure_data_cosmos::CosmosClient;
 pub use azure_data_cosmos::clients::ContainerClient;
 pub use azure_data_cosmos::models::PartitionKey;

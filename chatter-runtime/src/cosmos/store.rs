@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::error::CosmosStoreError;
 
+#[cfg(any(test, feature = "test-support"))]
 /// HTTP status of a transactional-batch operation that was not applied because another
 /// operation of the same batch failed.
 pub(crate) const FAILED_DEPENDENCY: u16 = 424;
@@ -91,6 +92,7 @@ impl BatchOutcome {
         self.operations.iter().map(|op| op.status).collect()
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// The operation that made the batch fail: the first one whose status is neither 2xx nor
     /// `FAILED_DEPENDENCY`, with its index.
     pub fn failed_operation(&self) -> Option<(usize, &BatchOperationOutcome)> {
@@ -217,12 +219,14 @@ fn write_outcome(response: &azure_data_cosmos::models::ItemResponse) -> WriteOut
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
 fn document_id<'a>(operation: &'static str, doc: &'a Value) -> Result<&'a str, CosmosStoreError> {
     doc.get("id")
         .and_then(Value::as_str)
         .ok_or(CosmosStoreError::MissingDocumentId { operation })
 }
 
+#[cfg(any(test, feature = "test-support"))]
 /// Creates `doc` (its `id` field names it) in `partition_key`; 409 if it exists.
 pub async fn create_item(
     container: &ContainerClient,
@@ -238,6 +242,7 @@ pub async fn create_item(
         .map_err(|e| CosmosStoreError::request(OPERATION, e))
 }
 
+#[cfg(any(test, feature = "test-support"))]
 /// Creates or replaces `doc` (its `id` field names it) in `partition_key`.
 pub async fn upsert_item(
     container: &ContainerClient,

@@ -1,17 +1,15 @@
-//! Inbox Markers: the Batched Inbox Marker (catalog 0.3, op 0 of the aggregate batch), the
-//! Claimed Inbox Marker of the Standalone Inbox Gate (0.4), and the genuine-marker check that
-//! confirms a marker conflict.
+//! The Batched Inbox Marker (op 0 of every aggregate batch) and the genuine-marker check that
+//! confirms a marker conflict. (The Claimed Inbox Marker of the standalone inbox comes with
+//! that inbox.)
 
 use serde_json::{Map, Value};
 use time::OffsetDateTime;
 
-use super::outbox::{DISCRIMINATOR_FIELD, ID_FIELD, MESSAGE_ID_FIELD, TTL_FIELD};
+use super::outbox::{DISCRIMINATOR_FIELD, ID_FIELD, MESSAGE_ID_FIELD};
 use super::{DocumentError, format_utc_timestamp, id};
 
 /// The field holding the instant the marker was stamped.
 pub(crate) const RECEIVED_AT_UTC_FIELD: &str = "ReceivedAtUtc";
-/// The two-phase completion flag of a Claimed Inbox Marker.
-pub(crate) const COMPLETED_FIELD: &str = "Completed";
 
 /// The root fields a partition-key path must not target on an Inbox Marker, in the
 /// C# declaration order. `ttl` and `Completed` are deliberately not reserved.
@@ -26,8 +24,6 @@ pub(crate) const INBOX_MARKER_RESERVED_ROOT_FIELDS: [&str; 4] = [
 fn base_marker(
     message_id: &str,
     received_at: OffsetDateTime,
-    ttl_seconds: Option<i32>,
-    completed: Option<bool>,
 ) -> Result<Map<String, Value>, DocumentError> {
     let mut doc = Map::new();
     doc.insert(
@@ -46,12 +42,6 @@ fn base_marker(
         RECEIVED_AT_UTC_FIELD.to_owned(),
         Value::String(format_utc_timestamp(received_at)?),
     );
-    if let Some(ttl) = ttl_seconds.filter(|ttl| *ttl > 0) {
-        doc.insert(TTL_FIELD.to_owned(), Value::from(ttl));
-    }
-    if let Some(completed) = completed {
-        doc.insert(COMPLETED_FIELD.to_owned(), Value::Bool(completed));
-    }
     Ok(doc)
 }
 
@@ -67,7 +57,7 @@ pub(crate) fn inbox_marker(
     pk_values: &[Value],
     received_at: OffsetDateTime,
 ) -> Result<Value, DocumentError> {
-    let mut doc = base_marker(message_id, received_at, None, None)?;
+    let mut doc = base_marker(message_id, received_at)?;
     crate::partition_key::stamp(
         &mut doc,
         pk_paths,

@@ -3,7 +3,7 @@
 //! - [`id`]: the item ids Chatter mints, `outbox:`/`inbox:` + unpadded base64url of the message id.
 //! - [`outbox`]: the Outbox Document, its pending gate, and reading it back into a message.
 //! - [`outbox_contract`]: the Outbox Document Contract, whether a pending document can ever be published.
-//! - [`inbox_marker`](mod@inbox_marker): the Batched and Claimed Inbox Markers, and the genuine-marker check.
+//! - [`inbox_marker`](mod@inbox_marker): the Batched Inbox Marker and the genuine-marker check.
 //! - [`json`]: serialization with `ChatterJson.Options` escaping, and the `ReceivedAtUtc` format.
 //!
 //! Key order is insertion order (serde_json's `preserve_order` feature, enabled by this crate),

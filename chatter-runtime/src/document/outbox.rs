@@ -18,8 +18,6 @@ pub(crate) const STATUS_PENDING: &str = "pending";
 pub(crate) const STATUS_DELIVERED: &str = "delivered";
 /// The state the relay stamps on a document the Outbox Document Contract rejects.
 pub(crate) const STATUS_UNDELIVERABLE: &str = "undeliverable";
-/// The Cosmos per-document time-to-live field.
-pub(crate) const TTL_FIELD: &str = "ttl";
 /// The verbatim message-id field.
 pub(crate) const MESSAGE_ID_FIELD: &str = "MessageId";
 /// The destination field.
@@ -73,7 +71,7 @@ pub(crate) fn undeliverable_stamp() -> [(&'static str, Value); 1] {
 }
 
 /// The fields every pending Outbox Document starts with, in the catalog's order: `id`,
-/// `_chatterType`, `status`, `MessageId` (shared by the full document and the thin trigger).
+/// `_chatterType`, `status`, `MessageId`.
 fn pending_header(id: String, message_id: String) -> Map<String, Value> {
     let mut doc = Map::new();
     doc.insert(ID_FIELD.to_owned(), Value::String(id));
@@ -123,7 +121,7 @@ impl OutboxDocument {
         })
     }
 
-    /// The JSON body, keys in the section-0.2 order, partition values stamped at `pk_paths`.
+    /// The JSON body, keys in the order the .NET module writes them, partition values stamped at `pk_paths`.
     ///
     /// # Errors
     /// The stamping errors of `partition_key::stamp`, with the outbox reserved
@@ -167,6 +165,7 @@ impl OutboxDocument {
         Self::from_message(message)?.to_json(pk_paths, pk_values)
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// Reads the fields of a persisted Outbox Document (extra fields, such as the partition
     /// leaves and Cosmos's `_ts`, are ignored).
     ///
@@ -205,6 +204,7 @@ impl OutboxDocument {
         })
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// The brokered message this document carries, verbatim: the context is parsed back from its
     /// JSON string (absent, null or blank means an empty context); a missing content type falls
     /// back to the context's `Chatter.ContentType` string, as the contract does.
@@ -247,6 +247,7 @@ impl OutboxDocument {
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
 fn malformed(reason: &str) -> DocumentError {
     DocumentError::MalformedOutboxDocument {
         reason: reason.to_owned(),

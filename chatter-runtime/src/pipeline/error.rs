@@ -75,6 +75,9 @@ pub enum PipelineError {
         status: u16,
         /// Per-operation status codes, op 0 being the inbox marker.
         operation_statuses: Vec<u16>,
+        /// The store error, when confirming a conflicting marker failed.
+        #[source]
+        source: Option<CosmosStoreError>,
     },
     /// A Cosmos call failed.
     #[error("Cosmos call for `{command}` message '{message_id}' failed")]

@@ -18,7 +18,7 @@ use time::OffsetDateTime;
 use crate::atomic_write::{AtomicWriteHandle, HandlerContext};
 use crate::broker::Broker;
 use crate::cosmos::store::{self, BatchOperation};
-use crate::cosmos::{CosmosConnection, ReadOutcome};
+use crate::cosmos::{CosmosConnection, CosmosStoreError, ReadOutcome};
 use crate::document;
 use crate::partition_key;
 use crate::registry::RegisteredCommand;
@@ -138,13 +138,16 @@ impl Pipeline {
         }
 
         let statuses = outcome.status_codes();
-        let failed = |reason: String| PipelineError::BatchFailed {
-            command: name,
-            message_id: message_id.to_owned(),
-            reason,
-            status: outcome.status,
-            operation_statuses: statuses.clone(),
-        };
+        let failed_because =
+            |reason: String, source: Option<CosmosStoreError>| PipelineError::BatchFailed {
+                command: name,
+                message_id: message_id.to_owned(),
+                reason,
+                status: outcome.status,
+                operation_statuses: statuses.clone(),
+                source,
+            };
+        let failed = |reason: String| failed_because(reason, None);
         if statuses.first() != Some(&409) {
             return Err(failed("Cosmos rejected the batch".to_owned()));
         }
@@ -166,9 +169,10 @@ impl Pipeline {
             Ok(ReadOutcome::NotFound) => Err(failed(format!(
                 "the inbox marker conflicted but document '{marker_id}' could not be read back (404)"
             ))),
-            Err(e) => Err(failed(format!(
-                "the inbox marker conflicted and confirming it failed: {e}"
-            ))),
+            Err(e) => Err(failed_because(
+                "the inbox marker conflicted and confirming it failed".to_owned(),
+                Some(e),
+            )),
         }
     }
 

@@ -16,7 +16,8 @@ pub use command::{
 };
 pub use error::{RegistrationProblem, RegistryError};
 pub use handler::{BoxError, HandlerFuture, HandlerRegistration, IntoHandlerResult};
-pub use validate::{RegisteredCommand, Registry};
+pub(crate) use validate::RegisteredCommand;
+pub use validate::Registry;
 
 inventory::collect!(CommandRegistration);
 inventory::collect!(HandlerRegistration);

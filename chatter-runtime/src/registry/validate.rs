@@ -168,6 +168,7 @@ impl Registry {
         self.by_type.get(&type_id).map(|&i| &self.commands[i])
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// The registered command received from `destination`.
     pub fn get_by_destination(&self, destination: &str) -> Option<&RegisteredCommand> {
         self.by_destination

@@ -95,7 +95,7 @@ impl fmt::Display for MonitoredContainerViolation {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum MonitoredContainerError {
-    /// The container's properties could not be read (or, in [`verify_all`], its handle could
+    /// The container's properties could not be read (or, at start, its handle could
     /// not be derived, e.g. it does not exist).
     #[error(
         "The Cosmos outbox relay could not read the properties of monitored container \
@@ -136,7 +136,7 @@ fn join_violations(violations: &[MonitoredContainerViolation]) -> String {
         .join("; and ")
 }
 
-/// Every monitored container that failed [`verify_all`], in source order.
+/// Every monitored container that failed the start-time check, in source order.
 ///
 /// Its message is each container's [`MonitoredContainerError`] message, one per line (joined with
 /// `"\n"`), so a single failing container reads exactly as the .NET module's text.
@@ -170,7 +170,7 @@ pub async fn verify(
 
 /// The three checks of the contract on already-read container settings (what [`verify`] runs
 /// after its one read).
-pub fn check(
+pub(crate) fn check(
     database: &str,
     container_id: &str,
     declared_paths: &[impl AsRef<str>],

@@ -26,7 +26,7 @@ use serde_json::Value;
 
 use super::delivery::DeliverySettings;
 use super::diagnostics;
-use super::suspension::{ConfirmationReceipt, DrainGate, MonotonicClock};
+use super::suspension::{ConfirmationReceipt, DrainGate};
 use crate::broker::{Broker, BrokerError};
 use crate::cosmos::{self, ContainerClient, CosmosStoreError};
 use crate::document::{self, ContractViolations, outbox, outbox_contract};
@@ -178,8 +178,9 @@ impl Drain {
         self
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// The same drain with its gate on `clock` (and no suspension state).
-    pub fn with_clock(mut self, clock: Arc<dyn MonotonicClock>) -> Self {
+    pub fn with_clock(mut self, clock: Arc<dyn super::suspension::MonotonicClock>) -> Self {
         self.gate = Arc::new(DrainGate::with_clock(
             self.gate.source_identity().to_owned(),
             clock,
@@ -254,6 +255,7 @@ impl Drain {
                 Err(BrokerError::Timeout {
                     operation: format!("publish `{message_id}` to `{destination}`"),
                     after: self.publish_timeout,
+                    source: None,
                 })
             });
         match published {

@@ -37,7 +37,7 @@ pub trait MonotonicClock: Send + Sync + 'static {
 
 /// The process's monotonic clock ([`Instant`]).
 #[derive(Debug, Clone, Copy)]
-pub struct SystemClock {
+pub(crate) struct SystemClock {
     origin: Instant,
 }
 
@@ -55,10 +55,12 @@ impl MonotonicClock for SystemClock {
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
 /// A clock that moves only when told to ([`ManualClock::advance`]), for tests.
 #[derive(Debug, Default)]
 pub struct ManualClock(Mutex<Duration>);
 
+#[cfg(any(test, feature = "test-support"))]
 impl ManualClock {
     /// A clock at its origin.
     pub fn new() -> Self {
@@ -71,6 +73,7 @@ impl ManualClock {
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
 impl MonotonicClock for ManualClock {
     fn now(&self) -> Duration {
         *self.0.lock().unwrap_or_else(PoisonError::into_inner)

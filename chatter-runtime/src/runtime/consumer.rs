@@ -21,7 +21,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::health::ConsumerStatus;
-use crate::backoff::Backoff;
+use crate::backoff;
 use crate::broker::{Broker, Delivery, Subscription, dead_letter_destination};
 use crate::error_chain::ErrorChain;
 use crate::message::BrokeredMessage;
@@ -103,7 +103,7 @@ impl Consumer {
     /// Subscribes again with backoff until it works (`None` on shutdown).
     async fn resubscribe(&self) -> Option<Subscription> {
         let destination = self.command.registration.destination;
-        let mut backoff = Backoff::reconnect();
+        let mut backoff = backoff::reconnect();
         loop {
             match self.broker.subscribe(destination).await {
                 Ok(subscription) => return Some(subscription),
