@@ -1,58 +1,13 @@
-//! [`ErrorChain`]: an error and its causes as one sentence.
+//! [`ErrorChain`]: an error and its causes as one sentence. Its one home is the change-feed
+//! crate at the bottom of the stack; chatter's errors follow the same rule (what failed in
+//! `Display`, why in `source()`), so it serves both.
 
-use std::error::Error;
-use std::fmt;
-
-/// Displays an error followed by each of its [`source`](Error::source)s, joined by `": "`:
-/// `cannot reach Cosmos DB at http://127.0.0.1:9/: connection refused`.
-///
-/// chatter's errors follow the Rust API guidelines: an error's `Display` says what failed and
-/// its `source()` says why, so printing only `Display` drops the cause. Print an error with
-/// `ErrorChain` where a person reads it (a binary's `main`, a log line), as chatter's own logs do.
-///
-/// ```
-/// use chatter_runtime::ErrorChain;
-///
-/// #[derive(Debug, thiserror::Error)]
-/// #[error("could not load the configuration")]
-/// struct Load(#[source] std::io::Error);
-///
-/// let error = Load(std::io::Error::other("permission denied"));
-/// assert_eq!(
-///     ErrorChain(&error).to_string(),
-///     "could not load the configuration: permission denied"
-/// );
-/// ```
-#[derive(Clone, Copy)]
-pub struct ErrorChain<'a>(pub &'a (dyn Error + 'static));
-
-impl fmt::Display for ErrorChain<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut previous = self.0.to_string();
-        f.write_str(&previous)?;
-        let mut cause = self.0.source();
-        while let Some(error) = cause {
-            // Some clients wrap an error in one that says the same; say it once.
-            let text = error.to_string();
-            if text != previous {
-                write!(f, ": {text}")?;
-            }
-            previous = text;
-            cause = error.source();
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Debug for ErrorChain<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
+pub use cosmos_change_feed::ErrorChain;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::error::Error;
 
     #[derive(Debug, thiserror::Error)]
     #[error("outer")]

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::balance::{self, LeaseView, Take};
-use crate::error::Chain;
+use crate::error::ErrorChain;
 use crate::lease::{LeaseDocument, LeaseStore, LeaseWrite, now_millis};
 use crate::ranges::{self, Bounds, bounds};
 use crate::store::{StoreError, bounded};
@@ -147,14 +147,14 @@ impl Coordinator {
         {
             Ok(ranges) => Some(ranges),
             Err(error) => {
-                tracing::warn!(%processor, error = %Chain(&error), "could not read the monitored container's feed ranges");
+                tracing::warn!(%processor, error = %ErrorChain(&error), "could not read the monitored container's feed ranges");
                 None
             }
         };
         let mut leases = match self.ctx.store.list().await {
             Ok(leases) => leases,
             Err(error) => {
-                tracing::warn!(%processor, error = %Chain(&error), "could not list the leases; retrying later");
+                tracing::warn!(%processor, error = %ErrorChain(&error), "could not list the leases; retrying later");
                 return;
             }
         };
@@ -164,12 +164,12 @@ impl Coordinator {
                 Ok(_) => match self.ctx.store.list().await {
                     Ok(listed) => leases = listed,
                     Err(error) => {
-                        tracing::warn!(%processor, error = %Chain(&error), "could not list the leases; retrying later");
+                        tracing::warn!(%processor, error = %ErrorChain(&error), "could not list the leases; retrying later");
                         return;
                     }
                 },
                 Err(error) => {
-                    tracing::warn!(%processor, error = %Chain(&error), "could not create leases")
+                    tracing::warn!(%processor, error = %ErrorChain(&error), "could not create leases")
                 }
             }
         }
@@ -225,7 +225,7 @@ impl Coordinator {
                     "the lease of a split feed range changed or went since it was read; it is not polled, and looked at again next cycle"
                 ),
                 LeaseWrite::Failed(error) => tracing::warn!(
-                    %processor, parent = %parent.lease_token, error = %Chain(&error),
+                    %processor, parent = %parent.lease_token, error = %ErrorChain(&error),
                     "could not delete the lease of a split feed range; it is not polled, and the delete is retried next cycle"
                 ),
             }
@@ -279,7 +279,7 @@ impl Coordinator {
                 return;
             }
             LeaseWrite::Failed(error) => {
-                tracing::warn!(processor, instance, lease = %lease.lease_token, error = %Chain(&error), "could not acquire the lease");
+                tracing::warn!(processor, instance, lease = %lease.lease_token, error = %ErrorChain(&error), "could not acquire the lease");
                 return;
             }
         }
@@ -363,7 +363,7 @@ impl Coordinator {
             child_tokens.push(lease.lease_token.clone());
             if let Err(error) = self.ctx.store.create(&lease).await {
                 tracing::warn!(
-                    %processor, parent = %parent.lease_token, child = %lease.lease_token, error = %Chain(&error),
+                    %processor, parent = %parent.lease_token, child = %lease.lease_token, error = %ErrorChain(&error),
                     "could not create a child lease after a split; retrying next cycle"
                 );
                 return;
@@ -379,7 +379,7 @@ impl Coordinator {
                 "the split lease changed hands before it could be deleted; its new owner splits it"
             ),
             LeaseWrite::Failed(error) => tracing::warn!(
-                %processor, parent = %parent.lease_token, error = %Chain(&error),
+                %processor, parent = %parent.lease_token, error = %ErrorChain(&error),
                 "could not delete the split lease; retrying next cycle"
             ),
         }

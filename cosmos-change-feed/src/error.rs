@@ -107,16 +107,30 @@ pub enum InvalidOptions {
     },
 }
 
-/// An error and its sources joined by `": "`, for logs and health reports: the crate's errors
-/// say what failed in `Display` and why in `source()`, so `Display` alone drops the cause.
-pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+/// Displays an error followed by each of its [`source`](std::error::Error::source)s, joined by
+/// `": "`: `could not read the leases: Cosmos DB read_item failed with HTTP status 503: ...`.
+///
+/// This crate's errors say what failed in `Display` and why in `source()` (the Rust API
+/// guidelines), so printing only `Display` drops the cause. Print an error with `ErrorChain`
+/// where a person reads it, as the processor's own logs do. A cause that repeats its wrapper's
+/// text word for word is printed once.
+///
+/// ```
+/// use cosmos_change_feed::ErrorChain;
+///
+/// let error = std::io::Error::other("permission denied");
+/// assert_eq!(ErrorChain(&error).to_string(), "permission denied");
+/// ```
+#[derive(Clone, Copy)]
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
 
-impl std::fmt::Display for Chain<'_> {
+impl std::fmt::Display for ErrorChain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut previous = self.0.to_string();
         f.write_str(&previous)?;
         let mut cause = self.0.source();
         while let Some(error) = cause {
+            // Some clients wrap an error in one that says the same; say it once.
             let text = error.to_string();
             if text != previous {
                 write!(f, ": {text}")?;
@@ -125,6 +139,12 @@ impl std::fmt::Display for Chain<'_> {
             cause = error.source();
         }
         Ok(())
+    }
+}
+
+impl std::fmt::Debug for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
     }
 }
 
@@ -137,7 +157,7 @@ mod chain_tests {
         let error = ChangeFeedError::InvalidOptions(InvalidOptions::Zero {
             option: ProcessorOption::PollInterval,
         });
-        let text = Chain(&error).to_string();
+        let text = ErrorChain(&error).to_string();
         assert!(text.starts_with(&error.to_string()), "{text}");
         assert!(text.ends_with("must be greater than zero"), "{text}");
     }

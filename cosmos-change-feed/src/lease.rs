@@ -9,7 +9,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::error::Chain;
+use crate::error::ErrorChain;
 use crate::store::{
     StoreError, bounded, create_item, delete_item, lease_key, read_item, replace_item,
 };
@@ -230,7 +230,7 @@ impl LeaseStore {
                 Err(error) => tracing::error!(
                     processor = %self.processor,
                     id = item.get("id").and_then(serde_json::Value::as_str).unwrap_or("?"),
-                    error = %Chain(&error),
+                    error = %ErrorChain(&error),
                     "a lease document of this processor cannot be read; its feed range gets a new lease"
                 ),
             }

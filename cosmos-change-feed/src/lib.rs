@@ -96,7 +96,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use backoff::Backoff;
-pub use error::{ChangeFeedError, InvalidOptions, ProcessorOption};
+pub use error::{ChangeFeedError, ErrorChain, InvalidOptions, ProcessorOption};
 pub use fault::{HandlerPanicked, HandlerTimedOut, LeaseFault, LeaseFaultStage};
 pub use lease::{LeaseDocument, LeaseFeedRange, lease_id, read_leases};
 pub use options::{ChangeFeedProcessorOptions, StartFrom};

@@ -16,7 +16,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
-use crate::error::Chain;
+use crate::error::ErrorChain;
 use crate::fault::{FaultHandler, HandlerPanicked, HandlerTimedOut, LeaseFault, LeaseFaultStage};
 use crate::lease::{LeaseDocument, LeaseStore, LeaseWrite, now_millis};
 use crate::options::{ChangeFeedProcessorOptions, StartFrom};
@@ -295,12 +295,12 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
             Err(error) => {
                 if error.status() == Some(410) {
                     tracing::info!(
-                        processor, lease = %slot.lease_token, error = %Chain(&error),
+                        processor, lease = %slot.lease_token, error = %ErrorChain(&error),
                         "feed range gone (split or merge in progress); re-reading the feed ranges"
                     );
                     ctx.wake.notify_one();
                 } else {
-                    record_fault(ctx, slot, &Chain(&error));
+                    record_fault(ctx, slot, &ErrorChain(&error));
                     ctx.report(&LeaseFault {
                         lease_token: &slot.lease_token,
                         stage: LeaseFaultStage::Read,
@@ -362,7 +362,7 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
             }) as BoxError),
         };
         if let Some(error) = &failure {
-            record_fault(ctx, slot, &Chain(error.as_ref()));
+            record_fault(ctx, slot, &ErrorChain(error.as_ref()));
             ctx.report(&LeaseFault {
                 lease_token: &slot.lease_token,
                 stage: LeaseFaultStage::Handler,
@@ -462,7 +462,7 @@ async fn release(ctx: &WorkerContext, slot: &LeaseSlot, position: Option<String>
             "lease already taken by another instance; nothing to release"
         ),
         LeaseWrite::Failed(error) => tracing::warn!(
-            processor = %ctx.store.processor, lease = %slot.lease_token, error = %Chain(&error),
+            processor = %ctx.store.processor, lease = %slot.lease_token, error = %ErrorChain(&error),
             "could not release the lease; it becomes free when it expires"
         ),
     }
