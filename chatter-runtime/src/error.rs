@@ -35,4 +35,6 @@ pub use crate::relay::contract::{
 pub use crate::relay::delivery::DeliverySettingsError;
 pub use crate::relay::host::RelayError;
 pub use crate::runtime::{DispatchError, StartError};
-pub use cosmos_change_feed::{ChangeFeedError, InvalidOptions, ProcessorOption, StoreError};
+pub use cosmos_change_feed::{
+    ChangeFeedError, InvalidOptions, ProcessorOption, RequestError, StoreError,
+};

@@ -83,6 +83,7 @@ mod fault;
 mod lease;
 mod options;
 mod ranges;
+mod request;
 mod store;
 mod worker;
 
@@ -100,6 +101,7 @@ pub use error::{ChangeFeedError, ErrorChain, InvalidOptions, ProcessorOption};
 pub use fault::{HandlerPanicked, HandlerTimedOut, LeaseFault, LeaseFaultStage};
 pub use lease::{LeaseDocument, LeaseFeedRange, lease_id, read_leases};
 pub use options::{ChangeFeedProcessorOptions, StartFrom};
+pub use request::RequestError;
 pub use store::StoreError;
 
 use coordinator::{Coordinator, create_missing_leases, read_ranges};

@@ -10,6 +10,8 @@ use azure_data_cosmos::models::PartitionKey;
 use azure_data_cosmos::options::{ItemWriteOptions, Precondition};
 use serde_json::Value;
 
+use crate::request::RequestError;
+
 /// An error reading or writing the monitored or the lease container.
 ///
 /// Errors answered by the service keep their HTTP status code (and Cosmos sub-status): see
@@ -18,21 +20,8 @@ use serde_json::Value;
 #[non_exhaustive]
 pub enum StoreError {
     /// A Cosmos DB request failed (answered with a non-success status, or not answered at all).
-    #[error("Cosmos DB {operation} failed with HTTP status {status}{}", sub_status_text(*.sub_status))]
-    Request {
-        /// What was attempted, e.g. `query_change_feed`, `replace_lease`.
-        operation: &'static str,
-        /// The HTTP status code. For failures raised by the SDK itself (transport errors,
-        /// timeouts) this is the SDK's synthetic status (see `from_wire`).
-        status: u16,
-        /// The Cosmos sub-status code, when there is one.
-        sub_status: Option<u16>,
-        /// Whether the status was answered by the service (`false`: raised client-side).
-        from_wire: bool,
-        /// The SDK error.
-        #[source]
-        source: CosmosError,
-    },
+    #[error(transparent)]
+    Request(RequestError),
 
     /// A call did not finish within the processor's
     /// [`store_timeout`](crate::ChangeFeedProcessorOptions::store_timeout); it was cancelled and
@@ -74,24 +63,10 @@ pub enum StoreError {
     },
 }
 
-fn sub_status_text(sub_status: Option<u16>) -> String {
-    match sub_status {
-        Some(code) if code != 0 => format!(" (sub-status {code})"),
-        _ => String::new(),
-    }
-}
-
 impl StoreError {
     /// Wraps an SDK error, keeping its status code.
     pub(crate) fn request(operation: &'static str, source: CosmosError) -> Self {
-        let status = source.status();
-        Self::Request {
-            operation,
-            status: u16::from(status.status_code()),
-            sub_status: status.sub_status().map(u16::from),
-            from_wire: source.is_from_wire(),
-            source,
-        }
+        Self::Request(RequestError::new(operation, source))
     }
 
     /// A [`StoreError::Timeout`] of `operation` after `after`.
@@ -112,7 +87,7 @@ impl StoreError {
     /// The HTTP status code of a failed request, if this error is one.
     pub fn status(&self) -> Option<u16> {
         match self {
-            Self::Request { status, .. } => Some(*status),
+            Self::Request(request) => Some(request.status),
             _ => None,
         }
     }
@@ -120,7 +95,7 @@ impl StoreError {
     /// The Cosmos sub-status code of a failed request, if there is one.
     pub fn sub_status(&self) -> Option<u16> {
         match self {
-            Self::Request { sub_status, .. } => *sub_status,
+            Self::Request(request) => request.sub_status,
             _ => None,
         }
     }
@@ -129,18 +104,14 @@ impl StoreError {
     /// sent with 429 Too Many Requests), if it did.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::Request { source, .. } => source
-                .response()?
-                .headers()
-                .retry_after_ms
-                .map(Duration::from_millis),
+            Self::Request(request) => request.retry_after(),
             _ => None,
         }
     }
 
     /// Whether this is a request the service answered with `status`.
     pub fn is_status(&self, status: u16) -> bool {
-        matches!(self, Self::Request { status: s, from_wire: true, .. } if *s == status)
+        matches!(self, Self::Request(request) if request.is_status(status))
     }
 }
 

@@ -1,6 +1,7 @@
 //! The error type of the Cosmos access layer.
 
 use azure_data_cosmos::CosmosError;
+use cosmos_change_feed::RequestError;
 
 use crate::partition_key::PartitionKeyError;
 
@@ -18,21 +19,8 @@ pub const KEY_ENV: &str = "CHATTER_COSMOS_KEY";
 #[non_exhaustive]
 pub enum CosmosStoreError {
     /// A Cosmos request failed (answered with a non-success status, or not answered at all).
-    #[error("Cosmos {operation} failed with HTTP status {status}{}", sub_status_text(*.sub_status))]
-    Request {
-        /// What was attempted, e.g. `read_item`, `execute_batch`, `create_container`.
-        operation: &'static str,
-        /// The HTTP status code. For failures raised by the SDK itself (transport errors,
-        /// timeouts) this is the SDK's synthetic status (see `from_wire`).
-        status: u16,
-        /// The Cosmos sub-status code, when there is one.
-        sub_status: Option<u16>,
-        /// Whether the status was answered by the service (`false`: raised client-side).
-        from_wire: bool,
-        /// The SDK error.
-        #[source]
-        source: CosmosError,
-    },
+    #[error(transparent)]
+    Request(RequestError),
 
     /// A partition key the SDK cannot take (no value, more than three, an array or object).
     #[error(transparent)]
@@ -118,24 +106,10 @@ pub enum CosmosStoreError {
     },
 }
 
-fn sub_status_text(sub_status: Option<u16>) -> String {
-    match sub_status {
-        Some(code) if code != 0 => format!(" (sub-status {code})"),
-        _ => String::new(),
-    }
-}
-
 impl CosmosStoreError {
     /// Wraps an SDK error, keeping its status code.
     pub(crate) fn request(operation: &'static str, source: CosmosError) -> Self {
-        let status = source.status();
-        Self::Request {
-            operation,
-            status: u16::from(status.status_code()),
-            sub_status: status.sub_status().map(u16::from),
-            from_wire: source.is_from_wire(),
-            source,
-        }
+        Self::Request(RequestError::new(operation, source))
     }
 
     /// Wraps an SDK error raised while encoding or decoding a body.
@@ -157,7 +131,7 @@ impl CosmosStoreError {
     /// The HTTP status code of a failed request, if this error is one.
     pub fn status(&self) -> Option<u16> {
         match self {
-            Self::Request { status, .. } => Some(*status),
+            Self::Request(request) => Some(request.status),
             _ => None,
         }
     }
@@ -165,7 +139,7 @@ impl CosmosStoreError {
     /// The Cosmos sub-status code of a failed request, if there is one.
     pub fn sub_status(&self) -> Option<u16> {
         match self {
-            Self::Request { sub_status, .. } => *sub_status,
+            Self::Request(request) => request.sub_status,
             _ => None,
         }
     }
@@ -174,17 +148,13 @@ impl CosmosStoreError {
     /// sent with 429 Too Many Requests), if it did.
     pub fn retry_after(&self) -> Option<std::time::Duration> {
         match self {
-            Self::Request { source, .. } => source
-                .response()?
-                .headers()
-                .retry_after_ms
-                .map(std::time::Duration::from_millis),
+            Self::Request(request) => request.retry_after(),
             _ => None,
         }
     }
 
     /// Whether this is a request the service answered with `status`.
     pub fn is_status(&self, status: u16) -> bool {
-        matches!(self, Self::Request { status: s, from_wire: true, .. } if *s == status)
+        matches!(self, Self::Request(request) if request.is_status(status))
     }
 }
