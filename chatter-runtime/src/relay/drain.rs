@@ -45,7 +45,6 @@ pub struct DrainReport {
 
 /// Why a pending Outbox Document was stamped `undeliverable`.
 #[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
 pub(crate) enum UndeliverableReason {
     /// The document's own fields violate the Outbox Document Contract.
     #[error(transparent)]
