@@ -23,8 +23,9 @@
 //!   it takes one lease from an owner holding at least two more leases than itself.
 //! - **Checkpoints after the handler succeeds.** Per owned lease, one page at a time is read
 //!   from the lease's continuation and handed to your async handler as a [`ChangeFeedBatch`].
-//!   The new continuation is written to the lease only after the handler returned `Ok`. A full
-//!   page is followed by the next read at once.
+//!   The new continuation is written to the lease only after the handler returned `Ok`. A page
+//!   with documents is followed by the next read at once (read until caught up); only an empty
+//!   read waits the poll interval.
 //! - **At-least-once delivery.** A batch can be handed over again after a handler error, a
 //!   failed checkpoint, or a lease changing hands mid-batch: the handler must tolerate
 //!   repeats (be idempotent).

@@ -34,16 +34,17 @@ pub enum StartFrom {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ChangeFeedProcessorOptions {
-    /// How long a lease's poller waits after a page that was not full (or after an error)
+    /// How long a lease's poller waits after a read that found nothing new (or after an error)
     /// before reading its feed range again. Default **1 s**.
     ///
-    /// The .NET change-feed processor defaults to 5 s. This interval is the bulk of the delay
-    /// between a write and its hand-over that a quiet container sees (a busy one reads full
-    /// pages back to back); 1 s keeps that delay low at the cost of one cheap read (about
-    /// 1 RU, a 304 when nothing changed) per lease per second.
+    /// A page with documents, full or not, is followed by the next read at once, so a backlog
+    /// is read back to back until the lease is caught up. The .NET change-feed processor
+    /// defaults to 5 s. This interval is the bulk of the delay between a write and its
+    /// hand-over that a quiet container sees; 1 s keeps that delay low at the cost of one cheap
+    /// read (about 1 RU, a 304 when nothing changed) per lease per second.
     pub poll_interval: Duration,
     /// The most documents one page (and so one batch handed to the handler) holds.
-    /// Default **100**. A page that comes back full is followed by the next read at once.
+    /// Default **100**.
     pub max_items_per_page: u32,
     /// How often an owner rewrites (renews) each lease it owns. Default **5 s**. Must be
     /// shorter than [`lease_expiry`](Self::lease_expiry).

@@ -341,7 +341,6 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
         }
 
         let count = documents.len();
-        let full = u32::try_from(count).unwrap_or(u32::MAX) >= ctx.options.max_items_per_page;
         let batch = ChangeFeedBatch {
             documents,
             lease_token: slot.lease_token.clone(),
@@ -387,9 +386,9 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
                 tracing::debug!(processor, lease = %slot.lease_token, documents = count, "checkpointed");
                 record_progress(ctx, slot);
                 backoff.reset();
-                if !full {
-                    slot.pause(ctx.options.poll_interval).await;
-                }
+                // Read until caught up: a page with documents is followed by the next read at
+                // once. Only an empty read waits the poll interval; a short page is no sign of
+                // the end (the service also cuts pages at its response-size limit).
             }
             Err(WriteError::Lost) => return position,
             Err(WriteError::Failed) => {

@@ -174,3 +174,60 @@ async fn start_refuses_empty_names_and_invalid_options_with_typed_errors() {
     assert!(!err.to_string().contains("store_timeout"), "{err}");
     assert!(read_leases(&leases, "p").await.unwrap().is_empty());
 }
+
+/// Read until caught up: a page with documents, even a short one, is followed by the next read
+/// at once; the poll interval (an hour here) applies only after an empty read. The handler of
+/// the first page writes a second document to the same partition, so only a poller that reads
+/// again at once sees it within the minute.
+#[tokio::test]
+async fn a_page_with_documents_is_followed_by_the_next_read_at_once_whatever_its_size() {
+    let (orders, leases) = containers().await;
+    let doc = |id: &str| json!({ "id": id, "orderId": "one-partition" });
+    orders
+        .create_item("one-partition", "first", &doc("first"), None)
+        .await
+        .unwrap();
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let recorded = Arc::clone(&seen);
+    let writer = Arc::clone(&orders);
+    let processor =
+        ChangeFeedProcessor::builder("p", "host-1", Arc::clone(&orders), Arc::clone(&leases))
+            .options(
+                fast()
+                    .with_poll_interval(Duration::from_secs(3600))
+                    .with_max_backoff(Duration::from_secs(3600)),
+            )
+            .start(move |batch: ChangeFeedBatch| {
+                let seen = Arc::clone(&recorded);
+                let writer = Arc::clone(&writer);
+                async move {
+                    let ids: Vec<String> = batch
+                        .documents
+                        .iter()
+                        .map(|d| d["id"].as_str().unwrap().to_owned())
+                        .collect();
+                    if ids == ["first"] {
+                        writer
+                            .create_item("one-partition", "second", &doc("second"), None)
+                            .await?;
+                    }
+                    seen.lock().unwrap().extend(ids);
+                    Ok(())
+                }
+                .boxed()
+            })
+            .await
+            .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while seen.lock().unwrap().len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the document written after a one-document page was not read without waiting the \
+             poll interval: {:?}",
+            seen.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(*seen.lock().unwrap(), ["first", "second"]);
+    processor.shutdown().await;
+}
