@@ -87,3 +87,21 @@ pub(crate) fn change_feed_fault(
         );
     });
 }
+
+/// Another group of a failed page failed too: the page fails with its first failure (logged
+/// as a change-feed fault), and each further one is logged here so none goes unseen.
+pub(crate) fn page_failure_also(
+    source_identity: &str,
+    lease_token: &str,
+    error: &(dyn std::error::Error + 'static),
+) {
+    guarded(|| {
+        tracing::error!(
+            source_identity,
+            lease_token,
+            error,
+            "The Cosmos Outbox Relay failed another document of the same page of lease \
+             {lease_token}; the page is read again."
+        );
+    });
+}

@@ -14,7 +14,7 @@ use futures::FutureExt;
 use super::contract::{self, MonitoredContainersError};
 use super::delivery::DeliverySettingsError;
 use super::diagnostics;
-use super::drain::{Drain, DrainError};
+use super::drain::{Drain, DrainError, InFlightLimit};
 use super::identity::{self, RelaySource};
 use super::options::RelayOptions;
 use super::suspension::DrainGate;
@@ -31,6 +31,9 @@ pub enum RelayError {
     /// [`RelayOptions::publish_timeout`] is zero: no publish could ever finish.
     #[error("invalid relay options: `publish_timeout` must be greater than zero")]
     ZeroPublishTimeout,
+    /// [`RelayOptions::max_in_flight`] is zero: no document could ever be published.
+    #[error("invalid relay options: `max_in_flight` must be greater than zero")]
+    ZeroMaxInFlight,
     /// The delivery settings are invalid.
     #[error(transparent)]
     Delivery(#[from] DeliverySettingsError),
@@ -87,12 +90,17 @@ impl RelayHost {
         if options.publish_timeout.is_zero() {
             return Err(RelayError::ZeroPublishTimeout);
         }
+        if options.max_in_flight == 0 {
+            return Err(RelayError::ZeroMaxInFlight);
+        }
         contract::verify_all(cosmos, sources).await?;
 
         let instance = identity::instance_name();
+        // One limit for every lease of every source: the broker and the RU budget are shared.
+        let in_flight = InFlightLimit::new(options.max_in_flight);
         let mut processors = Vec::with_capacity(sources.len());
         for source in sources {
-            match start_one(cosmos, &broker, source, &instance, options).await {
+            match start_one(cosmos, &broker, source, &instance, options, &in_flight).await {
                 Ok(processor) => processors.push(processor),
                 Err(error) => {
                     // Stop what already started; the original error is what the caller sees.
@@ -152,6 +160,7 @@ async fn start_one(
     source: &RelaySource,
     instance: &str,
     options: &RelayOptions,
+    in_flight: &InFlightLimit,
 ) -> Result<(RunningProcessor, Arc<DrainGate>), RelayError> {
     let container = |name: &'static str| async move {
         cosmos
@@ -173,7 +182,8 @@ async fn start_one(
         source.partition_key_paths,
         options.delivery.clone(),
     )
-    .with_timeouts(options.publish_timeout, options.processor.store_timeout);
+    .with_timeouts(options.publish_timeout, options.processor.store_timeout)
+    .with_in_flight_limit(in_flight.clone());
     let gate = Arc::clone(drain.gate());
     let processor_name = source.processor_name.clone();
     let label = format!("{}/{}", source.database, source.container);
