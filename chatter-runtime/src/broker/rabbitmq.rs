@@ -240,6 +240,11 @@ impl Inner {
         {
             return Ok(Arc::clone(connection));
         }
+        // The connection dropped (or a call on it failed): an outage, logged when it is seen,
+        // whether the first attempt to reconnect works or not. A closed broker has no outage.
+        if !self.closed.load(Ordering::SeqCst) {
+            tracing::error!(uri = %redact(&self.uri), "RabbitMQ connection lost; reconnecting with backoff");
+        }
         let mut backoff = backoff::reconnect();
         let mut attempts = 0u32;
         loop {
@@ -251,9 +256,7 @@ impl Inner {
             }
             match open(&self.uri).await {
                 Ok(connection) => {
-                    if attempts > 0 {
-                        tracing::info!(uri = %redact(&self.uri), attempts, "RabbitMQ connection recovered");
-                    }
+                    tracing::info!(uri = %redact(&self.uri), failed_attempts = attempts, "RabbitMQ connection recovered");
                     let connection = Arc::new(connection);
                     *current = Some(Arc::clone(&connection));
                     self.declared
@@ -264,7 +267,7 @@ impl Inner {
                 }
                 Err(error) => {
                     if attempts == 0 {
-                        tracing::error!(uri = %redact(&self.uri), error = %ErrorChain(&error), "RabbitMQ connection lost; reconnecting with backoff");
+                        tracing::warn!(uri = %redact(&self.uri), error = %ErrorChain(&error), "RabbitMQ unreachable; still reconnecting with backoff");
                     } else {
                         tracing::debug!(uri = %redact(&self.uri), attempts, error = %ErrorChain(&error), "RabbitMQ still unreachable");
                     }
