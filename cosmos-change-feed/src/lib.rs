@@ -124,6 +124,9 @@ pub struct ChangeFeedBatch {
     /// The lease token: the feed range the documents come from, as `{min}-{max}`
     /// (hex effective-partition-key bounds).
     pub lease_token: String,
+    /// The Request Units the read of this page was billed (`x-ms-request-charge`; 0 when the
+    /// response did not say).
+    pub request_charge: f64,
 }
 
 /// The error a batch handler returns: any error, reported as a [`LeaseFault`] of stage

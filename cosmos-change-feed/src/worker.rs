@@ -290,7 +290,7 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
             read_page(ctx, &slot.range, position.as_deref()),
         )
         .await;
-        let (documents, next) = match read {
+        let (documents, next, request_charge) = match read {
             Ok(page) => page,
             Err(error) => {
                 if error.status() == Some(410) {
@@ -344,6 +344,7 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
         let batch = ChangeFeedBatch {
             documents,
             lease_token: slot.lease_token.clone(),
+            request_charge,
         };
         let handled = tokio::time::timeout(
             ctx.options.handler_timeout,
@@ -400,13 +401,13 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
     position
 }
 
-/// Reads one page of the lease's feed range from `continuation`: the documents and the
-/// continuation after them.
+/// Reads one page of the lease's feed range from `continuation`: the documents, the
+/// continuation after them, and the Request Units the read was billed.
 async fn read_page(
     ctx: &WorkerContext,
     range: &FeedRange,
     continuation: Option<&str>,
-) -> Result<(Vec<Value>, Option<String>), StoreError> {
+) -> Result<(Vec<Value>, Option<String>, f64), StoreError> {
     const OPERATION: &str = "query_change_feed";
     let max_items = NonZeroU32::new(ctx.options.max_items_per_page).unwrap_or(NonZeroU32::MIN);
     let mut options =
@@ -425,19 +426,23 @@ async fn read_page(
         .map_err(|e| StoreError::request(OPERATION, e))?;
     let page = match pages.next().await {
         Some(page) => page.map_err(|e| StoreError::request(OPERATION, e))?,
-        None => return Ok((Vec::new(), continuation.map(str::to_owned))),
+        None => return Ok((Vec::new(), continuation.map(str::to_owned), 0.0)),
     };
     let next = pages
         .to_continuation_token()
         .map_err(|e| StoreError::request(OPERATION, e))?
         .as_str()
         .to_owned();
+    let request_charge = page
+        .headers()
+        .request_charge()
+        .map_or(0.0, |charge| charge.value());
     let documents = page
         .items()
         .iter()
         .filter_map(|item| item.current().cloned())
         .collect();
-    Ok((documents, Some(next)))
+    Ok((documents, Some(next), request_charge))
 }
 
 /// Clears the owner (keeping the checkpoint) so another instance may take the lease at once.

@@ -254,3 +254,63 @@ async fn the_relay_publishes_each_pending_document_once_and_never_touches_other_
     assert_eq!(leases.len(), 2, "one processor per distinct source");
     runtime.shutdown().await;
 }
+
+/// Issue 10's request cost: every batch's and every relay request's charge is summed per
+/// runtime (the emulator's charges are nominal; the path from each response is what counts).
+#[tokio::test]
+async fn request_charges_are_summed_per_command_and_per_relayed_message() {
+    let cosmos = store("/tenantId").await;
+    let broker = InMemoryBroker::new();
+    let runtime = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .broker(broker.clone())
+        .consume(false)
+        .relay_options(fast())
+        .start()
+        .await
+        .unwrap();
+    assert_eq!(runtime.request_charges().commands, 0);
+    assert_eq!(runtime.request_charges().per_command(), None);
+    for n in 0..3 {
+        runtime
+            .dispatch(
+                CreateOrder {
+                    order_id: format!("rc-{n}"),
+                },
+                format!("rc-{n}"),
+            )
+            .await
+            .unwrap();
+    }
+    eventually(
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        "the three events are relayed and stamped",
+        || async { runtime.request_charges().relayed_messages == 3 },
+    )
+    .await;
+    assert_eq!(broker.published_count("order-events"), 3);
+    let charges = runtime.request_charges();
+    assert_eq!(charges.commands, 3);
+    let per_command = charges.per_command().unwrap();
+    assert!(per_command > 0.0, "{charges:?}");
+    let per_message = charges.per_relayed_message().unwrap();
+    assert!(per_message > 0.0, "{charges:?}");
+
+    // A duplicate's rolled-back batch and its confirming read are a command's cost too.
+    let outcome = runtime
+        .dispatch(
+            CreateOrder {
+                order_id: "rc-0".into(),
+            },
+            "rc-0",
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome, chatter_runtime::Outcome::Duplicate);
+    let after = runtime.request_charges();
+    assert_eq!(after.commands, 4);
+    assert!(after.command_request_units > charges.command_request_units);
+    assert_eq!(after.relayed_messages, 3);
+    runtime.shutdown().await;
+}

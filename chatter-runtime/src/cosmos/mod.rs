@@ -1,5 +1,6 @@
 //! Cosmos DB access: the connection (SDK client + account endpoint + container-handle cache),
-//! development provisioning, and reading back what chatter wrote.
+//! development provisioning, reading back what chatter wrote, and what its requests cost
+//! ([`RequestCharges`]).
 //!
 //! Only the official SDK (`azure_data_cosmos`) talks to Cosmos. Where the connection comes
 //! from ([`CosmosConnection::resolve`]):
@@ -12,11 +13,13 @@
 //!
 //! `chatter-emulator` serves the same in-memory emulator over HTTP for multi-process setups.
 
+pub(crate) mod charge;
 mod connection;
 mod error;
 pub mod provision;
 pub(crate) mod store;
 
+pub use charge::RequestCharges;
 #[cfg(feature = "embedded")]
 pub use connection::EMBEDDED_ENDPOINT;
 pub use connection::{CosmosConnection, EMULATOR_KEY};

@@ -68,12 +68,14 @@ pub struct BatchOperationOutcome {
 /// A batch is all-or-nothing: when one operation fails the service rolls back the others and
 /// answers with a non-2xx batch status (HTTP 207 Multi-Status for an operation failure such as
 /// a conflict) and per-operation codes such as `[409, 424, 424]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct BatchOutcome {
     /// HTTP status of the batch request.
     pub status: u16,
     /// One outcome per operation, in the order the operations were given.
     pub operations: Vec<BatchOperationOutcome>,
+    /// The Request Units the service billed for the batch (0 when it did not say).
+    pub request_charge: f64,
 }
 
 impl BatchOutcome {
@@ -129,6 +131,7 @@ pub async fn execute_batch(
         .await
         .map_err(|e| CosmosStoreError::request(OPERATION, e))?;
     let status = u16::from(response.status().status_code());
+    let request_charge = charge(response.headers());
     let results = response
         .into_model()
         .map_err(|e| CosmosStoreError::codec(OPERATION, e))?;
@@ -141,7 +144,18 @@ pub async fn execute_batch(
             etag: result.etag().map(str::to_owned),
         })
         .collect();
-    Ok(BatchOutcome { status, operations })
+    Ok(BatchOutcome {
+        status,
+        operations,
+        request_charge,
+    })
+}
+
+/// The Request Units a response says it was billed (0 when it does not say).
+pub(crate) fn charge(headers: &azure_data_cosmos::models::ResponseHeaders) -> f64 {
+    headers
+        .request_charge()
+        .map_or(0.0, |charge| charge.value())
 }
 
 /// The result of a point read.
@@ -183,19 +197,32 @@ pub async fn read_item(
     partition_key: PartitionKey,
     id: &str,
 ) -> Result<ReadOutcome, CosmosStoreError> {
+    read_item_charged(container, partition_key, id)
+        .await
+        .map(|(outcome, _)| outcome)
+}
+
+/// [`read_item`] with the Request Units the read was billed (0 for a 404, whose charge the
+/// SDK's error does not carry).
+pub(crate) async fn read_item_charged(
+    container: &ContainerClient,
+    partition_key: PartitionKey,
+    id: &str,
+) -> Result<(ReadOutcome, f64), CosmosStoreError> {
     const OPERATION: &str = "read_item";
     match container.read_item(partition_key, id, None).await {
         Ok(response) => {
             let etag = response.headers().etag().map(ToString::to_string);
+            let request_charge = charge(response.headers());
             let document = response
                 .into_model::<Value>()
                 .map_err(|e| CosmosStoreError::codec(OPERATION, e))?;
-            Ok(ReadOutcome::Found { document, etag })
+            Ok((ReadOutcome::Found { document, etag }, request_charge))
         }
         Err(e) => {
             let error = CosmosStoreError::request(OPERATION, e);
             if error.is_status(404) {
-                Ok(ReadOutcome::NotFound)
+                Ok((ReadOutcome::NotFound, 0.0))
             } else {
                 Err(error)
             }
@@ -204,18 +231,21 @@ pub async fn read_item(
 }
 
 /// The result of a successful write.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct WriteOutcome {
     /// HTTP status (201 created, 200 replaced/patched).
     pub status: u16,
     /// ETag of the written document, when given.
     pub etag: Option<String>,
+    /// The Request Units the service billed for the write (0 when it did not say).
+    pub request_charge: f64,
 }
 
 fn write_outcome(response: &azure_data_cosmos::models::ItemResponse) -> WriteOutcome {
     WriteOutcome {
         status: u16::from(response.status().status_code()),
         etag: response.headers().etag().map(ToString::to_string),
+        request_charge: charge(response.headers()),
     }
 }
 
@@ -351,6 +381,7 @@ mod tests {
                     etag: None,
                 })
                 .collect(),
+            request_charge: 0.0,
         };
         assert!(!outcome.is_success());
         assert_eq!(

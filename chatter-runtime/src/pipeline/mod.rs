@@ -17,6 +17,7 @@ use time::OffsetDateTime;
 
 use crate::atomic_write::{AtomicWriteHandle, HandlerContext};
 use crate::broker::Broker;
+use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::store::{self, BatchOperation};
 use crate::cosmos::{CosmosConnection, CosmosStoreError, ReadOutcome};
 use crate::document;
@@ -45,6 +46,7 @@ pub enum Outcome {
 pub(crate) struct Pipeline {
     cosmos: CosmosConnection,
     broker: Arc<dyn Broker>,
+    charges: Arc<RequestMeter>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -56,9 +58,18 @@ impl std::fmt::Debug for Pipeline {
 }
 
 impl Pipeline {
-    /// A pipeline writing through `cosmos` and publishing pass-through messages on `broker`.
-    pub(crate) fn new(cosmos: CosmosConnection, broker: Arc<dyn Broker>) -> Self {
-        Self { cosmos, broker }
+    /// A pipeline writing through `cosmos` and publishing pass-through messages on `broker`,
+    /// summing what its requests were billed in `charges`.
+    pub(crate) fn new(
+        cosmos: CosmosConnection,
+        broker: Arc<dyn Broker>,
+        charges: Arc<RequestMeter>,
+    ) -> Self {
+        Self {
+            cosmos,
+            broker,
+            charges,
+        }
     }
 
     /// Handles one delivery of `command` whose body (the command's JSON) is `body`.
@@ -127,11 +138,13 @@ impl Pipeline {
         let outcome = store::execute_batch(&container, key.clone(), operations)
             .await
             .map_err(cosmos_error)?;
+        self.charges.command(outcome.request_charge);
         if outcome.is_success() {
             tracing::debug!(
                 command = name,
                 message_id,
                 operations = count,
+                request_charge = outcome.request_charge,
                 "chatter batch committed"
             );
             return Ok(Outcome::Committed { operations: count });
@@ -152,7 +165,13 @@ impl Pipeline {
             return Err(failed("Cosmos rejected the batch".to_owned()));
         }
         // A candidate duplicate: confirm against the conflicting document itself.
-        match store::read_item(&container, key, &marker_id).await {
+        let confirmed = store::read_item_charged(&container, key, &marker_id)
+            .await
+            .map(|(read, request_charge)| {
+                self.charges.command_extra(request_charge);
+                read
+            });
+        match confirmed {
             Ok(ReadOutcome::Found { document, .. })
                 if document::is_genuine_inbox_marker(&document, message_id) =>
             {

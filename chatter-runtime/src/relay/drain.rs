@@ -43,6 +43,7 @@ use super::delivery::DeliverySettings;
 use super::diagnostics;
 use super::suspension::{ConfirmationReceipt, DrainGate};
 use crate::broker::{Broker, BrokerError};
+use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::{self, ContainerClient, CosmosStoreError};
 use crate::document::{self, ContractViolations, outbox, outbox_contract};
 use crate::partition_key::{self, PartitionKeyPath};
@@ -192,6 +193,7 @@ pub struct Drain {
     publish_timeout: Duration,
     store_timeout: Duration,
     in_flight: InFlightLimit,
+    charges: Arc<RequestMeter>,
 }
 
 /// The default bound of one publish and of one stamp.
@@ -227,7 +229,15 @@ impl Drain {
             publish_timeout: DEFAULT_DRAIN_TIMEOUT,
             store_timeout: DEFAULT_DRAIN_TIMEOUT,
             in_flight: InFlightLimit::default(),
+            charges: Arc::default(),
         }
+    }
+
+    /// Sums what the stamps are billed, and the documents stamped, in `charges` (the
+    /// runtime's), instead of a meter of its own.
+    pub(crate) fn with_request_meter(mut self, charges: Arc<RequestMeter>) -> Self {
+        self.charges = charges;
+        self
     }
 
     /// Takes a permit of `limit` for every document in flight, instead of a limit of its own
@@ -294,6 +304,9 @@ impl Drain {
             receipt = receipt.or(outcome.receipt);
             failures.extend(outcome.error);
         }
+        // Stamps that landed count whether or not the page failed: they are done either way.
+        self.charges
+            .relayed(u64::try_from(report.published + report.undeliverable).unwrap_or(u64::MAX));
         let mut failures = failures.into_iter();
         let Some(first) = failures.next() else {
             self.gate.record_confirmation_success(lease_token, receipt);
@@ -481,12 +494,13 @@ impl Drain {
     ) -> Result<ConfirmationReceipt, CosmosStoreError> {
         let values = partition_key::read_back_or_null(doc, self.partition_key_paths);
         let key = partition_key::sdk_key(&values)?;
-        cosmos::store::bounded(
+        let written = cosmos::store::bounded(
             "patch_item",
             self.store_timeout,
             cosmos::store::patch_item(&self.container, key, id, ops),
         )
         .await?;
+        self.charges.relay(written.request_charge);
         Ok(ConfirmationReceipt)
     }
 }

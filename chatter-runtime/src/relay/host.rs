@@ -19,6 +19,7 @@ use super::identity::{self, RelaySource};
 use super::options::RelayOptions;
 use super::suspension::DrainGate;
 use crate::broker::Broker;
+use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::{CosmosConnection, CosmosStoreError};
 
 /// Why the relay did not start.
@@ -81,6 +82,7 @@ impl RelayHost {
         broker: Arc<dyn Broker>,
         sources: &[RelaySource],
         options: &RelayOptions,
+        charges: &Arc<RequestMeter>,
     ) -> Result<Self, RelayError> {
         options.delivery.validate()?;
         options
@@ -100,7 +102,11 @@ impl RelayHost {
         let in_flight = InFlightLimit::new(options.max_in_flight);
         let mut processors = Vec::with_capacity(sources.len());
         for source in sources {
-            match start_one(cosmos, &broker, source, &instance, options, &in_flight).await {
+            match start_one(
+                cosmos, &broker, source, &instance, options, &in_flight, charges,
+            )
+            .await
+            {
                 Ok(processor) => processors.push(processor),
                 Err(error) => {
                     // Stop what already started; the original error is what the caller sees.
@@ -161,6 +167,7 @@ async fn start_one(
     instance: &str,
     options: &RelayOptions,
     in_flight: &InFlightLimit,
+    charges: &Arc<RequestMeter>,
 ) -> Result<(RunningProcessor, Arc<DrainGate>), RelayError> {
     let container = |name: &'static str| async move {
         cosmos
@@ -183,7 +190,9 @@ async fn start_one(
         options.delivery.clone(),
     )
     .with_timeouts(options.publish_timeout, options.processor.store_timeout)
-    .with_in_flight_limit(in_flight.clone());
+    .with_in_flight_limit(in_flight.clone())
+    .with_request_meter(Arc::clone(charges));
+    let page_charges = Arc::clone(charges);
     let gate = Arc::clone(drain.gate());
     let processor_name = source.processor_name.clone();
     let label = format!("{}/{}", source.database, source.container);
@@ -208,6 +217,8 @@ async fn start_one(
             .start(move |batch| {
                 let drain = drain.clone();
                 let label = label.clone();
+                // The read that returned documents is part of what relaying them costs.
+                page_charges.relay(batch.request_charge);
                 async move {
                     let report = drain.drain(&batch.lease_token, &batch.documents).await?;
                     if report.published > 0 || report.undeliverable > 0 {
@@ -217,6 +228,7 @@ async fn start_one(
                             published = report.published,
                             skipped = report.skipped,
                             undeliverable = report.undeliverable,
+                            read_request_charge = batch.request_charge,
                             "chatter relay drained a page"
                         );
                     }

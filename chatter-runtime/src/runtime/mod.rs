@@ -18,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::broker::{Broker, InMemoryBroker};
-use crate::cosmos::CosmosConnection;
+use crate::cosmos::charge::RequestMeter;
+use crate::cosmos::{CosmosConnection, RequestCharges};
 use crate::pipeline::{Outcome, Pipeline};
 use crate::registry::{CommandRegistration, DocumentReliable, Registry};
 use crate::relay::RelayOptions;
@@ -156,14 +157,15 @@ impl RuntimeBuilder {
             None => Arc::new(InMemoryBroker::new()),
         };
         // The relay verifies every monitored container before any processor or consumer starts.
+        let charges = Arc::new(RequestMeter::default());
         let relay = match &self.relay {
             Some(options) => {
                 let sources = identity::distinct_sources(&registry, cosmos.endpoint());
-                Some(RelayHost::start(&cosmos, broker.clone(), &sources, options).await?)
+                Some(RelayHost::start(&cosmos, broker.clone(), &sources, options, &charges).await?)
             }
             None => None,
         };
-        let pipeline = Pipeline::new(cosmos.clone(), broker.clone());
+        let pipeline = Pipeline::new(cosmos.clone(), broker.clone(), Arc::clone(&charges));
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
         let mut consumers = Vec::new();
@@ -230,6 +232,7 @@ impl RuntimeBuilder {
                 tracker,
                 relay,
                 consumers,
+                charges,
             }),
         })
     }
@@ -251,6 +254,7 @@ struct Inner {
     tracker: TaskTracker,
     relay: tokio::sync::Mutex<Option<RelayHost>>,
     consumers: Vec<health::ConsumerStatus>,
+    charges: Arc<RequestMeter>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -353,6 +357,14 @@ impl Runtime {
             })
             .collect();
         Health { consumers, leases }
+    }
+
+    /// The Request Units this runtime's store requests were billed so far: per command (its
+    /// batch) and per relayed message (the page reads that returned it and its stamp), from each
+    /// response's request charge. Against an account, RU per relayed message and the 10,000
+    /// RU/s of one physical partition bound what the relay can drain.
+    pub fn request_charges(&self) -> RequestCharges {
+        self.inner.charges.snapshot()
     }
 
     /// The leases under a Drain Suspension now (their confirmations kept failing, so their pages
