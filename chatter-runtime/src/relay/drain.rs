@@ -78,9 +78,12 @@ pub struct InFlightLimit(Arc<Semaphore>);
 pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 32;
 
 impl InFlightLimit {
-    /// A limit of `permits` documents in flight (at least one).
+    /// A limit of `permits` documents in flight (at least one; a number past what a semaphore
+    /// can count means as many as it can).
     pub fn new(permits: usize) -> Self {
-        Self(Arc::new(Semaphore::new(permits.max(1))))
+        Self(Arc::new(Semaphore::new(
+            permits.clamp(1, Semaphore::MAX_PERMITS),
+        )))
     }
 
     #[cfg(any(test, feature = "test-support"))]
@@ -502,5 +505,19 @@ impl Drain {
         .await?;
         self.charges.relay(written.request_charge);
         Ok(ConfirmationReceipt)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_in_flight_limit_past_what_a_semaphore_counts_is_no_panic() {
+        assert_eq!(
+            InFlightLimit::new(usize::MAX).available(),
+            Semaphore::MAX_PERMITS
+        );
+        assert_eq!(InFlightLimit::new(0).available(), 1);
     }
 }
