@@ -69,8 +69,9 @@ pub trait Broker: Send + Sync + 'static {
     /// Start consuming `destination`, asking the broker to hold at most `prefetch` unsettled
     /// deliveries for this subscription at a time (flow control; AMQP `basic.qos`).
     ///
-    /// The default calls [`subscribe`](Broker::subscribe): a broker without flow control ignores
-    /// `prefetch`.
+    /// The runtime's consumers subscribe with this, `prefetch` being their
+    /// [consumer concurrency](crate::RuntimeBuilder::consumer_concurrency). The default calls
+    /// [`subscribe`](Broker::subscribe): a broker without flow control ignores `prefetch`.
     fn subscribe_with_prefetch<'a>(
         &'a self,
         destination: &'a str,
