@@ -129,6 +129,23 @@ pub(crate) fn resolve(paths: &[PartitionKeyPath], command: &Value) -> Option<Vec
         .collect()
 }
 
+/// One text per partition-key value, the same for values Cosmos DB holds in one logical
+/// partition: the consumer orders deliveries by it.
+///
+/// Numbers are compared as Cosmos compares them, as 64-bit floats (`1` and `1.0` are one key);
+/// every other value by its JSON text. Two keys that are one for Cosmos are always one here;
+/// two that differ may rarely be one here too (numbers beyond 2^53), which only orders more.
+pub(crate) fn ordering_key(values: &[Value]) -> String {
+    let normalized: Vec<Value> = values
+        .iter()
+        .map(|value| match value {
+            Value::Number(number) => number.as_f64().map_or_else(|| value.clone(), Value::from),
+            other => other.clone(),
+        })
+        .collect();
+    Value::Array(normalized).to_string()
+}
+
 /// The property names of a partition-key path: `/tenant/id` -> `["tenant", "id"]`.
 ///
 /// Like the C# `Split('/', RemoveEmptyEntries)`, the leading `/` is optional and empty segments
@@ -558,6 +575,21 @@ mod tests {
         assert!(!same_paths(&[ORDER], &[ORDER, REGION]));
         assert!(!same_paths(&[ORDER, REGION], &[REGION, ORDER]));
         assert_eq!(display(&[ORDER, REGION]), "[/orderId, /region]");
+    }
+
+    #[test]
+    fn ordering_keys_are_one_exactly_when_cosmos_sees_one_value() {
+        let key = |values: &[Value]| ordering_key(values);
+        assert_eq!(key(&[json!(1)]), key(&[json!(1.0)]));
+        assert_eq!(key(&[json!("a"), json!(2)]), key(&[json!("a"), json!(2.0)]));
+        assert_ne!(key(&[json!("1")]), key(&[json!(1)]));
+        assert_ne!(
+            key(&[json!("a"), json!("b")]),
+            key(&[json!("b"), json!("a")])
+        );
+        assert_ne!(key(&[json!("a,b")]), key(&[json!("a"), json!("b")]));
+        assert_ne!(key(&[Value::Null]), key(&[json!("null")]));
+        assert_ne!(key(&[json!(true)]), key(&[json!("true")]));
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! | [`store`] | embedded store, `chatter-emulator` server on port 0, provisioning, point reads |
 //! | [`broker`] | [`broker::Received`] (message ids consumed from a destination), bounded `next` |
 //! | [`relay`] | [`relay::fast_relay`]: relay options with short timings |
-//! | [`runtime`] | [`runtime::writer`]: a runtime that only dispatches (no consumers, no relay) |
+//! | [`runtime`] | [`runtime::writer`]: a runtime that only dispatches (no consumers, no relay); [`runtime::registry_at`]: one command on a destination of the test's own |
 //! | [`process`] | [`process::ChildProcess`]: a spawned process read line by line, killed on drop |
 //! | [`proxy`] | [`proxy::TcpProxy`]: a TCP proxy that cuts the network to a real server (RabbitMQ) |
 //! | [`logs`] | [`logs::capture`]: what chatter logs through `tracing`, for asserting the always-on logs |

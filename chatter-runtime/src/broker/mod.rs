@@ -66,6 +66,21 @@ pub trait Broker: Send + Sync + 'static {
         destination: &'a str,
     ) -> BoxFuture<'a, Result<Subscription, BrokerError>>;
 
+    /// Start consuming `destination`, asking the broker to hold at most `prefetch` unsettled
+    /// deliveries for this subscription at a time (flow control; AMQP `basic.qos`).
+    ///
+    /// The runtime's consumers subscribe with this, `prefetch` being their
+    /// [consumer concurrency](crate::RuntimeBuilder::consumer_concurrency). The default calls
+    /// [`subscribe`](Broker::subscribe): a broker without flow control ignores `prefetch`.
+    fn subscribe_with_prefetch<'a>(
+        &'a self,
+        destination: &'a str,
+        prefetch: u16,
+    ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
+        let _ = prefetch;
+        self.subscribe(destination)
+    }
+
     /// Whether this broker could ever carry `message`, judged on the message alone (no I/O):
     /// `Err` with a [permanent](BrokerError::is_permanent) error when it will refuse it every
     /// time (e.g. a field longer than the protocol allows).
@@ -90,6 +105,14 @@ impl<B: Broker + ?Sized> Broker for Arc<B> {
         destination: &'a str,
     ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
         (**self).subscribe(destination)
+    }
+
+    fn subscribe_with_prefetch<'a>(
+        &'a self,
+        destination: &'a str,
+        prefetch: u16,
+    ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
+        (**self).subscribe_with_prefetch(destination, prefetch)
     }
 
     fn check(&self, message: &BrokeredMessage) -> Result<(), BrokerError> {

@@ -57,7 +57,8 @@ const DEFAULT_PREFETCH: u16 = 1;
 ///   [`BrokerError::Rejected`]; a message returned as unroutable (its queue was deleted since)
 ///   is published once more after declaring the queue again, then is `Rejected` too.
 /// - [`subscribe`](Broker::subscribe) opens a channel of its own with a prefetch of
-///   [`prefetch`](Self::with_prefetch) (1 by default) and consumes with manual ack;
+///   [`prefetch`](Self::with_prefetch) (1 by default; [`Broker::subscribe_with_prefetch`] sets
+///   it per subscription, as the runtime's consumers do) and consumes with manual ack;
 ///   [`Delivery::nack`] and dropping a delivery unsettled are `basic.nack` with `requeue`, and
 ///   [`Delivery::redelivered`] is the AMQP `redelivered` flag.
 ///
@@ -710,6 +711,16 @@ impl Broker for RabbitMqBroker {
             .clone()
             .subscribe(destination, self.prefetch)
             .boxed()
+    }
+
+    /// Overrides [`with_prefetch`](Self::with_prefetch) for this subscription: its channel's
+    /// `basic.qos` is `prefetch` (0 means no limit), kept across recoveries.
+    fn subscribe_with_prefetch<'a>(
+        &'a self,
+        destination: &'a str,
+        prefetch: u16,
+    ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
+        self.inner.clone().subscribe(destination, prefetch).boxed()
     }
 
     fn check(&self, message: &BrokeredMessage) -> Result<(), BrokerError> {

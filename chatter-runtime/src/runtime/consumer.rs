@@ -2,6 +2,17 @@
 //! success; a failure that can succeed later is delivered again (counted), one that never can is
 //! dead-lettered.
 //!
+//! - **Concurrency.** A consumer handles up to its
+//!   [consumer concurrency](super::RuntimeBuilder::consumer_concurrency) deliveries at once
+//!   (default [`DEFAULT_CONSUMER_CONCURRENCY`]) and subscribes asking the broker for a prefetch
+//!   of as many: it takes the next delivery from the subscription only while fewer than that
+//!   are held, in progress or waiting for their key.
+//! - **Order per partition-key value.** Deliveries whose command bodies have the same
+//!   partition-key value are handled one after another, in the order they arrived; deliveries
+//!   of different values run concurrently. A body whose key does not resolve (or that is not
+//!   JSON) runs on its own, ordered with nothing. A failed delivery is retried by publishing
+//!   its next attempt to the back of the destination, so a failure can reorder a key's
+//!   deliveries: the retry runs after those that arrived behind it.
 //! - **Attempts survive restarts.** A failed delivery is not nacked: a copy carrying the next
 //!   attempt number in its context (`Chatter.Delivery.Attempts`) is published to the same
 //!   destination, then the original is acked. The count travels with the message, so neither a
@@ -13,24 +24,35 @@
 //!   logged at Error.
 //! - **Subscriptions.** A subscription the broker ends is made again with backoff, logged at
 //!   Error when it ends and at Info when it is back; the consumer never ends on its own.
+//! - **Shutdown.** Deliveries in progress finish and are settled; deliveries waiting behind
+//!   their key are returned to the broker unsettled, which delivers them again.
 
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde_json::Value;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::health::ConsumerStatus;
 use crate::backoff;
 use crate::broker::{Broker, Delivery, Subscription, dead_letter_destination};
 use crate::error_chain::ErrorChain;
 use crate::message::BrokeredMessage;
+use crate::partition_key;
 use crate::pipeline::{Outcome, Pipeline, PipelineError};
 use crate::registry::RegisteredCommand;
 
 /// Deliveries of one message, the first included, before it is dead-lettered, for a command
 /// that does not set `#[chatter(max_delivery_attempts = N)]`.
 pub const DEFAULT_MAX_DELIVERY_ATTEMPTS: u32 = 5;
+
+/// Deliveries each command's consumer handles at once, and the prefetch it asks the broker
+/// for, unless [`RuntimeBuilder::consumer_concurrency`](super::RuntimeBuilder::consumer_concurrency)
+/// sets another.
+pub const DEFAULT_CONSUMER_CONCURRENCY: usize = 16;
 
 /// The context key counting a message's deliveries (absent on the first).
 pub const ATTEMPTS_CONTEXT_KEY: &str = "Chatter.Delivery.Attempts";
@@ -46,16 +68,48 @@ pub(super) struct Consumer {
     pub(super) cancel: CancellationToken,
     pub(super) redelivery_delay: Duration,
     pub(super) status: ConsumerStatus,
+    /// Deliveries handled at once, and the prefetch asked of the broker (at least 1).
+    pub(super) concurrency: u16,
+}
+
+/// A delivery taken from the subscription, with its body parsed once, holding one of the
+/// consumer's permits until it is settled or dropped.
+struct Pending {
+    delivery: Delivery,
+    body: Result<Value, serde_json::Error>,
+    permit: OwnedSemaphorePermit,
+}
+
+/// Deliveries waiting behind the one in progress, per partition-key value
+/// ([`partition_key::ordering_key`]). A value is present exactly while one worker drains it.
+type Lanes = Arc<Mutex<HashMap<String, VecDeque<Pending>>>>;
+
+/// The keyed executor of one consumer: the permits, the lanes and the tasks handling them.
+struct Executor {
+    permits: Arc<Semaphore>,
+    lanes: Lanes,
+    workers: TaskTracker,
 }
 
 impl Consumer {
     pub(super) async fn run(self, mut subscription: Subscription) {
-        let name = self.command.registration.command_name;
-        let destination = self.command.registration.destination;
-        tracing::info!(command = name, destination, "chatter consumer started");
+        let consumer = Arc::new(self);
+        let name = consumer.command.registration.command_name;
+        let destination = consumer.command.registration.destination;
+        let executor = Executor {
+            permits: Arc::new(Semaphore::new(usize::from(consumer.concurrency))),
+            lanes: Lanes::default(),
+            workers: TaskTracker::new(),
+        };
+        tracing::info!(
+            command = name,
+            destination,
+            concurrency = consumer.concurrency,
+            "chatter consumer started"
+        );
         loop {
-            self.status.subscribed(subscription.liveness().clone());
-            if !self.consume(&mut subscription).await {
+            consumer.status.subscribed(subscription.liveness().clone());
+            if !consumer.consume(&executor, &mut subscription).await {
                 break;
             }
             tracing::error!(
@@ -63,8 +117,8 @@ impl Consumer {
                 destination,
                 "chatter consumer: the broker ended the subscription; subscribing again with backoff"
             );
-            self.status.reconnecting(None);
-            match self.resubscribe().await {
+            consumer.status.reconnecting(None);
+            match consumer.resubscribe().await {
                 Some(again) => {
                     tracing::info!(
                         command = name,
@@ -76,15 +130,33 @@ impl Consumer {
                 None => break,
             }
         }
-        self.status.stopped();
+        // The deliveries in progress finish (and are settled) before the consumer has stopped.
+        executor.workers.close();
+        executor.workers.wait().await;
+        consumer.status.stopped();
         tracing::info!(command = name, "chatter consumer stopped");
     }
 
-    /// Handles deliveries until the subscription ends (`true`) or shutdown (`false`).
-    async fn consume(&self, subscription: &mut Subscription) -> bool {
+    /// Hands deliveries to the executor until the subscription ends (`true`) or shutdown
+    /// (`false`).
+    async fn consume(
+        self: &Arc<Self>,
+        executor: &Executor,
+        subscription: &mut Subscription,
+    ) -> bool {
         let name = self.command.registration.command_name;
         loop {
+            // A permit first, then the delivery: at most `concurrency` deliveries are held at
+            // once, in progress or waiting for their key, as many as the prefetch.
+            let permit = tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => return false,
+                permit = Arc::clone(&executor.permits).acquire_owned() => permit,
+            };
+            // The semaphore is never closed.
+            let Ok(permit) = permit else { return false };
             let next = tokio::select! {
+                biased;
                 _ = self.cancel.cancelled() => return false,
                 next = subscription.next() => next,
             };
@@ -93,9 +165,88 @@ impl Consumer {
                 Some(Err(error)) => {
                     tracing::error!(command = name, error = %ErrorChain(&error), "chatter consumer: the broker reported a failed delivery");
                 }
-                // A delivery in progress finishes even when shutdown is requested: settling it
-                // is what keeps it from being lost or handled twice.
-                Some(Ok(delivery)) => self.handle(delivery).await,
+                Some(Ok(delivery)) => self.dispatch(executor, delivery, permit),
+            }
+        }
+    }
+
+    /// Starts `delivery` now, or queues it behind the delivery of its partition-key value in
+    /// progress.
+    fn dispatch(
+        self: &Arc<Self>,
+        executor: &Executor,
+        delivery: Delivery,
+        permit: OwnedSemaphorePermit,
+    ) {
+        let body = serde_json::from_str::<Value>(&delivery.message.body);
+        let key = body
+            .as_ref()
+            .ok()
+            .and_then(|body| self.command.registration.resolve_partition_key(body))
+            .map(|values| partition_key::ordering_key(&values));
+        let pending = Pending {
+            delivery,
+            body,
+            permit,
+        };
+        let Some(key) = key else {
+            // No key to order by: it runs on its own.
+            let consumer = Arc::clone(self);
+            executor.workers.spawn(async move {
+                let Pending {
+                    delivery,
+                    body,
+                    permit,
+                } = pending;
+                consumer.handle(delivery, body).await;
+                drop(permit);
+            });
+            return;
+        };
+        {
+            let mut lanes = executor
+                .lanes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(waiting) = lanes.get_mut(&key) {
+                waiting.push_back(pending);
+                return;
+            }
+            lanes.insert(key.clone(), VecDeque::new());
+        }
+        let lane = Lane {
+            lanes: Arc::clone(&executor.lanes),
+            key,
+            drained: false,
+        };
+        executor
+            .workers
+            .spawn(Arc::clone(self).drain(lane, pending));
+    }
+
+    /// Handles `first`, then every delivery queued behind it on `lane`, one at a time, until the
+    /// lane is empty or shutdown is requested.
+    async fn drain(self: Arc<Self>, mut lane: Lane, first: Pending) {
+        let mut next = first;
+        loop {
+            let Pending {
+                delivery,
+                body,
+                permit,
+            } = next;
+            // A delivery in progress finishes even when shutdown is requested: settling it is
+            // what keeps it from being lost or handled twice.
+            self.handle(delivery, body).await;
+            drop(permit);
+            // Deliveries still waiting are not started once shutdown is requested: dropping
+            // them unsettled (when `lane` drops) has the broker deliver them again, so nothing
+            // is lost and shutdown waits for one delivery per key, not for a whole queue.
+            if self.cancel.is_cancelled() {
+                return;
+            }
+            match lane.pop() {
+                Some(pending) => next = pending,
+                None => return,
             }
         }
     }
@@ -105,7 +256,11 @@ impl Consumer {
         let destination = self.command.registration.destination;
         let mut backoff = backoff::reconnect();
         loop {
-            match self.broker.subscribe(destination).await {
+            match self
+                .broker
+                .subscribe_with_prefetch(destination, self.concurrency)
+                .await
+            {
                 Ok(subscription) => return Some(subscription),
                 Err(error) => {
                     tracing::debug!(destination, error = %ErrorChain(&error), "chatter consumer: subscribing failed; retrying");
@@ -120,12 +275,14 @@ impl Consumer {
         }
     }
 
-    async fn handle(&self, delivery: Delivery) {
+    /// Handles one delivery whose body parsed as `body`: acks it, retries it with its attempt
+    /// count, or dead-letters it.
+    async fn handle(&self, delivery: Delivery, body: Result<Value, serde_json::Error>) {
         let name = self.command.registration.command_name;
         let message_id = delivery.message.message_id.clone();
         let attempt = attempt_of(&delivery.message);
         let redelivered = delivery.redelivered || attempt > 1;
-        let result = match serde_json::from_str(&delivery.message.body) {
+        let result = match body {
             Ok(body) => {
                 self.pipeline
                     .handle(&self.command, body, &message_id, redelivered)
@@ -234,6 +391,44 @@ impl Consumer {
                 }
             }
         }
+    }
+}
+
+/// One partition-key value's queue, drained by one worker; dropped unsettled (and its lane
+/// removed) if the worker ends before the queue is empty: on shutdown, or if a handler panicked.
+struct Lane {
+    lanes: Lanes,
+    key: String,
+    /// Set once the worker found the queue empty and removed it itself.
+    drained: bool,
+}
+
+impl Lane {
+    /// The next waiting delivery; when there is none, removes the lane in the same step, so a
+    /// delivery of this key that arrives next starts a new worker.
+    fn pop(&mut self) -> Option<Pending> {
+        let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
+        let next = lanes.get_mut(&self.key).and_then(VecDeque::pop_front);
+        if next.is_none() {
+            lanes.remove(&self.key);
+            self.drained = true;
+        }
+        next
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        if self.drained {
+            return;
+        }
+        let waiting = self
+            .lanes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.key);
+        // Dropped outside the lock: each unsettled delivery goes back to its broker.
+        drop(waiting);
     }
 }
 

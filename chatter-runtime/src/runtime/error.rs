@@ -47,6 +47,15 @@ pub enum StartError {
         #[source]
         source: BrokerError,
     },
+    /// [`RuntimeBuilder::consumer_concurrency`](crate::RuntimeBuilder::consumer_concurrency)
+    /// is 0 or above 65535, the largest prefetch a broker can be asked for.
+    #[error(
+        "consumer concurrency {concurrency} is out of range: a consumer handles 1 to 65535 deliveries at once"
+    )]
+    ConsumerConcurrency {
+        /// The concurrency that was set.
+        concurrency: usize,
+    },
     /// A command's destination could not be consumed.
     #[error("chatter could not subscribe to destination `{destination}`")]
     Subscribe {

@@ -6,7 +6,8 @@ mod health;
 
 pub use crate::broker::dead_letter_destination;
 pub use consumer::{
-    ATTEMPTS_CONTEXT_KEY, DEAD_LETTER_REASON_CONTEXT_KEY, DEFAULT_MAX_DELIVERY_ATTEMPTS,
+    ATTEMPTS_CONTEXT_KEY, DEAD_LETTER_REASON_CONTEXT_KEY, DEFAULT_CONSUMER_CONCURRENCY,
+    DEFAULT_MAX_DELIVERY_ATTEMPTS,
 };
 pub use error::{DispatchError, StartError};
 pub use health::{ConsumerHealth, ConsumerState, Health, LeaseHealth};
@@ -42,6 +43,7 @@ pub struct RuntimeBuilder {
     cosmos: Option<CosmosConnection>,
     broker: Option<Arc<dyn Broker>>,
     consume: bool,
+    consumer_concurrency: usize,
     redelivery_delay: Duration,
     relay: Option<RelayOptions>,
 }
@@ -53,6 +55,7 @@ impl Default for RuntimeBuilder {
             cosmos: None,
             broker: None,
             consume: true,
+            consumer_concurrency: DEFAULT_CONSUMER_CONCURRENCY,
             redelivery_delay: Duration::from_millis(500),
             relay: Some(RelayOptions::default()),
         }
@@ -64,6 +67,7 @@ impl std::fmt::Debug for RuntimeBuilder {
         f.debug_struct("RuntimeBuilder")
             .field("cosmos", &self.cosmos)
             .field("consume", &self.consume)
+            .field("consumer_concurrency", &self.consumer_concurrency)
             .field("redelivery_delay", &self.redelivery_delay)
             .finish_non_exhaustive()
     }
@@ -97,6 +101,25 @@ impl RuntimeBuilder {
         self
     }
 
+    /// How many deliveries each command's consumer handles at once (default
+    /// [`DEFAULT_CONSUMER_CONCURRENCY`], 16); the consumer asks the broker for a prefetch of as
+    /// many ([`Broker::subscribe_with_prefetch`]: `basic.qos` on RabbitMQ), so at most `n`
+    /// deliveries per command are held unsettled at a time.
+    ///
+    /// **Order.** Deliveries whose command bodies have the same partition-key value are handled
+    /// one after another, in the order they arrived; different values run concurrently, up to
+    /// `n`. A body whose key does not resolve runs on its own, unordered. A failed delivery is
+    /// retried by publishing its next attempt to the back of the destination, so a failure can
+    /// reorder: the retry runs after the deliveries of its key that arrived behind it. With
+    /// `n = 1` every delivery is handled in arrival order, one at a time.
+    ///
+    /// [`start`](Self::start) refuses 0 and anything above 65535 (the largest prefetch) with
+    /// [`StartError::ConsumerConcurrency`].
+    pub fn consumer_concurrency(mut self, n: usize) -> Self {
+        self.consumer_concurrency = n;
+        self
+    }
+
     /// How long a consumer waits before returning a failed delivery to the broker (default
     /// 500 ms), so a message that keeps failing does not spin a core.
     pub fn redelivery_delay(mut self, delay: Duration) -> Self {
@@ -121,8 +144,16 @@ impl RuntimeBuilder {
     /// every command's destination and starts consuming.
     ///
     /// Every registration problem is reported in one [`StartError::Registry`]; a missing container
-    /// fails the start ([`StartError::Container`]): chatter never creates containers.
+    /// fails the start ([`StartError::Container`]): chatter never creates containers. A
+    /// [consumer concurrency](Self::consumer_concurrency) out of range fails it before anything
+    /// connects ([`StartError::ConsumerConcurrency`]).
     pub async fn start(self) -> Result<Runtime, StartError> {
+        let concurrency = u16::try_from(self.consumer_concurrency)
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or(StartError::ConsumerConcurrency {
+                concurrency: self.consumer_concurrency,
+            })?;
         let registry = match self.registry {
             Some(registry) => registry,
             None => Registry::from_inventory()?,
@@ -191,7 +222,10 @@ impl RuntimeBuilder {
             }
             for command in registry.commands() {
                 let destination = command.registration.destination;
-                let subscription = match broker.subscribe(destination).await {
+                let subscription = match broker
+                    .subscribe_with_prefetch(destination, concurrency)
+                    .await
+                {
                     Ok(subscription) => subscription,
                     Err(source) => {
                         // Leave nothing running behind a failed start.
@@ -217,6 +251,7 @@ impl RuntimeBuilder {
                     cancel: cancel.clone(),
                     redelivery_delay: self.redelivery_delay,
                     status,
+                    concurrency,
                 };
                 tracker.spawn(consumer.run(subscription));
             }
@@ -381,6 +416,10 @@ impl Runtime {
 
     /// Stops consuming and waits for deliveries in progress to settle, then stops the relay:
     /// pages in flight finish and leases are released for other instances.
+    ///
+    /// Deliveries a consumer holds that have not started (waiting behind another delivery of
+    /// their partition-key value) are returned to the broker unsettled, which delivers them
+    /// again.
     pub async fn shutdown(self) {
         self.inner.cancel.cancel();
         self.inner.tracker.close();

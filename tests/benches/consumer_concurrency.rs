@@ -1,0 +1,147 @@
+//! Benchmark (not a test): one command's consumer throughput (commands committed per second)
+//! with the default consumer concurrency against a concurrency of 1, through the machine's
+//! RabbitMQ and a store that answers every request 5 ms late. Prints both rates and the median
+//! ratio default/1; the target is at least 8x.
+//!
+//! `cargo bench -p chatter-tests --features rabbitmq --bench consumer_concurrency`
+//!
+//! Each side of each round gets a fresh `chatter-emulator` server in this process (its
+//! `Faults::set_latency` at 5 ms, served over HTTP like a remote Cosmos DB) and a queue of its own
+//! (other runs share the RabbitMQ server), holding `PER_ROUND` commands of distinct partition
+//! keys published before the clock starts. The clock runs from `start()` (relay off) until the
+//! handler saw every command and `shutdown()` returned, which waits for the batches in flight:
+//! every command is then committed and acked. Afterwards, outside the clock, the queue must be
+//! empty and every command handled exactly once. Rounds alternate which side runs first so drift
+//! on a shared machine hits both alike; round 0 warms up and is not counted.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use chatter_emulator::EmulatorServer;
+use chatter_runtime::broker::{Broker, RabbitMqBroker};
+use chatter_runtime::cosmos::{CosmosConnection, provision};
+use chatter_runtime::{
+    BoxError, BrokeredMessage, DEFAULT_CONSUMER_CONCURRENCY, DocumentReliable, HandlerContext,
+    Runtime, handler,
+};
+use chatter_tests::rabbitmq;
+use chatter_tests::runtime::registry_at;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+/// The benchmarked command: one write, committed with its inbox marker in one batch.
+#[derive(Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "bench", container = "payments", lease = "payments-leases")]
+#[partition_key(path = "/paymentId")]
+#[serde(rename_all = "camelCase")]
+pub struct CapturePayment {
+    pub payment_id: String,
+}
+
+static HANDLED: AtomicUsize = AtomicUsize::new(0);
+
+#[handler]
+async fn capture_payment(
+    command: CapturePayment,
+    ctx: &mut HandlerContext,
+) -> Result<(), BoxError> {
+    ctx.upsert(
+        json!({ "id": command.payment_id, "paymentId": command.payment_id, "captured": true }),
+    )?;
+    HANDLED.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+const ROUNDS: usize = 5;
+const PER_ROUND: usize = 400;
+const STORE_LATENCY: Duration = Duration::from_millis(5);
+const WAIT: Duration = Duration::from_secs(60);
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let broker = rabbitmq::connect(WAIT).await;
+    let mut concurrent = Vec::new();
+    let mut sequential = Vec::new();
+    for round in 0..=ROUNDS {
+        let (c, s) = if round % 2 == 0 {
+            let c = run(&broker, DEFAULT_CONSUMER_CONCURRENCY).await?;
+            (c, run(&broker, 1).await?)
+        } else {
+            let s = run(&broker, 1).await?;
+            (run(&broker, DEFAULT_CONSUMER_CONCURRENCY).await?, s)
+        };
+        if round > 0 {
+            concurrent.push(c);
+            sequential.push(s);
+        }
+    }
+
+    let rate = |d: &Duration| PER_ROUND as f64 / d.as_secs_f64();
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let mut ratios: Vec<f64> = concurrent
+        .iter()
+        .zip(&sequential)
+        .map(|(c, s)| rate(c) / rate(s))
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    println!(
+        "concurrency {DEFAULT_CONSUMER_CONCURRENCY} (default): {:.0} commands/s, concurrency 1: {:.0} \
+         commands/s (medians of {ROUNDS} rounds x {PER_ROUND} commands, store latency {} ms, RabbitMQ)",
+        median(concurrent.iter().map(rate).collect()),
+        median(sequential.iter().map(rate).collect()),
+        STORE_LATENCY.as_millis(),
+    );
+    println!(
+        "ratio default/1: median {:.2}x (min {:.2}x, max {:.2}x); target >= 8x",
+        ratios[ROUNDS / 2],
+        ratios[0],
+        ratios[ROUNDS - 1]
+    );
+    Ok(())
+}
+
+/// One timed consumer run with `concurrency` over `PER_ROUND` commands queued beforehand.
+async fn run(broker: &RabbitMqBroker, concurrency: usize) -> Result<Duration, BoxError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let emulator = EmulatorServer::from_listener(listener)?.spawn();
+    let cosmos = CosmosConnection::connect(emulator.endpoint(), None).await?;
+    provision::ensure_container(&cosmos, "bench", "payments", &["/paymentId"]).await?;
+    let queue = format!("chatter-bench-consumer-{}", uuid::Uuid::new_v4().simple());
+    for n in 0..PER_ROUND {
+        let body = json!({ "paymentId": format!("payment-{n}") }).to_string();
+        broker
+            .publish(BrokeredMessage::json(format!("m-{n}"), &queue, body))
+            .await?;
+    }
+    emulator.faults().set_latency(STORE_LATENCY);
+    HANDLED.store(0, Ordering::SeqCst);
+
+    let start = Instant::now();
+    let runtime = Runtime::builder()
+        .registry(registry_at::<CapturePayment>(&queue))
+        .cosmos(cosmos)
+        .broker(broker.clone())
+        .without_relay()
+        .consumer_concurrency(concurrency)
+        .start()
+        .await?;
+    while HANDLED.load(Ordering::SeqCst) < PER_ROUND {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // Waits for the batches in flight: every command is committed and acked.
+    runtime.shutdown().await;
+    let elapsed = start.elapsed();
+
+    let left = broker.delete_queue(&queue).await?;
+    let handled = HANDLED.load(Ordering::SeqCst);
+    if left != 0 || handled != PER_ROUND {
+        return Err(format!(
+            "concurrency {concurrency}: {left} commands left in the queue, {handled} handled of {PER_ROUND}"
+        )
+        .into());
+    }
+    Ok(elapsed)
+}
