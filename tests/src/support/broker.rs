@@ -56,6 +56,11 @@ impl Received {
         self.0.lock().unwrap().keys().cloned().collect()
     }
 
+    /// How many distinct ids arrived.
+    pub fn distinct(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
     /// How often `id` arrived (0 if never).
     pub fn count(&self, id: &str) -> usize {
         self.0.lock().unwrap().get(id).copied().unwrap_or(0)

@@ -62,6 +62,11 @@ impl ChildProcess {
             .unwrap_or_else(|_| panic!("{name} printed `{prefix}` within {within:?}"))
     }
 
+    /// The process id, e.g. to read `/proc/<pid>/status`.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL, and reap the process; panics if either fails.
     pub fn kill(mut self) {
         self.child.kill().expect("the child process is killed");
