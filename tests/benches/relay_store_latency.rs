@@ -14,6 +14,7 @@
 //! to the last: start-up (the container check and the lease handshake, a fixed number of round
 //! trips) is printed beside it, not in the rate. Delays alternate their order across rounds so
 //! drift on a shared machine hits each alike; the medians are compared.
+//! `CHATTER_BENCH_MAX_IN_FLIGHT=N` runs it with another `RelayOptions::max_in_flight`.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -103,6 +104,14 @@ async fn main() -> Result<(), BoxError> {
     Ok(())
 }
 
+/// The relay's defaults; `CHATTER_BENCH_MAX_IN_FLIGHT=N` tries another in-flight limit.
+fn options() -> RelayOptions {
+    match std::env::var("CHATTER_BENCH_MAX_IN_FLIGHT").map(|n| n.parse::<usize>()) {
+        Ok(Ok(n)) => RelayOptions::default().max_in_flight(n),
+        _ => RelayOptions::default(),
+    }
+}
+
 struct Run {
     rate: f64,
     start_ms: f64,
@@ -126,7 +135,7 @@ async fn drain_once(
         .cosmos(cosmos.clone())
         .broker(broker.clone())
         .consume(false)
-        .relay_options(RelayOptions::default())
+        .relay_options(options())
         .start()
         .await?;
     let start_ms = started.elapsed().as_secs_f64() * 1e3;
