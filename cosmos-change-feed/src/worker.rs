@@ -283,13 +283,48 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
     // The continuation last written to the lease; a position ahead of it is written as soon as
     // a write works again.
     let mut written = position.clone();
+    // The checkpoint of the page just handled, written while the next page is read: a backlog
+    // pays one store round trip per page for both, not two.
+    let mut checkpoint: Option<(Option<String>, usize)> = None;
     while !slot.is_stopping() {
         let read = bounded(
             "query_change_feed",
             ctx.options.store_timeout,
             read_page(ctx, &slot.range, position.as_deref()),
-        )
-        .await;
+        );
+        let (wrote, read) = match checkpoint.take() {
+            Some((next, count)) => {
+                let write = slot.write(ctx, LeaseFaultStage::Checkpoint, |l| {
+                    l.continuation_token = next.clone();
+                });
+                let (wrote, read) = tokio::join!(write, read);
+                (Some((wrote, next, count)), read)
+            }
+            None => (None, read.await),
+        };
+        if let Some((wrote, next, count)) = wrote {
+            match wrote {
+                Ok(()) => {
+                    written = next;
+                    tracing::debug!(processor, lease = %slot.lease_token, documents = count, "checkpointed");
+                    record_progress(ctx, slot);
+                    backoff.reset();
+                }
+                // The page read beside it is not handed over: the lease is someone else's.
+                Err(WriteError::Lost) => return position,
+                Err(WriteError::Failed) => {
+                    // The page read beside it is dropped and read again after the backoff;
+                    // the position stays ahead of the checkpoint until a write works.
+                    record_fault(ctx, slot, &"the checkpoint could not be written");
+                    slot.pause(backoff.next_delay()).await;
+                    continue;
+                }
+            }
+        }
+        // Asked to stop during the read: its page is not handed over (nor checkpointed).
+        if slot.is_stopping() {
+            break;
+        }
         let (documents, next, request_charge) = match read {
             Ok(page) => page,
             Err(error) => {
@@ -376,27 +411,24 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
             continue;
         }
         position = next.clone();
-        match slot
+        // Read until caught up: a page with documents is followed by the next read at once,
+        // beside its checkpoint. Only an empty read waits the poll interval; a short page is no
+        // sign of the end (the service also cuts pages at its response-size limit).
+        checkpoint = Some((next, count));
+    }
+    // Asked to stop with a handled page not yet checkpointed: write it now, so a split's child
+    // leases start after it (a shutdown's release writes the position anyway; a lost lease is
+    // someone else's to write).
+    if let Some((next, _)) = checkpoint
+        && slot.reason() != StopReason::Lost
+        && slot
             .write(ctx, LeaseFaultStage::Checkpoint, |l| {
                 l.continuation_token = next.clone();
             })
             .await
-        {
-            Ok(()) => {
-                written = next;
-                tracing::debug!(processor, lease = %slot.lease_token, documents = count, "checkpointed");
-                record_progress(ctx, slot);
-                backoff.reset();
-                // Read until caught up: a page with documents is followed by the next read at
-                // once. Only an empty read waits the poll interval; a short page is no sign of
-                // the end (the service also cuts pages at its response-size limit).
-            }
-            Err(WriteError::Lost) => return position,
-            Err(WriteError::Failed) => {
-                record_fault(ctx, slot, &"the checkpoint could not be written");
-                slot.pause(backoff.next_delay()).await;
-            }
-        }
+            .is_err()
+    {
+        record_fault(ctx, slot, &"the checkpoint could not be written");
     }
     position
 }
