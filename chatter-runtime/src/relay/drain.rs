@@ -244,7 +244,7 @@ impl Drain {
     }
 
     /// Takes a permit of `limit` for every document in flight, instead of a limit of its own
-    /// ([`DEFAULT_MAX_IN_FLIGHT`]): the relay gives every drain of a process the same limit.
+    /// (32 by default): the relay gives every drain of a process the same limit.
     pub fn with_in_flight_limit(mut self, limit: InFlightLimit) -> Self {
         self.in_flight = limit;
         self
