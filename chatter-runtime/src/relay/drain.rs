@@ -170,11 +170,19 @@ pub enum DrainError {
     },
 }
 
-/// What one document did.
+/// What one pending document did.
 enum Processed {
-    Skipped,
     Published(ConfirmationReceipt),
     Undeliverable(ConfirmationReceipt),
+}
+
+/// A genuine pending Outbox Document of a page, its `id` (the pending gate admits only
+/// documents whose `id` is a string) and the partition key read back from it, which groups it
+/// and keys its stamp.
+struct Pending<'a> {
+    doc: &'a Value,
+    id: &'a str,
+    key: Vec<Value>,
 }
 
 /// What one partition-key group of a page did.
@@ -334,31 +342,27 @@ impl Drain {
     }
 
     /// The page's pending Outbox Documents grouped by partition-key value, in change-feed order
-    /// (groups by their first document), and how many documents were skipped.
-    fn groups<'a>(&self, documents: &'a [Value]) -> (Vec<Vec<&'a Value>>, usize) {
-        let mut groups: Vec<Vec<&Value>> = Vec::new();
+    /// (groups by their first document), and how many documents were skipped: the pending gate,
+    /// applied once per document here.
+    fn groups<'a>(&self, documents: &'a [Value]) -> (Vec<Vec<Pending<'a>>>, usize) {
+        let mut groups: Vec<Vec<Pending<'a>>> = Vec::new();
         let mut index: HashMap<String, usize> = HashMap::new();
         let mut skipped = 0;
         for doc in documents {
-            // The pending gate admits only documents whose `id` is a string.
-            if !document::is_pending_outbox(doc)
-                || !doc.get(outbox::ID_FIELD).is_some_and(Value::is_string)
-            {
+            let id = doc.get(outbox::ID_FIELD).and_then(Value::as_str);
+            let (true, Some(id)) = (document::is_pending_outbox(doc), id) else {
                 skipped += 1;
                 continue;
-            }
-            // The key's JSON text names the logical partition: equal values, equal text.
-            let key = Value::from(partition_key::read_back_or_null(
-                doc,
-                self.partition_key_paths,
-            ))
-            .to_string();
+            };
+            let key = partition_key::read_back_or_null(doc, self.partition_key_paths);
             let next = groups.len();
-            let at = *index.entry(key).or_insert(next);
+            let at = *index
+                .entry(partition_key::ordering_key(&key))
+                .or_insert(next);
             if at == next {
                 groups.push(Vec::new());
             }
-            groups[at].push(doc);
+            groups[at].push(Pending { doc, id, key });
         }
         (groups, skipped)
     }
@@ -369,11 +373,11 @@ impl Drain {
     async fn drain_group(
         &self,
         lease_token: &str,
-        group: &[&Value],
+        group: &[Pending<'_>],
         stop: &AtomicBool,
     ) -> GroupOutcome {
         let mut outcome = GroupOutcome::default();
-        for doc in group {
+        for pending in group {
             if stop.load(Ordering::Acquire) {
                 break;
             }
@@ -383,8 +387,7 @@ impl Drain {
             if stop.load(Ordering::Acquire) {
                 break;
             }
-            match self.process(lease_token, doc).await {
-                Ok(Processed::Skipped) => outcome.report.skipped += 1,
+            match self.process(lease_token, pending).await {
                 Ok(Processed::Published(minted)) => {
                     outcome.report.published += 1;
                     outcome.receipt = Some(minted);
@@ -403,19 +406,18 @@ impl Drain {
         outcome
     }
 
-    async fn process(&self, lease_token: &str, doc: &Value) -> Result<Processed, DrainError> {
-        if !document::is_pending_outbox(doc) {
-            return Ok(Processed::Skipped);
-        }
-        // The pending gate admits only documents whose `id` is a string.
-        let Some(id) = doc.get(outbox::ID_FIELD).and_then(Value::as_str) else {
-            return Ok(Processed::Skipped);
-        };
+    /// Verifies, publishes and stamps one pending document.
+    async fn process(
+        &self,
+        lease_token: &str,
+        pending: &Pending<'_>,
+    ) -> Result<Processed, DrainError> {
+        let Pending { doc, id, key } = pending;
         let message = match outbox_contract::verify(doc) {
             Ok(verified) => verified.into_message(),
             Err(violations) => {
                 let reason = UndeliverableReason::Contract(violations);
-                return self.give_up(lease_token, doc, id, &reason).await;
+                return self.give_up(lease_token, key, id, &reason).await;
             }
         };
         let message_id = message.message_id.clone();
@@ -437,7 +439,7 @@ impl Drain {
                     message_id,
                     refusal: Arc::new(refusal),
                 };
-                return self.give_up(lease_token, doc, id, &reason).await;
+                return self.give_up(lease_token, key, id, &reason).await;
             }
             Err(source) => {
                 return Err(DrainError::Publish {
@@ -452,7 +454,7 @@ impl Drain {
             self.settings.delivered_ttl_seconds,
         );
         let receipt =
-            self.patch(doc, id, &stamp)
+            self.patch(key, id, &stamp)
                 .await
                 .map_err(|source| DrainError::Confirmation {
                     message_id: message_id.clone(),
@@ -471,13 +473,13 @@ impl Drain {
     async fn give_up(
         &self,
         lease_token: &str,
-        doc: &Value,
+        key: &[Value],
         id: &str,
         reason: &UndeliverableReason,
     ) -> Result<Processed, DrainError> {
         let stamp = outbox::undeliverable_stamp();
         let receipt =
-            self.patch(doc, id, &stamp)
+            self.patch(key, id, &stamp)
                 .await
                 .map_err(|source| DrainError::UndeliverableStamp {
                     id: id.to_owned(),
@@ -487,16 +489,15 @@ impl Drain {
         Ok(Processed::Undeliverable(receipt))
     }
 
-    /// One patch keyed by the document's id and the partition key recovered from the document at
-    /// the declared path(s) (a missing value is a JSON `null` component).
+    /// One patch keyed by the document's id and `key`, the partition key read back from the
+    /// document at the declared path(s) (a missing value is a JSON `null` component).
     async fn patch(
         &self,
-        doc: &Value,
+        key: &[Value],
         id: &str,
         ops: &[(&str, Value)],
     ) -> Result<ConfirmationReceipt, CosmosStoreError> {
-        let values = partition_key::read_back_or_null(doc, self.partition_key_paths);
-        let key = partition_key::sdk_key(&values)?;
+        let key = partition_key::sdk_key(key)?;
         let written = cosmos::store::bounded(
             "patch_item",
             self.store_timeout,
