@@ -146,6 +146,18 @@ impl LeaseSlot {
             }
         }
     }
+
+    /// Writes `continuation` as the lease's checkpoint (see [`LeaseSlot::write`]).
+    async fn checkpoint(
+        &self,
+        ctx: &WorkerContext,
+        continuation: &Option<String>,
+    ) -> Result<(), WriteError> {
+        self.write(ctx, LeaseFaultStage::Checkpoint, |l| {
+            l.continuation_token.clone_from(continuation);
+        })
+        .await
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -294,10 +306,7 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
         );
         let (wrote, read) = match checkpoint.take() {
             Some((next, count)) => {
-                let write = slot.write(ctx, LeaseFaultStage::Checkpoint, |l| {
-                    l.continuation_token = next.clone();
-                });
-                let (wrote, read) = tokio::join!(write, read);
+                let (wrote, read) = tokio::join!(slot.checkpoint(ctx, &next), read);
                 (Some((wrote, next, count)), read)
             }
             None => (None, read.await),
@@ -354,12 +363,7 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
             // `Now` position of a fresh lease.
             position = next.clone();
             if next != written {
-                match slot
-                    .write(ctx, LeaseFaultStage::Checkpoint, |l| {
-                        l.continuation_token = next.clone();
-                    })
-                    .await
-                {
+                match slot.checkpoint(ctx, &next).await {
                     Err(WriteError::Lost) => return position,
                     Err(WriteError::Failed) => {
                         record_fault(ctx, slot, &"the checkpoint could not be written");
@@ -421,12 +425,7 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
     // someone else's to write).
     if let Some((next, _)) = checkpoint
         && slot.reason() != StopReason::Lost
-        && slot
-            .write(ctx, LeaseFaultStage::Checkpoint, |l| {
-                l.continuation_token = next.clone();
-            })
-            .await
-            .is_err()
+        && slot.checkpoint(ctx, &next).await.is_err()
     {
         record_fault(ctx, slot, &"the checkpoint could not be written");
     }
