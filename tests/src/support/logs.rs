@@ -59,6 +59,23 @@ pub fn capture() -> (Captured, DefaultGuard) {
     (captured, tracing::subscriber::set_default(subscriber))
 }
 
+/// Every event logged on any thread of this process that has no [`capture`] of its own, from
+/// the first call on: a process-wide subscriber, for events whose thread a test cannot pin down
+/// (its assertions then select the entries of its own run by a field). Clones share them.
+pub fn capture_process() -> Captured {
+    static PROCESS: std::sync::OnceLock<Captured> = std::sync::OnceLock::new();
+    PROCESS
+        .get_or_init(|| {
+            let captured = Captured::default();
+            let subscriber = tracing_subscriber::registry().with(Capture(captured.clone()));
+            // Another global subscriber of the test binary keeps its own: nothing is captured
+            // here then, and the assertions say so.
+            let _ = tracing::subscriber::set_global_default(subscriber);
+            captured
+        })
+        .clone()
+}
+
 struct Capture(Captured);
 
 impl<S: Subscriber> Layer<S> for Capture {
