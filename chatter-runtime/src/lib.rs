@@ -42,6 +42,7 @@
 //! | [`cosmos`] | [`CosmosConnection`](cosmos::CosmosConnection) and, for development, [`provision`](cosmos::provision) |
 //! | [`error`] | every error type, and [`ErrorChain`] to print one with its causes |
 //! | [`registration`] | what the derive registers for a command ([`CommandRegistration`](registration::CommandRegistration)) |
+//! | [`telemetry`] | the OpenTelemetry metrics and spans, and how to turn them on or off |
 //!
 //! The change-feed processor under the relay is its own crate, `cosmos-change-feed`, usable
 //! without chatter.
@@ -76,6 +77,7 @@ mod pipeline;
 mod registry;
 mod relay;
 mod runtime;
+pub mod telemetry;
 #[cfg(feature = "test-support")]
 pub mod testing;
 

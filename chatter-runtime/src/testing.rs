@@ -22,3 +22,16 @@ pub use crate::relay::suspension::{
     CONFIRMATION_FAILURE_THRESHOLD, ConfirmationReceipt, DrainGate, ManualClock, MonotonicClock,
     SUSPENSION_WINDOW,
 };
+
+/// `drain` recording its metrics on `meter` and starting its `send` spans on `tracer` (either
+/// may be `None`: off), as the runtime builds it.
+pub fn drain_with_telemetry(
+    drain: Drain,
+    meter: Option<opentelemetry::metrics::Meter>,
+    tracer: Option<opentelemetry::global::BoxedTracer>,
+) -> Drain {
+    use crate::telemetry::{Source, Telemetry};
+    let meter = meter.map_or(Source::Off, Source::Given);
+    let tracer = tracer.map_or(Source::Off, Source::Given);
+    drain.with_telemetry(&Telemetry::resolve(meter, tracer))
+}

@@ -161,6 +161,7 @@ impl ChangeFeedProcessor {
             leases,
             options: ChangeFeedProcessorOptions::default(),
             faults: None,
+            empty_reads: None,
         }
     }
 }
@@ -173,6 +174,7 @@ pub struct ChangeFeedProcessorBuilder {
     leases: Arc<ContainerClient>,
     options: ChangeFeedProcessorOptions,
     faults: Option<fault::FaultHandler>,
+    empty_reads: Option<worker::EmptyReadHandler>,
 }
 
 impl std::fmt::Debug for ChangeFeedProcessorBuilder {
@@ -197,6 +199,15 @@ impl ChangeFeedProcessorBuilder {
     /// lease is retried after the poll interval either way; a panic in `handler` is contained.
     pub fn on_fault(mut self, handler: impl Fn(&LeaseFault<'_>) + Send + Sync + 'static) -> Self {
         self.faults = Some(Arc::new(handler));
+        self
+    }
+
+    /// Tells `handler` the lease token of every read that found nothing new (the lease is
+    /// caught up), before the poll interval is waited. Such reads hand no batch to the batch
+    /// handler; this is how to count them, e.g. to tell an idle lease from a stalled one. A
+    /// panic in `handler` is contained.
+    pub fn on_empty_read(mut self, handler: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        self.empty_reads = Some(Arc::new(handler));
         self
     }
 
@@ -258,6 +269,7 @@ impl ChangeFeedProcessorBuilder {
             faults: self
                 .faults
                 .unwrap_or_else(|| fault::log_fault(processor.clone())),
+            empty_reads: self.empty_reads,
         };
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();

@@ -179,7 +179,12 @@ pub(crate) struct WorkerContext {
     pub(crate) wake: Arc<tokio::sync::Notify>,
     /// Told about every lease fault.
     pub(crate) faults: FaultHandler,
+    /// Told about every empty read, if anyone asked.
+    pub(crate) empty_reads: Option<EmptyReadHandler>,
 }
+
+/// Told the lease token of every read that found nothing new.
+pub(crate) type EmptyReadHandler = Arc<dyn Fn(&str) + Send + Sync>;
 
 impl WorkerContext {
     /// Reports `fault` to the fault handler; a handler that panics is contained here.
@@ -374,6 +379,11 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
                 }
             }
             record_progress(ctx, slot);
+            if let Some(empty_reads) = &ctx.empty_reads {
+                let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    empty_reads(&slot.lease_token);
+                }));
+            }
             backoff.reset();
             slot.pause(ctx.options.poll_interval).await;
             continue;

@@ -16,6 +16,7 @@
 //! | [`process`] | [`process::ChildProcess`]: a spawned process read line by line, killed on drop |
 //! | [`proxy`] | [`proxy::TcpProxy`]: a TCP proxy that cuts the network to a real server (RabbitMQ) |
 //! | [`logs`] | [`logs::capture`]: what chatter logs through `tracing`, for asserting the always-on logs |
+//! | [`telemetry`] | OpenTelemetry SDK providers over in-memory exporters: [`telemetry::Metrics`], [`telemetry::Spans`] |
 //! | `rabbitmq` (feature `rabbitmq`) | the RabbitMQ URI, bounded connect / subscribe / delete |
 
 mod support {
@@ -28,9 +29,10 @@ mod support {
     pub mod relay;
     pub mod runtime;
     pub mod store;
+    pub mod telemetry;
     pub mod wait;
 }
 
 #[cfg(feature = "rabbitmq")]
 pub use support::rabbitmq;
-pub use support::{broker, logs, process, proxy, relay, runtime, store, wait};
+pub use support::{broker, logs, process, proxy, relay, runtime, store, telemetry, wait};

@@ -196,7 +196,8 @@ impl HandlerContext {
     /// or content type), and one the configured broker would refuse every time
     /// ([`Broker::check`], e.g. an id longer than AMQP allows). A handler therefore never writes
     /// a document the relay would have to stamp `undeliverable`.
-    pub fn send(&mut self, message: BrokeredMessage) -> Result<(), StageError> {
+    pub fn send(&mut self, mut message: BrokeredMessage) -> Result<(), StageError> {
+        crate::telemetry::trace_context::persist_current(&mut message);
         match self.handle.as_mut() {
             Some(handle) => {
                 handle.ensure_room()?;

@@ -89,6 +89,19 @@ pub enum BrokerError {
 }
 
 impl BrokerError {
+    /// The error's type and variant, as metrics and spans name it (`error.type`).
+    pub(crate) fn type_name(&self) -> &'static str {
+        match self {
+            Self::InvalidDestination { .. } => "chatter_runtime::BrokerError::InvalidDestination",
+            Self::InvalidMessage { .. } => "chatter_runtime::BrokerError::InvalidMessage",
+            Self::Rejected { .. } => "chatter_runtime::BrokerError::Rejected",
+            Self::Undecodable { .. } => "chatter_runtime::BrokerError::Undecodable",
+            Self::SettlementLost { .. } => "chatter_runtime::BrokerError::SettlementLost",
+            Self::Timeout { .. } => "chatter_runtime::BrokerError::Timeout",
+            Self::Transport { .. } => "chatter_runtime::BrokerError::Transport",
+        }
+    }
+
     /// Whether the broker will refuse this message every time, whatever the state of the broker
     /// or the connection: [`InvalidDestination`](Self::InvalidDestination) and
     /// [`InvalidMessage`](Self::InvalidMessage), verdicts on the message's own fields.

@@ -153,6 +153,10 @@ fn check_destination(destination: &str) -> Result<(), BrokerError> {
 }
 
 impl Broker for InMemoryBroker {
+    fn messaging_system(&self) -> &'static str {
+        "in_memory"
+    }
+
     fn publish(&self, message: BrokeredMessage) -> BoxFuture<'_, Result<(), BrokerError>> {
         let result = check_destination(&message.destination).map(|()| {
             let destination = message.destination.clone();

@@ -93,6 +93,13 @@ pub trait Broker: Send + Sync + 'static {
         let _ = message;
         Ok(())
     }
+
+    /// The `messaging.system` of chatter's `process` and `send` spans for this broker (an
+    /// OpenTelemetry messaging-system name such as `rabbitmq`) when a message does not name its
+    /// infrastructure itself. The default is `chatter`.
+    fn messaging_system(&self) -> &'static str {
+        "chatter"
+    }
 }
 
 impl<B: Broker + ?Sized> Broker for Arc<B> {
@@ -117,6 +124,10 @@ impl<B: Broker + ?Sized> Broker for Arc<B> {
 
     fn check(&self, message: &BrokeredMessage) -> Result<(), BrokerError> {
         (**self).check(message)
+    }
+
+    fn messaging_system(&self) -> &'static str {
+        (**self).messaging_system()
     }
 }
 

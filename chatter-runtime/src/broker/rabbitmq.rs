@@ -699,6 +699,10 @@ impl Consuming {
 }
 
 impl Broker for RabbitMqBroker {
+    fn messaging_system(&self) -> &'static str {
+        "rabbitmq"
+    }
+
     fn publish(&self, message: BrokeredMessage) -> BoxFuture<'_, Result<(), BrokerError>> {
         self.inner.publish(message).boxed()
     }

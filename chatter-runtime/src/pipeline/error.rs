@@ -102,6 +102,20 @@ pub enum PipelineError {
 }
 
 impl PipelineError {
+    /// The error's type and variant, as spans name it (`error.type`).
+    pub(crate) fn type_name(&self) -> &'static str {
+        match self {
+            Self::MissingMessageId { .. } => "chatter_runtime::PipelineError::MissingMessageId",
+            Self::NotJson { .. } => "chatter_runtime::PipelineError::NotJson",
+            Self::Decode { .. } => "chatter_runtime::PipelineError::Decode",
+            Self::Marker { .. } => "chatter_runtime::PipelineError::Marker",
+            Self::Handler { .. } => "chatter_runtime::PipelineError::Handler",
+            Self::BatchFailed { .. } => "chatter_runtime::PipelineError::BatchFailed",
+            Self::Cosmos { .. } => "chatter_runtime::PipelineError::Cosmos",
+            Self::Publish { .. } => "chatter_runtime::PipelineError::Publish",
+        }
+    }
+
     /// Whether this delivery can never succeed, however often it is tried: its body does not
     /// decode into the command (or is not JSON), it has no message id, or no inbox marker can be built for its
     /// message id. The consumer dead-letters such a delivery at once; every other failure is

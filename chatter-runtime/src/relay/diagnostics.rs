@@ -1,12 +1,15 @@
-//! The relay's always-on logs: one function per event, each the one place where
-//! that event's metric will be recorded too.
+//! The relay's always-on logs: one function per event, each the one place where that event's
+//! metric is recorded too (when metrics are on).
 //!
 //! These are written whatever the application opted into: an undeliverable document, a Drain
 //! Suspension opening or closing, and a change-feed fault are what an operator has to act on.
-//! A log sink that panics never takes the relay down with it.
+//! A log sink that panics never takes the relay down with it, and a meter that panics never
+//! keeps the log from being written.
 
 use std::fmt::Display;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use crate::telemetry::metrics::SourceMetrics;
 
 /// Runs one log statement; a panicking subscriber is contained here.
 fn guarded(log: impl FnOnce()) {
@@ -16,12 +19,15 @@ fn guarded(log: impl FnOnce()) {
 /// A pending document was stamped `undeliverable`: logged after the stamp landed, at
 /// Error, without an error value (nothing failed: the document itself is the defect).
 pub(crate) fn undeliverable(
+    metrics: Option<&SourceMetrics>,
     source_identity: &str,
     lease_token: &str,
     document_id: &str,
     reason: &dyn Display,
 ) {
-    // Metric `chatter.messaging.outbox.drain.undeliverable` (+1, no attributes) goes here.
+    if let Some(metrics) = metrics {
+        metrics.undeliverable();
+    }
     guarded(|| {
         tracing::error!(
             source_identity,
@@ -35,12 +41,15 @@ pub(crate) fn undeliverable(
 
 /// A Drain Suspension opened on `lease_token`, with the confirmation fault that opened it.
 pub(crate) fn drain_suspended(
+    metrics: Option<&SourceMetrics>,
     source_identity: &str,
     lease_token: &str,
     consecutive_failures: u32,
     error: &(dyn std::error::Error + 'static),
 ) {
-    // Metric `chatter.messaging.outbox.drain.suspensions` (+1; source_identity, lease_token) goes here.
+    if let Some(metrics) = metrics {
+        metrics.suspension(lease_token);
+    }
     guarded(|| {
         tracing::error!(
             source_identity,
@@ -70,12 +79,14 @@ pub(crate) fn drain_resumed(source_identity: &str, lease_token: &str) {
 /// The change feed of `lease_token` faulted: a read, a page that failed, or a checkpoint
 /// that could not be written. The lease does not advance until the fault clears.
 pub(crate) fn change_feed_fault(
+    metrics: Option<&SourceMetrics>,
     source_identity: &str,
     lease_token: &str,
     error: &(dyn std::error::Error + 'static),
 ) {
-    // Metric `chatter.messaging.outbox.drain.failures` (+1; source_identity, lease_token,
-    // error.type) goes here.
+    if let Some(metrics) = metrics {
+        metrics.failure(lease_token, crate::telemetry::error_type(error));
+    }
     guarded(|| {
         tracing::error!(
             source_identity,

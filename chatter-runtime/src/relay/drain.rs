@@ -46,7 +46,11 @@ use crate::broker::{Broker, BrokerError};
 use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::{self, ContainerClient, CosmosStoreError};
 use crate::document::{self, ContractViolations, outbox, outbox_contract};
+use crate::error_chain::ErrorChain;
 use crate::partition_key::{self, PartitionKeyPath};
+use crate::telemetry::Telemetry;
+use crate::telemetry::metrics::{DrainOutcome, SourceMetrics};
+use crate::telemetry::trace_context::{self, SharedTracer};
 
 /// What one page did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -170,6 +174,18 @@ pub enum DrainError {
     },
 }
 
+impl DrainError {
+    /// The error's type and variant, as metrics and spans name it (`error.type`).
+    pub(crate) fn type_name(&self) -> &'static str {
+        match self {
+            Self::Suspended { .. } => "chatter_runtime::DrainError::Suspended",
+            Self::Publish { .. } => "chatter_runtime::DrainError::Publish",
+            Self::Confirmation { .. } => "chatter_runtime::DrainError::Confirmation",
+            Self::UndeliverableStamp { .. } => "chatter_runtime::DrainError::UndeliverableStamp",
+        }
+    }
+}
+
 /// What one pending document did.
 enum Processed {
     Published(ConfirmationReceipt),
@@ -205,6 +221,8 @@ pub struct Drain {
     store_timeout: Duration,
     in_flight: InFlightLimit,
     charges: Arc<RequestMeter>,
+    metrics: Option<Arc<SourceMetrics>>,
+    tracer: SharedTracer,
 }
 
 /// The default bound of one publish and of one stamp.
@@ -241,7 +259,30 @@ impl Drain {
             store_timeout: DEFAULT_DRAIN_TIMEOUT,
             in_flight: InFlightLimit::default(),
             charges: Arc::default(),
+            metrics: None,
+            tracer: None,
         }
+    }
+
+    /// Records the drain's metrics and publishes under `send` spans with `telemetry` (default:
+    /// neither).
+    pub(crate) fn with_telemetry(mut self, telemetry: &Telemetry) -> Self {
+        self.metrics = telemetry.metrics.as_ref().map(|instruments| {
+            Arc::new(SourceMetrics::new(
+                Arc::clone(instruments),
+                self.gate.source_identity(),
+            ))
+        });
+        if let Some(metrics) = &self.metrics {
+            self.gate.record_on(Arc::clone(metrics));
+        }
+        self.tracer.clone_from(&telemetry.tracer);
+        self
+    }
+
+    /// The metrics of this drain's source, when metrics are on.
+    pub(crate) fn metrics(&self) -> Option<&Arc<SourceMetrics>> {
+        self.metrics.as_ref()
     }
 
     /// Sums what the stamps are billed, and the documents stamped, in `charges` (the
@@ -274,6 +315,9 @@ impl Drain {
             self.gate.source_identity().to_owned(),
             clock,
         ));
+        if let Some(metrics) = &self.metrics {
+            self.gate.record_on(Arc::clone(metrics));
+        }
         self
     }
 
@@ -290,7 +334,10 @@ impl Drain {
         lease_token: &str,
         documents: &[Value],
     ) -> Result<DrainReport, DrainError> {
-        // Metrics `drain.batches` and `drain.batch.size` go here: recorded before the gate (R6.39).
+        // Recorded before the gate: a suspended lease's refused page was still handed over.
+        if let Some(metrics) = &self.metrics {
+            metrics.batch(lease_token, documents.len());
+        }
         if !self.gate.permit_drain(lease_token) {
             return Err(DrainError::Suspended {
                 lease_token: lease_token.to_owned(),
@@ -352,6 +399,9 @@ impl Drain {
             let id = doc.get(outbox::ID_FIELD).and_then(Value::as_str);
             let (true, Some(id)) = (document::is_pending_outbox(doc), id) else {
                 skipped += 1;
+                if let Some(metrics) = &self.metrics {
+                    metrics.document(DrainOutcome::Skipped);
+                }
                 continue;
             };
             let key = partition_key::read_back_or_null(doc, self.partition_key_paths);
@@ -413,15 +463,28 @@ impl Drain {
         pending: &Pending<'_>,
     ) -> Result<Processed, DrainError> {
         let Pending { doc, id, key } = pending;
-        let message = match outbox_contract::verify(doc) {
+        let mut message = match outbox_contract::verify(doc) {
             Ok(verified) => verified.into_message(),
             Err(violations) => {
                 let reason = UndeliverableReason::Contract(violations);
                 return self.give_up(lease_token, key, id, &reason).await;
             }
         };
+        // Admitted: its age is taken now, so a publish that fails still reports it.
+        if let Some(metrics) = &self.metrics {
+            metrics.lag(doc);
+        }
         let message_id = message.message_id.clone();
         let destination = message.destination.clone();
+        let span = self.tracer.as_ref().map(|tracer| {
+            let system = trace_context::messaging_system(&message, self.broker.as_ref());
+            trace_context::start_send(
+                tracer,
+                &mut message,
+                &opentelemetry::Context::current(),
+                system,
+            )
+        });
         // `Broker::publish` refuses what `Broker::check` would, with the same permanent error.
         let published = tokio::time::timeout(self.publish_timeout, self.broker.publish(message))
             .await
@@ -432,6 +495,13 @@ impl Drain {
                     source: None,
                 })
             });
+        if let Some(span) = span {
+            let failure = published
+                .as_ref()
+                .err()
+                .map(|error| (error.type_name(), ErrorChain(error).to_string()));
+            trace_context::end_send(span, failure);
+        }
         match published {
             Ok(()) => {}
             Err(refusal) if refusal.is_permanent() => {
@@ -460,6 +530,9 @@ impl Drain {
                     message_id: message_id.clone(),
                     source,
                 })?;
+        if let Some(metrics) = &self.metrics {
+            metrics.document(DrainOutcome::Admitted);
+        }
         tracing::debug!(
             message_id,
             destination,
@@ -485,7 +558,13 @@ impl Drain {
                     id: id.to_owned(),
                     source,
                 })?;
-        diagnostics::undeliverable(self.gate.source_identity(), lease_token, id, reason);
+        diagnostics::undeliverable(
+            self.metrics.as_deref(),
+            self.gate.source_identity(),
+            lease_token,
+            id,
+            reason,
+        );
         Ok(Processed::Undeliverable(receipt))
     }
 

@@ -21,6 +21,7 @@ use super::suspension::DrainGate;
 use crate::broker::Broker;
 use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::{CosmosConnection, CosmosStoreError};
+use crate::telemetry::Telemetry;
 
 /// Why the relay did not start.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +84,7 @@ impl RelayHost {
         sources: &[RelaySource],
         options: &RelayOptions,
         charges: &Arc<RequestMeter>,
+        telemetry: &Telemetry,
     ) -> Result<Self, RelayError> {
         options.delivery.validate()?;
         options
@@ -102,11 +104,14 @@ impl RelayHost {
         let in_flight = InFlightLimit::new(options.max_in_flight);
         let mut processors = Vec::with_capacity(sources.len());
         for source in sources {
-            match start_one(
-                cosmos, &broker, source, &instance, options, &in_flight, charges,
-            )
-            .await
-            {
+            let shared = Shared {
+                instance: &instance,
+                options,
+                in_flight: &in_flight,
+                charges,
+                telemetry,
+            };
+            match start_one(cosmos, &broker, source, &shared).await {
                 Ok(processor) => processors.push(processor),
                 Err(error) => {
                     // Stop what already started; the original error is what the caller sees.
@@ -160,15 +165,28 @@ impl RelayHost {
     }
 }
 
+/// What every processor of one relay shares.
+struct Shared<'a> {
+    instance: &'a str,
+    options: &'a RelayOptions,
+    in_flight: &'a InFlightLimit,
+    charges: &'a Arc<RequestMeter>,
+    telemetry: &'a Telemetry,
+}
+
 async fn start_one(
     cosmos: &CosmosConnection,
     broker: &Arc<dyn Broker>,
     source: &RelaySource,
-    instance: &str,
-    options: &RelayOptions,
-    in_flight: &InFlightLimit,
-    charges: &Arc<RequestMeter>,
+    shared: &Shared<'_>,
 ) -> Result<(RunningProcessor, Arc<DrainGate>), RelayError> {
+    let Shared {
+        instance,
+        options,
+        in_flight,
+        charges,
+        telemetry,
+    } = *shared;
     let container = |name: &'static str| async move {
         cosmos
             .container(source.database, name)
@@ -191,7 +209,10 @@ async fn start_one(
     )
     .with_timeouts(options.publish_timeout, options.processor.store_timeout)
     .with_in_flight_limit(in_flight.clone())
-    .with_request_meter(Arc::clone(charges));
+    .with_request_meter(Arc::clone(charges))
+    .with_telemetry(telemetry);
+    let fault_metrics = drain.metrics().cloned();
+    let read_metrics = drain.metrics().cloned();
     let page_charges = Arc::clone(charges);
     let gate = Arc::clone(drain.gate());
     let processor_name = source.processor_name.clone();
@@ -201,10 +222,16 @@ async fn start_one(
         ChangeFeedProcessor::builder(&source.processor_name, instance, monitored, leases)
             .options(options.processor.clone())
             .on_fault(move |fault: &LeaseFault<'_>| {
+                let metrics = fault_metrics.as_deref();
                 // A suspended lease's refused page is the suspension working, not a new fault: the
-                // suspension was logged at Error when it opened and is in `suspended_leases`.
+                // suspension was logged at Error when it opened and is in `suspended_leases`. It
+                // is still a drain attempt that faulted, and counted as one.
                 if let Some(DrainError::Suspended { .. }) = fault.error.downcast_ref::<DrainError>()
                 {
+                    if let Some(metrics) = metrics {
+                        metrics
+                            .failure(fault.lease_token, crate::telemetry::error_type(fault.error));
+                    }
                     tracing::debug!(
                         source_identity = fault_source,
                         lease_token = fault.lease_token,
@@ -212,7 +239,19 @@ async fn start_one(
                     );
                     return;
                 }
-                diagnostics::change_feed_fault(&fault_source, fault.lease_token, fault.error);
+                diagnostics::change_feed_fault(
+                    metrics,
+                    &fault_source,
+                    fault.lease_token,
+                    fault.error,
+                );
+            })
+            // An empty read is lease progress too: counted as a batch of 0, so an idle lease
+            // is told apart from a stalled one.
+            .on_empty_read(move |lease_token: &str| {
+                if let Some(metrics) = &read_metrics {
+                    metrics.batch(lease_token, 0);
+                }
             })
             .start(move |batch| {
                 let drain = drain.clone();

@@ -18,10 +18,11 @@
 //! [`MonotonicClock`], injectable so tests are exact without waiting a minute.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::diagnostics;
+use crate::telemetry::metrics::SourceMetrics;
 
 /// Consecutive Confirmation Failures on one lease that open a Drain Suspension.
 pub const CONFIRMATION_FAILURE_THRESHOLD: u32 = 5;
@@ -99,6 +100,8 @@ pub struct DrainGate {
     source_identity: String,
     clock: Arc<dyn MonotonicClock>,
     leases: Mutex<HashMap<String, LeaseDrainState>>,
+    /// Set once, when the relay starts with metrics on.
+    metrics: OnceLock<Arc<SourceMetrics>>,
 }
 
 impl std::fmt::Debug for DrainGate {
@@ -122,7 +125,13 @@ impl DrainGate {
             source_identity: source_identity.into(),
             clock,
             leases: Mutex::new(HashMap::new()),
+            metrics: OnceLock::new(),
         }
+    }
+
+    /// Counts the suspensions this gate opens on `metrics` (the first call wins).
+    pub(crate) fn record_on(&self, metrics: Arc<SourceMetrics>) {
+        let _ = self.metrics.set(metrics);
     }
 
     /// The processor this gate belongs to.
@@ -180,7 +189,13 @@ impl DrainGate {
             }
         };
         if let Some(count) = opened {
-            diagnostics::drain_suspended(&self.source_identity, lease_token, count, error);
+            diagnostics::drain_suspended(
+                self.metrics.get().map(Arc::as_ref),
+                &self.source_identity,
+                lease_token,
+                count,
+                error,
+            );
         }
     }
 

@@ -31,6 +31,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use opentelemetry::context::FutureExt as _;
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -44,6 +45,7 @@ use crate::message::BrokeredMessage;
 use crate::partition_key;
 use crate::pipeline::{Outcome, Pipeline, PipelineError};
 use crate::registry::RegisteredCommand;
+use crate::telemetry::trace_context::{self, SharedTracer};
 
 /// Deliveries of one message, the first included, before it is dead-lettered, for a command
 /// that does not set `#[chatter(max_delivery_attempts = N)]`.
@@ -70,6 +72,8 @@ pub(super) struct Consumer {
     pub(super) status: ConsumerStatus,
     /// Deliveries handled at once, and the prefetch asked of the broker (at least 1).
     pub(super) concurrency: u16,
+    /// Each delivery is handled under a `process` span on it; none when tracing is off.
+    pub(super) tracer: SharedTracer,
 }
 
 /// A delivery taken from the subscription, with its body parsed once, holding one of the
@@ -282,10 +286,17 @@ impl Consumer {
         let message_id = delivery.message.message_id.clone();
         let attempt = attempt_of(&delivery.message);
         let redelivered = delivery.redelivered || attempt > 1;
+        // The handler runs in the delivery's trace: `ctx.send` persists it with the outbox.
+        let trace = trace_context::process_context(
+            &self.tracer,
+            &delivery.message,
+            trace_context::messaging_system(&delivery.message, self.broker.as_ref()),
+        );
         let result = match body {
             Ok(body) => {
                 self.pipeline
                     .handle(&self.command, body, &message_id, redelivered)
+                    .with_context(trace.clone())
                     .await
             }
             Err(source) => Err(PipelineError::NotJson {
@@ -294,6 +305,13 @@ impl Consumer {
                 source,
             }),
         };
+        if self.tracer.is_some() {
+            let failure = result
+                .as_ref()
+                .err()
+                .map(|error| (error.type_name(), ErrorChain(error).to_string()));
+            trace_context::end(&trace, failure);
+        }
         match result {
             Ok(outcome) => {
                 log_outcome(name, &message_id, outcome);

@@ -26,6 +26,7 @@ use crate::registry::{CommandRegistration, DocumentReliable, Registry};
 use crate::relay::RelayOptions;
 use crate::relay::host::RelayHost;
 use crate::relay::identity;
+use crate::telemetry::{self, Telemetry};
 
 /// Starts chatter from every registration in the binary, with settings from the environment.
 ///
@@ -46,6 +47,8 @@ pub struct RuntimeBuilder {
     consumer_concurrency: usize,
     redelivery_delay: Duration,
     relay: Option<RelayOptions>,
+    meter: telemetry::Source<opentelemetry::metrics::Meter>,
+    tracer: telemetry::Source<opentelemetry::global::BoxedTracer>,
 }
 
 impl Default for RuntimeBuilder {
@@ -58,6 +61,8 @@ impl Default for RuntimeBuilder {
             consumer_concurrency: DEFAULT_CONSUMER_CONCURRENCY,
             redelivery_delay: Duration::from_millis(500),
             relay: Some(RelayOptions::default()),
+            meter: telemetry::Source::Global,
+            tracer: telemetry::Source::Global,
         }
     }
 }
@@ -133,6 +138,41 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Records the relay's metrics on `meter` instead of the global meter provider's (see
+    /// [`telemetry`](crate::telemetry) for the instruments). Create it under
+    /// [`telemetry::METER_NAME`] so a .NET relay's dashboards read it:
+    /// `provider.meter(chatter_runtime::telemetry::METER_NAME)`.
+    pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
+        self.meter = telemetry::Source::Given(meter);
+        self
+    }
+
+    /// Records no metrics: no instrument is created, and the relay does no metric work at all.
+    pub fn without_metrics(mut self) -> Self {
+        self.meter = telemetry::Source::Off;
+        self
+    }
+
+    /// Starts chatter's `process` and `send` spans on `tracer` instead of the global tracer
+    /// provider's (see [`telemetry`](crate::telemetry)). Take it from your provider under
+    /// [`telemetry::TRACER_NAME`]: `provider.tracer(chatter_runtime::telemetry::TRACER_NAME)`.
+    pub fn tracer<T>(mut self, tracer: T) -> Self
+    where
+        T: opentelemetry::trace::Tracer + Send + Sync + 'static,
+        T::Span: Send + Sync + 'static,
+    {
+        self.tracer =
+            telemetry::Source::Given(opentelemetry::global::BoxedTracer::new(Box::new(tracer)));
+        self
+    }
+
+    /// Starts no spans. Trace context still travels: `ctx.send` persists the current context
+    /// and the relay publishes the persisted `traceparent` as it is.
+    pub fn without_tracing(mut self) -> Self {
+        self.tracer = telemetry::Source::Off;
+        self
+    }
+
     /// Turns the change-feed relay off: outbox documents stay pending until a relay elsewhere
     /// (another process sharing the lease containers) publishes them.
     pub fn without_relay(mut self) -> Self {
@@ -187,12 +227,24 @@ impl RuntimeBuilder {
             Some(broker) => broker,
             None => Arc::new(InMemoryBroker::new()),
         };
+        // The global providers are read now: set them before `start()`.
+        let telemetry = Telemetry::resolve(self.meter, self.tracer);
         // The relay verifies every monitored container before any processor or consumer starts.
         let charges = Arc::new(RequestMeter::default());
         let relay = match &self.relay {
             Some(options) => {
                 let sources = identity::distinct_sources(&registry, cosmos.endpoint());
-                Some(RelayHost::start(&cosmos, broker.clone(), &sources, options, &charges).await?)
+                Some(
+                    RelayHost::start(
+                        &cosmos,
+                        broker.clone(),
+                        &sources,
+                        options,
+                        &charges,
+                        &telemetry,
+                    )
+                    .await?,
+                )
             }
             None => None,
         };
@@ -252,6 +304,7 @@ impl RuntimeBuilder {
                     redelivery_delay: self.redelivery_delay,
                     status,
                     concurrency,
+                    tracer: telemetry.tracer.clone(),
                 };
                 tracker.spawn(consumer.run(subscription));
             }

@@ -1,0 +1,312 @@
+//! The seven drain instruments and the backlog gauge: names, kinds, units, descriptions and
+//! advised buckets exactly as the .NET module publishes them, so one dashboard reads both.
+//!
+//! Every emit site is a method of [`SourceMetrics`], reached through an
+//! `Option<Arc<SourceMetrics>>`: `None` (metrics off) returns before anything is read or built.
+//! With metrics on, a lease's attributes are built once and cloned after (their strings are
+//! reference counted), so recording allocates nothing of ours, also when the meter is the
+//! global no-op one.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter};
+use opentelemetry::{KeyValue, StringValue};
+use serde_json::Value;
+
+/// The instrument names.
+pub(crate) mod name {
+    pub(crate) const LAG: &str = "chatter.messaging.outbox.drain.lag";
+    pub(crate) const DOCUMENTS: &str = "chatter.messaging.outbox.drain.documents";
+    pub(crate) const BATCH_SIZE: &str = "chatter.messaging.outbox.drain.batch.size";
+    pub(crate) const BATCHES: &str = "chatter.messaging.outbox.drain.batches";
+    pub(crate) const FAILURES: &str = "chatter.messaging.outbox.drain.failures";
+    pub(crate) const UNDELIVERABLE: &str = "chatter.messaging.outbox.drain.undeliverable";
+    pub(crate) const SUSPENSIONS: &str = "chatter.messaging.outbox.drain.suspensions";
+    /// Beyond the .NET module: pending Outbox Documents behind each lease's checkpoint.
+    pub(crate) const BACKLOG: &str = "chatter.messaging.outbox.backlog";
+}
+
+/// The attribute keys.
+pub(crate) mod attribute {
+    pub(crate) const OUTCOME: &str = "chatter.messaging.outbox.drain.outcome";
+    pub(crate) const SOURCE_IDENTITY: &str = "chatter.messaging.outbox.source_identity";
+    pub(crate) const LEASE_TOKEN: &str = "chatter.messaging.outbox.lease_token";
+    pub(crate) const ERROR_TYPE: &str = "error.type";
+}
+
+/// The advised bucket boundaries of `drain.lag`, in seconds.
+const LAG_BUCKETS: [f64; 12] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0,
+];
+/// The advised bucket boundaries of `drain.batch.size`, in documents.
+const BATCH_SIZE_BUCKETS: [f64; 10] =
+    [1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0];
+
+/// The representable `_ts` range, in Unix seconds: 0001-01-01 to 9999-12-31, as .NET's
+/// `DateTimeOffset` has it. A `_ts` outside it records no lag.
+const TS_RANGE: std::ops::RangeInclusive<i64> = -62_135_596_800..=253_402_300_799;
+
+/// How a document handed to the relay resolved (`drain.documents`' outcome). A failure is no
+/// outcome: a publish that failed records none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DrainOutcome {
+    /// A pending Outbox Document, published.
+    Admitted,
+    /// Not a pending Outbox Document: never drained.
+    Skipped,
+}
+
+impl DrainOutcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Admitted => "admitted",
+            Self::Skipped => "skipped",
+        }
+    }
+}
+
+/// The instruments, built once per runtime from its meter.
+#[derive(Debug)]
+pub(crate) struct DrainInstruments {
+    lag: Histogram<f64>,
+    documents: Counter<u64>,
+    batch_size: Histogram<u64>,
+    batches: Counter<u64>,
+    failures: Counter<u64>,
+    undeliverable: Counter<u64>,
+    suspensions: Counter<u64>,
+    backlog: Gauge<u64>,
+}
+
+impl DrainInstruments {
+    pub(crate) fn new(meter: &Meter) -> Self {
+        Self {
+            lag: meter
+                .f64_histogram(name::LAG)
+                .with_unit("s")
+                .with_description("Age of an Outbox Document when the Outbox Relay admitted it.")
+                .with_boundaries(LAG_BUCKETS.to_vec())
+                .build(),
+            documents: meter
+                .u64_counter(name::DOCUMENTS)
+                .with_unit("{document}")
+                .with_description(
+                    "Number of Outbox Documents the Outbox Relay resolved, by outcome.",
+                )
+                .build(),
+            batch_size: meter
+                .u64_histogram(name::BATCH_SIZE)
+                .with_unit("{document}")
+                .with_description(
+                    "Number of documents in one change-feed batch handed to the Outbox Relay.",
+                )
+                .with_boundaries(BATCH_SIZE_BUCKETS.to_vec())
+                .build(),
+            batches: meter
+                .u64_counter(name::BATCHES)
+                .with_unit("{batch}")
+                .with_description(
+                    "Number of change-feed batches the Outbox Relay handled, by lease.",
+                )
+                .build(),
+            failures: meter
+                .u64_counter(name::FAILURES)
+                .with_unit("{failure}")
+                .with_description("Number of drain attempts that faulted, by lease and error type.")
+                .build(),
+            undeliverable: meter
+                .u64_counter(name::UNDELIVERABLE)
+                .with_unit("{document}")
+                .with_description(
+                    "Number of Outbox Documents the Outbox Relay marked undeliverable.",
+                )
+                .build(),
+            suspensions: meter
+                .u64_counter(name::SUSPENSIONS)
+                .with_unit("{suspension}")
+                .with_description("Number of times the Outbox Relay suspended draining, by lease.")
+                .build(),
+            backlog: meter
+                .u64_gauge(name::BACKLOG)
+                .with_unit("{document}")
+                .with_description(
+                    "Pending Outbox Documents after the checkpoint of a lease, as last estimated.",
+                )
+                .build(),
+        }
+    }
+}
+
+/// The instruments as one change-feed source (one relay processor) records them: its
+/// `source_identity` attribute and each lease's attributes, built once.
+#[derive(Debug)]
+pub(crate) struct SourceMetrics {
+    instruments: Arc<DrainInstruments>,
+    source_identity: StringValue,
+    leases: Mutex<HashMap<String, [KeyValue; 2]>>,
+}
+
+impl SourceMetrics {
+    pub(crate) fn new(instruments: Arc<DrainInstruments>, source_identity: &str) -> Self {
+        Self {
+            instruments,
+            source_identity: StringValue::from(Arc::<str>::from(source_identity)),
+            leases: Mutex::default(),
+        }
+    }
+
+    /// `source_identity` and `lease_token`, built on a lease's first measurement.
+    fn lease(&self, lease_token: &str) -> [KeyValue; 2] {
+        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(attributes) = leases.get(lease_token) {
+            return attributes.clone();
+        }
+        let attributes = [
+            KeyValue::new(attribute::SOURCE_IDENTITY, self.source_identity.clone()),
+            KeyValue::new(
+                attribute::LEASE_TOKEN,
+                StringValue::from(Arc::<str>::from(lease_token)),
+            ),
+        ];
+        leases.insert(lease_token.to_owned(), attributes.clone());
+        attributes
+    }
+
+    /// One change-feed page of `size` documents handed to the relay for `lease_token` (empty
+    /// reads included, as size 0): `batch.size` and `batches` over one attribute set.
+    pub(crate) fn batch(&self, lease_token: &str, size: usize) {
+        guarded(|| {
+            let attributes = self.lease(lease_token);
+            let size = u64::try_from(size).unwrap_or(u64::MAX);
+            self.instruments.batch_size.record(size, &attributes);
+            self.instruments.batches.add(1, &attributes);
+        });
+    }
+
+    /// One document resolved with `outcome`.
+    pub(crate) fn document(&self, outcome: DrainOutcome) {
+        guarded(|| {
+            self.instruments
+                .documents
+                .add(1, &[KeyValue::new(attribute::OUTCOME, outcome.as_str())]);
+        });
+    }
+
+    /// The age of an admitted document from its `_ts` (Cosmos' write time, in seconds), clamped
+    /// at 0 (the host's clock may run behind the account's). Nothing without a `_ts` in range.
+    pub(crate) fn lag(&self, document: &Value) {
+        let Some(lag) = lag_seconds(document, SystemTime::now()) else {
+            return;
+        };
+        guarded(|| self.instruments.lag.record(lag, &[]));
+    }
+
+    /// One change-feed fault of `lease_token` (a read, a page, a checkpoint), by error type.
+    pub(crate) fn failure(&self, lease_token: &str, error_type: &'static str) {
+        guarded(|| {
+            let [source, lease] = self.lease(lease_token);
+            self.instruments.failures.add(
+                1,
+                &[
+                    source,
+                    lease,
+                    KeyValue::new(attribute::ERROR_TYPE, error_type),
+                ],
+            );
+        });
+    }
+
+    /// One document stamped `undeliverable` (no attributes: one document may break several
+    /// rules, and one value could not name them all; the log carries them).
+    pub(crate) fn undeliverable(&self) {
+        guarded(|| self.instruments.undeliverable.add(1, &[]));
+    }
+
+    /// One Drain Suspension opened on `lease_token` (only the opening: a further failure while
+    /// it is open re-arms it and is not a new suspension).
+    pub(crate) fn suspension(&self, lease_token: &str) {
+        guarded(|| {
+            let attributes = self.lease(lease_token);
+            self.instruments.suspensions.add(1, &attributes);
+        });
+    }
+
+    /// The last backlog estimate of `lease_token`.
+    pub(crate) fn backlog(&self, lease_token: &str, pending: u64) {
+        guarded(|| {
+            let attributes = self.lease(lease_token);
+            self.instruments.backlog.record(pending, &attributes);
+        });
+    }
+}
+
+/// Runs one measurement; a meter that panics never takes the relay (or a log beside it) down.
+fn guarded(measure: impl FnOnce()) {
+    let _ = catch_unwind(AssertUnwindSafe(measure));
+}
+
+/// `now - _ts` in seconds, at least 0; `None` without an integer `_ts` in [`TS_RANGE`].
+fn lag_seconds(document: &Value, now: SystemTime) -> Option<f64> {
+    let ts = document
+        .get("_ts")?
+        .as_i64()
+        .filter(|ts| TS_RANGE.contains(ts))?;
+    let now = match now.duration_since(UNIX_EPOCH) {
+        Ok(since) => since.as_secs_f64(),
+        Err(before) => -before.duration().as_secs_f64(),
+    };
+    // i64 seconds within the range convert to f64 exactly.
+    #[allow(clippy::cast_precision_loss)]
+    let written = ts as f64;
+    Some((now - written).max(0.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn at(seconds: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(seconds)
+    }
+
+    // R8.02
+    #[test]
+    fn lag_is_the_age_of_the_document_from_its_ts() {
+        let lag = lag_seconds(&json!({ "_ts": 1_000 }), at(1_300)).unwrap();
+        assert!((lag - 300.0).abs() < 1e-9, "{lag}");
+    }
+
+    // R8.03
+    #[test]
+    fn a_ts_in_the_future_records_zero_never_a_negative_lag() {
+        assert_eq!(lag_seconds(&json!({ "_ts": 5_000 }), at(1_400)), Some(0.0));
+    }
+
+    // R8.04
+    #[test]
+    fn a_ts_outside_the_representable_dates_records_nothing() {
+        assert_eq!(
+            lag_seconds(&json!({ "_ts": 253_402_300_800_i64 }), at(1)),
+            None
+        );
+        assert_eq!(
+            lag_seconds(&json!({ "_ts": -62_135_596_801_i64 }), at(1)),
+            None
+        );
+        assert_eq!(lag_seconds(&json!({ "_ts": u64::MAX }), at(1)), None);
+    }
+
+    // R8.05
+    #[test]
+    fn a_document_without_an_integer_ts_records_no_lag() {
+        assert_eq!(lag_seconds(&json!({ "id": "x" }), at(1)), None);
+        assert_eq!(lag_seconds(&json!({ "_ts": "1000" }), at(2_000)), None);
+    }
+}
