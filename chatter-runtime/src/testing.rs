@@ -35,3 +35,20 @@ pub fn drain_with_telemetry(
     let tracer = tracer.map_or(Source::Off, Source::Given);
     drain.with_telemetry(&Telemetry::resolve(meter, tracer))
 }
+
+/// Calls every metric emit site of `drain` once, as the drain, the change-feed fault report and
+/// the backlog estimate do; with metrics off each returns at its first check.
+pub fn record_every_instrument(drain: &Drain, lease_token: &str, document: &serde_json::Value) {
+    use crate::telemetry::metrics::DrainOutcome;
+    let Some(metrics) = drain.metrics() else {
+        return;
+    };
+    metrics.batch(lease_token, 3);
+    metrics.document(DrainOutcome::Admitted);
+    metrics.document(DrainOutcome::Skipped);
+    metrics.lag(document);
+    metrics.failure(lease_token, "chatter_runtime::DrainError::Publish");
+    metrics.undeliverable();
+    metrics.suspension(lease_token);
+    metrics.backlog(lease_token, 3);
+}
