@@ -83,6 +83,7 @@ mod error;
 mod fault;
 mod lease;
 mod options;
+mod page;
 mod ranges;
 mod request;
 mod store;
