@@ -80,6 +80,7 @@ mod backoff;
 mod balance;
 mod coordinator;
 mod error;
+mod estimator;
 mod fault;
 mod lease;
 mod options;
@@ -100,6 +101,7 @@ use tokio_util::task::TaskTracker;
 
 pub use backoff::Backoff;
 pub use error::{ChangeFeedError, ErrorChain, InvalidOptions, ProcessorOption};
+pub use estimator::{ChangeFeedEstimator, LeaseBacklog};
 pub use fault::{HandlerPanicked, HandlerTimedOut, LeaseFault, LeaseFaultStage};
 pub use lease::{LeaseDocument, LeaseFeedRange, lease_id, read_leases};
 pub use options::{ChangeFeedProcessorOptions, StartFrom};
