@@ -79,6 +79,36 @@ fn lease_bounds(leases: &[LeaseDocument]) -> Vec<Bounds> {
         .collect()
 }
 
+/// The indexes of the leases that are the parent of a split whose delete failed: a lease whose
+/// range is covered entirely by other leases' smaller ranges (its children). Its children serve
+/// its range; reading the parent as well would see their documents twice.
+///
+/// A parent only once its children cover all of it: a split that created some children and
+/// failed on the others is finished by its owner first (the children start from the parent's
+/// checkpoint), so no key range restarts from nothing.
+pub(crate) fn split_parents(leases: &[LeaseDocument]) -> Vec<usize> {
+    let ranges: Vec<Option<Bounds>> = leases
+        .iter()
+        .map(|l| l.range().map(|r| bounds(&r)))
+        .collect();
+    let is_parent = |i: usize| {
+        let Some(range) = &ranges[i] else {
+            return false;
+        };
+        let children: Vec<Bounds> = ranges
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .filter_map(|(_, other)| other.clone())
+            .filter(|child| {
+                child != range && ranges::intersect(child, range).as_ref() == Some(child)
+            })
+            .collect();
+        !children.is_empty() && ranges::uncovered(range, &children).is_empty()
+    };
+    (0..leases.len()).filter(|i| is_parent(*i)).collect()
+}
+
 /// Logs at Error when the leases do not tile the whole key range `""..FF`: documents in a gap
 /// would never be handed over.
 fn check_coverage(processor: &str, leases: &[LeaseDocument]) {
@@ -186,29 +216,7 @@ impl Coordinator {
     /// delete failed: it is never polled again (its children serve its range, and polling both
     /// would hand documents over twice); its delete is retried. Returns the other leases.
     async fn retire_split_parents(&self, leases: Vec<LeaseDocument>) -> Vec<LeaseDocument> {
-        let ranges: Vec<Option<Bounds>> = leases
-            .iter()
-            .map(|l| l.range().map(|r| bounds(&r)))
-            .collect();
-        // A parent only once its children cover all of it: a split that created some children
-        // and failed on the others is finished by its owner first (the children start from the
-        // parent's checkpoint), so no key range restarts from nothing.
-        let is_parent = |i: usize| {
-            let Some(range) = &ranges[i] else {
-                return false;
-            };
-            let children: Vec<Bounds> = ranges
-                .iter()
-                .enumerate()
-                .filter(|(j, _)| *j != i)
-                .filter_map(|(_, other)| other.clone())
-                .filter(|child| {
-                    child != range && ranges::intersect(child, range).as_ref() == Some(child)
-                })
-                .collect();
-            !children.is_empty() && ranges::uncovered(range, &children).is_empty()
-        };
-        let parents: Vec<usize> = (0..leases.len()).filter(|i| is_parent(*i)).collect();
+        let parents = split_parents(&leases);
         if parents.is_empty() {
             return leases;
         }

@@ -3,15 +3,13 @@
 //! the latest ETag.
 
 use std::collections::BTreeMap;
-use std::num::NonZeroU32;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use azure_data_cosmos::clients::ContainerClient;
-use azure_data_cosmos::feed::{ContinuationToken, FeedRange, FeedScope};
-use azure_data_cosmos::options::{ChangeFeedOptions, ChangeFeedStartFrom, MaxItemCountHint};
-use futures::{FutureExt, StreamExt};
+use azure_data_cosmos::feed::FeedRange;
+use futures::FutureExt;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -19,7 +17,8 @@ use crate::backoff::Backoff;
 use crate::error::ErrorChain;
 use crate::fault::{FaultHandler, HandlerPanicked, HandlerTimedOut, LeaseFault, LeaseFaultStage};
 use crate::lease::{LeaseDocument, LeaseStore, LeaseWrite, now_millis};
-use crate::options::{ChangeFeedProcessorOptions, StartFrom};
+use crate::options::ChangeFeedProcessorOptions;
+use crate::page;
 use crate::store::{StoreError, bounded};
 use crate::{BatchHandler, BoxError, ChangeFeedBatch};
 
@@ -449,41 +448,9 @@ async fn read_page(
     range: &FeedRange,
     continuation: Option<&str>,
 ) -> Result<(Vec<Value>, Option<String>, f64), StoreError> {
-    const OPERATION: &str = "query_change_feed";
-    let max_items = NonZeroU32::new(ctx.options.max_items_per_page).unwrap_or(NonZeroU32::MIN);
-    let mut options =
-        ChangeFeedOptions::default().with_max_item_count(MaxItemCountHint::Limit(max_items));
-    if let Some(token) = continuation {
-        options = options.with_continuation_token(ContinuationToken::from_string(token.to_owned()));
-    }
-    let start = match ctx.options.start_from {
-        StartFrom::Beginning => ChangeFeedStartFrom::Beginning,
-        StartFrom::Now => ChangeFeedStartFrom::Now,
-    };
-    let mut pages = ctx
-        .monitored
-        .query_change_feed::<Value>(FeedScope::range(range.clone()), start, Some(options))
-        .await
-        .map_err(|e| StoreError::request(OPERATION, e))?;
-    let page = match pages.next().await {
-        Some(page) => page.map_err(|e| StoreError::request(OPERATION, e))?,
-        None => return Ok((Vec::new(), continuation.map(str::to_owned), 0.0)),
-    };
-    let next = pages
-        .to_continuation_token()
-        .map_err(|e| StoreError::request(OPERATION, e))?
-        .as_str()
-        .to_owned();
-    let request_charge = page
-        .headers()
-        .request_charge()
-        .map_or(0.0, |charge| charge.value());
-    let documents = page
-        .items()
-        .iter()
-        .filter_map(|item| item.current().cloned())
-        .collect();
-    Ok((documents, Some(next), request_charge))
+    let page = page::read_page(&ctx.monitored, range, &ctx.options, continuation).await?;
+    let documents = page.documents().cloned().collect();
+    Ok((documents, page.continuation, page.request_charge))
 }
 
 /// Clears the owner (keeping the checkpoint) so another instance may take the lease at once.

@@ -1,0 +1,497 @@
+//! The change-feed backlog estimator (`cosmos_change_feed::ChangeFeedEstimator`) against the
+//! SDK's in-memory emulator: it counts the documents after each lease's checkpoint that the
+//! predicate accepts, per lease and in total, across a partition split, without counting a split
+//! parent beside its children, and reports a lease it cannot read without failing the others.
+//!
+//! The expected counts come from queries scoped to each lease's feed range, not from the change
+//! feed. No timed assertions: every wait is a bounded poll with a generous timeout.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use azure_data_cosmos::feed::{FeedRange, FeedScope, Query};
+use azure_data_cosmos::options::ReadFeedRangesOptions;
+use chatter_emulator::RunningEmulator;
+use chatter_runtime::cosmos::{ContainerClient, CosmosConnection, partition_key};
+use chatter_runtime::testing::upsert_item;
+use chatter_tests::broker::Received;
+use chatter_tests::store::{embedded, emulator_server, provisioned_with_leases};
+use chatter_tests::wait::eventually;
+use cosmos_change_feed::{
+    BatchFuture, ChangeFeedBatch, ChangeFeedEstimator, ChangeFeedProcessor,
+    ChangeFeedProcessorOptions, LeaseBacklog, LeaseDocument, RunningProcessor, lease_id,
+    read_leases,
+};
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+const DB: &str = "cfe";
+const MONITORED: &str = "orders";
+const LEASES: &str = "orders-leases";
+/// Generous bound for anything the processor should do "soon".
+const WAIT: Duration = Duration::from_secs(60);
+/// How often a wait checks its condition.
+const POLL: Duration = Duration::from_millis(50);
+/// The documents the estimates count: `kind` is `outbox`.
+const COUNTED: &str = "outbox";
+
+/// Short timings so hand-overs happen within seconds; small pages so a backlog spans several.
+fn fast_options() -> ChangeFeedProcessorOptions {
+    ChangeFeedProcessorOptions::default()
+        .with_poll_interval(Duration::from_millis(50))
+        .with_lease_renew_interval(Duration::from_millis(300))
+        .with_lease_expiry(Duration::from_secs(3))
+        .with_lease_acquire_interval(Duration::from_millis(200))
+        .with_max_items_per_page(7)
+}
+
+struct Store {
+    monitored: Arc<ContainerClient>,
+    leases: Arc<ContainerClient>,
+}
+
+async fn store_on(connection: &CosmosConnection) -> Store {
+    Store {
+        monitored: provisioned_with_leases(connection, DB, MONITORED, &["/orderId"], LEASES).await,
+        leases: connection.container(DB, LEASES).await.unwrap(),
+    }
+}
+
+/// Writes `order-{i}` for every `i` of `range` as change `wave`, of kind `outbox` when
+/// `counted(i)` (else `other`).
+async fn write_orders(
+    store: &Store,
+    range: std::ops::Range<usize>,
+    wave: u32,
+    counted: impl Fn(usize) -> bool,
+) {
+    for i in range {
+        let order = format!("order-{i}");
+        let kind = if counted(i) { COUNTED } else { "other" };
+        upsert_item(
+            &store.monitored,
+            partition_key(&[json!(order)]).unwrap(),
+            &json!({ "id": order, "orderId": order, "wave": wave, "kind": kind }),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+fn order_ids(range: std::ops::Range<usize>) -> BTreeSet<String> {
+    range.map(|i| format!("order-{i}")).collect()
+}
+
+/// The estimators' predicate.
+fn counted(document: &Value) -> bool {
+    document["kind"] == COUNTED
+}
+
+/// A handler that records every handed-over document id in `seen` and succeeds.
+fn recording(seen: &Received) -> impl Fn(ChangeFeedBatch) -> BatchFuture + Send + Sync + 'static {
+    let seen = seen.clone();
+    move |batch| {
+        seen.record_all(batch.documents.iter().filter_map(|d| d["id"].as_str()));
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A handler that refuses every page: nothing is checkpointed past what was.
+fn refusing(_batch: ChangeFeedBatch) -> BatchFuture {
+    Box::pin(async { Err("not now".into()) })
+}
+
+async fn start(
+    store: &Store,
+    processor: &str,
+    handler: impl Fn(ChangeFeedBatch) -> BatchFuture + Send + Sync + 'static,
+) -> RunningProcessor {
+    ChangeFeedProcessor::builder(
+        processor,
+        "host-1",
+        Arc::clone(&store.monitored),
+        Arc::clone(&store.leases),
+    )
+    .options(fast_options())
+    .start(handler)
+    .await
+    .unwrap()
+}
+
+fn estimator(store: &Store, processor: &str) -> ChangeFeedEstimator {
+    ChangeFeedEstimator::new(
+        processor,
+        Arc::clone(&store.monitored),
+        Arc::clone(&store.leases),
+    )
+    .options(fast_options())
+}
+
+async fn leases_of(store: &Store, processor: &str) -> Vec<LeaseDocument> {
+    read_leases(&store.leases, processor).await.unwrap()
+}
+
+/// The monitored container's feed ranges now (the SDK's cache bypassed, so splits are seen).
+async fn feed_range_tokens(store: &Store) -> BTreeSet<String> {
+    store
+        .monitored
+        .read_feed_ranges(Some(
+            ReadFeedRangesOptions::default().with_force_refresh(true),
+        ))
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| format!("{}-{}", r.min_inclusive(), r.max_exclusive()))
+        .collect()
+}
+
+/// The ids of the documents of change `wave` and kind `outbox` within `range`, by a query (not
+/// the change feed): what an estimate of that range should count.
+async fn counted_in(store: &Store, range: FeedRange, wave: u32) -> BTreeSet<String> {
+    let query = Query::from("SELECT c.id FROM c WHERE c.wave = @wave AND c.kind = @kind")
+        .with_parameter("@wave", wave)
+        .unwrap()
+        .with_parameter("@kind", COUNTED)
+        .unwrap();
+    let mut items = store
+        .monitored
+        .query_items::<Value>(query, FeedScope::range(range), None)
+        .await
+        .unwrap();
+    let mut ids = BTreeSet::new();
+    while let Some(item) = items.next().await {
+        ids.insert(item.unwrap()["id"].as_str().unwrap().to_owned());
+    }
+    ids
+}
+
+/// Every lease's pending count, by lease token (panics on a lease that could not be read).
+fn pending_by_lease(backlogs: &[LeaseBacklog]) -> BTreeMap<String, u64> {
+    backlogs
+        .iter()
+        .map(|b| match &b.pending {
+            Ok(pending) => (b.lease_token.clone(), *pending),
+            Err(error) => panic!("lease {} could not be read: {error}", b.lease_token),
+        })
+        .collect()
+}
+
+/// Asserts each estimated lease counted exactly the wave-`wave` `outbox` documents of its own
+/// range, and returns the total.
+async fn assert_per_lease(
+    store: &Store,
+    processor: &str,
+    backlogs: &[LeaseBacklog],
+    wave: u32,
+) -> u64 {
+    let leases = leases_of(store, processor).await;
+    let mut total = 0;
+    for (token, pending) in pending_by_lease(backlogs) {
+        let lease = leases.iter().find(|l| l.lease_token == token).unwrap();
+        let range: FeedRange = lease.feed_range_token.parse().unwrap();
+        let expected = counted_in(store, range, wave).await.len() as u64;
+        assert_eq!(
+            pending, expected,
+            "lease {token} counts the matching documents of its own range after its checkpoint"
+        );
+        total += pending;
+    }
+    let charge: f64 = backlogs.iter().map(|b| b.request_charge).sum();
+    eprintln!(
+        "estimate of {} leases: {total} pending, {charge:.2} RU in all ({:?})",
+        backlogs.len(),
+        backlogs
+            .iter()
+            .map(|b| (b.lease_token.as_str(), b.request_charge))
+            .collect::<Vec<_>>()
+    );
+    total
+}
+
+/// Hands over every document written so far (`0..written`) and checkpoints them, then shuts
+/// the processor down (its leases released with their checkpoints).
+async fn hand_over_and_checkpoint(store: &Store, processor: &str, written: usize) {
+    let seen = Received::default();
+    let running = start(store, processor, recording(&seen)).await;
+    let ranges = feed_range_tokens(store).await.len();
+    eventually(
+        WAIT,
+        POLL,
+        "every document was handed over and every lease checkpointed",
+        || async {
+            let leases = leases_of(store, processor).await;
+            seen.ids().is_superset(&order_ids(0..written))
+                && leases.len() == ranges
+                && leases.iter().all(|l| l.continuation_token.is_some())
+        },
+    )
+    .await;
+    running.shutdown().await;
+}
+
+// The estimate counts from each lease's checkpoint (not from the beginning), only what the
+// predicate accepts, and per lease only its own range's documents.
+#[tokio::test]
+async fn an_estimate_counts_only_the_matching_documents_after_each_checkpoint() {
+    let store = store_on(&embedded().await).await;
+    // Wave 1: handed over and checkpointed; most of it would count.
+    write_orders(&store, 0..30, 1, |i| i % 5 != 0).await;
+    hand_over_and_checkpoint(&store, "relay", 30).await;
+    let checkpointed = estimator(&store, "relay").estimate(counted).await.unwrap();
+    assert_eq!(
+        pending_by_lease(&checkpointed).values().sum::<u64>(),
+        0,
+        "nothing is pending right after the checkpoints: {checkpointed:?}"
+    );
+
+    // Wave 2: new documents and changes to handed-over ones, some of kind `outbox`.
+    write_orders(&store, 20..70, 2, |i| i % 3 == 0).await;
+    let expected = counted_in(&store, FeedRange::full(), 2).await;
+    assert!(!expected.is_empty() && expected.len() < 50);
+
+    let backlogs = estimator(&store, "relay").estimate(counted).await.unwrap();
+    let ranges = feed_range_tokens(&store).await;
+    assert_eq!(
+        backlogs
+            .iter()
+            .map(|b| b.lease_token.clone())
+            .collect::<BTreeSet<_>>(),
+        ranges,
+        "one estimate per lease"
+    );
+    assert!(backlogs.iter().all(|b| b.owner.is_none()), "{backlogs:?}");
+    let total = assert_per_lease(&store, "relay", &backlogs, 2).await;
+    assert_eq!(total, expected.len() as u64);
+
+    // It only reads: the checkpoints are where the processor left them.
+    let before: BTreeMap<String, Option<String>> = leases_of(&store, "relay")
+        .await
+        .into_iter()
+        .map(|l| (l.lease_token, l.continuation_token))
+        .collect();
+    let again = estimator(&store, "relay").estimate(counted).await.unwrap();
+    assert_eq!(pending_by_lease(&again), pending_by_lease(&backlogs));
+    let after: BTreeMap<String, Option<String>> = leases_of(&store, "relay")
+        .await
+        .into_iter()
+        .map(|l| (l.lease_token, l.continuation_token))
+        .collect();
+    assert_eq!(before, after, "the estimator never checkpoints");
+}
+
+/// Wave 1 handed over and checkpointed, then wave 2 written and the first physical partition
+/// split while the processor is down. Returns the split parent's lease token and the wave-2
+/// documents the estimates should count.
+async fn split_with_a_backlog(
+    emulator: &RunningEmulator,
+    store: &Store,
+    processor: &str,
+) -> (String, BTreeSet<String>) {
+    write_orders(store, 0..40, 1, |_| true).await;
+    hand_over_and_checkpoint(store, processor, 40).await;
+    let before = feed_range_tokens(store).await;
+    write_orders(store, 10..80, 2, |i| i % 2 == 0).await;
+    emulator
+        .store()
+        .split_partition(DB, MONITORED, 0, Duration::from_millis(10));
+    eventually(WAIT, POLL, "the partition split", || async {
+        feed_range_tokens(store).await.len() == before.len() + 1
+    })
+    .await;
+    let parent = before
+        .difference(&feed_range_tokens(store).await)
+        .next()
+        .cloned()
+        .expect("one range split");
+    (parent, counted_in(store, FeedRange::full(), 2).await)
+}
+
+// Across a split: before the processor replaced the split lease, the lease is counted over its
+// whole range; after it did, each child counts its own range, and the total is the same.
+#[tokio::test]
+async fn an_estimate_across_a_split_counts_each_child_range_once() {
+    let (emulator, connection) = emulator_server().await;
+    let store = store_on(&connection).await;
+    let (parent, expected) = split_with_a_backlog(&emulator, &store, "relay").await;
+
+    // The split lease is still the parent's: it is read over both child partitions.
+    let during = estimator(&store, "relay").estimate(counted).await.unwrap();
+    assert!(during.iter().any(|b| b.lease_token == parent), "{during:?}");
+    let total = assert_per_lease(&store, "relay", &during, 2).await;
+    assert_eq!(total, expected.len() as u64, "the total during the split");
+
+    // The processor replaces the parent lease by child leases (handing nothing over).
+    let running = start(&store, "relay", refusing).await;
+    let ranges = feed_range_tokens(&store).await;
+    eventually(
+        WAIT,
+        POLL,
+        "the parent lease was replaced by child leases",
+        || async {
+            let tokens: BTreeSet<String> = leases_of(&store, "relay")
+                .await
+                .into_iter()
+                .map(|l| l.lease_token)
+                .collect();
+            tokens == ranges
+        },
+    )
+    .await;
+    running.shutdown().await;
+
+    let after = estimator(&store, "relay").estimate(counted).await.unwrap();
+    assert_eq!(
+        after
+            .iter()
+            .map(|b| b.lease_token.clone())
+            .collect::<BTreeSet<_>>(),
+        ranges,
+        "one estimate per child and per unsplit lease"
+    );
+    let total = assert_per_lease(&store, "relay", &after, 2).await;
+    assert_eq!(total, expected.len() as u64, "the total after the split");
+}
+
+// A split parent whose delete failed stays beside its children; the processor no longer polls
+// it, and the estimate leaves it out rather than counting its children's documents twice.
+#[tokio::test]
+async fn a_split_parent_left_beside_its_children_is_not_counted_twice() {
+    let (emulator, connection) = emulator_server().await;
+    let store = store_on(&connection).await;
+    let (parent, expected) = split_with_a_backlog(&emulator, &store, "relay").await;
+    let ranges = feed_range_tokens(&store).await;
+
+    // Lease deletes refused: the parent stays behind after the processor made its children.
+    emulator
+        .faults()
+        .refuse("DELETE", 503, Duration::from_secs(3600));
+    let running = start(&store, "relay", refusing).await;
+    eventually(
+        WAIT,
+        POLL,
+        "child leases exist beside the undeleted parent",
+        || async {
+            let tokens: BTreeSet<String> = leases_of(&store, "relay")
+                .await
+                .into_iter()
+                .map(|l| l.lease_token)
+                .collect();
+            tokens.contains(&parent) && tokens.is_superset(&ranges)
+        },
+    )
+    .await;
+    running.shutdown().await;
+
+    let backlogs = estimator(&store, "relay").estimate(counted).await.unwrap();
+    emulator.faults().clear();
+    assert!(
+        leases_of(&store, "relay")
+            .await
+            .iter()
+            .any(|l| l.lease_token == parent),
+        "the parent lease is still there"
+    );
+    assert_eq!(
+        backlogs
+            .iter()
+            .map(|b| b.lease_token.clone())
+            .collect::<BTreeSet<_>>(),
+        ranges,
+        "the parent is left out: {backlogs:?}"
+    );
+    let total = assert_per_lease(&store, "relay", &backlogs, 2).await;
+    assert_eq!(total, expected.len() as u64, "not doubled");
+}
+
+// One lease whose feed cannot be read (its checkpoint is no continuation the SDK can resume)
+// reports its error; the call succeeds and the other leases are counted. Reads refused by the
+// store fail every lease but not the call; only listing the leases failing fails the call.
+#[tokio::test]
+async fn a_lease_whose_feed_cannot_be_read_reports_its_error_and_the_others_still_count() {
+    let (emulator, connection) = emulator_server().await;
+    let store = store_on(&connection).await;
+    write_orders(&store, 0..20, 1, |_| true).await;
+    hand_over_and_checkpoint(&store, "relay", 20).await;
+    write_orders(&store, 0..40, 2, |i| i % 2 == 1).await;
+
+    // The first lease's checkpoint is overwritten by something that is no continuation.
+    let broken = leases_of(&store, "relay").await.remove(0);
+    let mut document = serde_json::to_value(&broken).unwrap();
+    document["continuationToken"] = json!("not a continuation");
+    let id = lease_id("relay", &broken.lease_token);
+    upsert_item(
+        &store.leases,
+        partition_key(&[json!(id)]).unwrap(),
+        &document,
+    )
+    .await
+    .unwrap();
+
+    let backlogs = estimator(&store, "relay").estimate(counted).await.unwrap();
+    let (failed, counted_leases): (Vec<&LeaseBacklog>, Vec<&LeaseBacklog>) = backlogs
+        .iter()
+        .partition(|b| b.lease_token == broken.lease_token);
+    assert_eq!(failed.len(), 1, "{backlogs:?}");
+    assert!(
+        failed[0]
+            .pending
+            .as_ref()
+            .is_err_and(|e| e.status() == Some(400)),
+        "the SDK refuses the continuation: {:?}",
+        failed[0]
+    );
+    assert!(!counted_leases.is_empty());
+    let mut total = 0;
+    for backlog in counted_leases {
+        let range = leases_of(&store, "relay")
+            .await
+            .into_iter()
+            .find(|l| l.lease_token == backlog.lease_token)
+            .unwrap()
+            .feed_range_token
+            .parse()
+            .unwrap();
+        let expected = counted_in(&store, range, 2).await.len() as u64;
+        assert_eq!(
+            backlog.pending.as_ref().ok(),
+            Some(&expected),
+            "{backlog:?}"
+        );
+        total += expected;
+    }
+    assert!(total > 0, "the other leases have a backlog");
+
+    // Change-feed reads (GET) refused: every lease reports the failure, the call succeeds.
+    emulator
+        .faults()
+        .refuse("GET", 503, Duration::from_secs(3600));
+    let refused = estimator(&store, "relay")
+        .options(fast_options().with_store_timeout(Duration::from_secs(5)))
+        .estimate(counted)
+        .await
+        .unwrap();
+    assert_eq!(refused.len(), backlogs.len());
+    assert!(
+        refused
+            .iter()
+            .filter(|b| b.lease_token != broken.lease_token)
+            .all(|b| b.pending.as_ref().is_err_and(|e| e.status() == Some(503))),
+        "every read was refused: {refused:?}"
+    );
+    emulator.faults().clear();
+
+    // The lease query (POST) refused: the call fails.
+    emulator
+        .faults()
+        .refuse("POST", 503, Duration::from_secs(3600));
+    let listing = estimator(&store, "relay")
+        .options(fast_options().with_store_timeout(Duration::from_secs(5)))
+        .estimate(counted)
+        .await;
+    emulator.faults().clear();
+    assert!(
+        listing.as_ref().is_err_and(|e| e.status() == Some(503)),
+        "{listing:?}"
+    );
+}
