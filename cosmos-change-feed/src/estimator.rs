@@ -147,7 +147,7 @@ impl ChangeFeedEstimator {
     /// in its own [`LeaseBacklog::pending`]; the other leases are still counted.
     pub async fn estimate(
         &self,
-        counted: impl Fn(&Value) -> bool,
+        counted: impl Fn(&Value) -> bool + Sync,
     ) -> Result<Vec<LeaseBacklog>, StoreError> {
         let store = LeaseStore {
             container: Arc::clone(&self.leases),
@@ -194,7 +194,7 @@ impl ChangeFeedEstimator {
         lease: &LeaseDocument,
         range: &FeedRange,
         current: Option<&[FeedRange]>,
-        counted: &dyn Fn(&Value) -> bool,
+        counted: &(dyn Fn(&Value) -> bool + Sync),
     ) -> LeaseBacklog {
         let mut backlog = LeaseBacklog {
             lease_token: lease.lease_token.clone(),

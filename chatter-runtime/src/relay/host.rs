@@ -4,13 +4,17 @@
 //! Start is two-pass: every monitored container is verified against the Monitored
 //! Container Contract before any processor is built, so the relay never starts degraded.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cosmos_change_feed::{
     ChangeFeedError, ChangeFeedProcessor, LeaseFault, LeaseStatus, RunningProcessor,
 };
 use futures::FutureExt;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
+use super::backlog;
 use super::contract::{self, MonitoredContainersError};
 use super::delivery::DeliverySettingsError;
 use super::diagnostics;
@@ -22,6 +26,7 @@ use crate::broker::Broker;
 use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::{CosmosConnection, CosmosStoreError};
 use crate::telemetry::Telemetry;
+use crate::telemetry::metrics::SourceMetrics;
 
 /// Why the relay did not start.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +41,9 @@ pub enum RelayError {
     /// [`RelayOptions::max_in_flight`] is zero: no document could ever be published.
     #[error("invalid relay options: `max_in_flight` must be greater than zero")]
     ZeroMaxInFlight,
+    /// [`RelayOptions::backlog_interval`] is zero: the estimates would run back to back.
+    #[error("invalid relay options: `backlog_interval` must be greater than zero")]
+    ZeroBacklogInterval,
     /// The delivery settings are invalid.
     #[error(transparent)]
     Delivery(#[from] DeliverySettingsError),
@@ -73,7 +81,10 @@ pub enum RelayError {
 /// The running relays.
 #[derive(Debug)]
 pub(crate) struct RelayHost {
-    processors: Vec<(RunningProcessor, Arc<DrainGate>)>,
+    processors: Vec<(RunningProcessor, Arc<DrainGate>, Backlogs)>,
+    /// Stops the backlog estimates.
+    estimates: CancellationToken,
+    estimators: TaskTracker,
 }
 
 impl RelayHost {
@@ -97,6 +108,9 @@ impl RelayHost {
         if options.max_in_flight == 0 {
             return Err(RelayError::ZeroMaxInFlight);
         }
+        if options.backlog_interval.is_zero() {
+            return Err(RelayError::ZeroBacklogInterval);
+        }
         contract::verify_all(cosmos, sources).await?;
 
         let instance = identity::instance_name();
@@ -115,32 +129,63 @@ impl RelayHost {
                 Ok(processor) => processors.push(processor),
                 Err(error) => {
                     // Stop what already started; the original error is what the caller sees.
-                    for (started, _) in processors {
+                    for (started, _, _) in processors {
                         started.shutdown().await;
                     }
                     return Err(error);
                 }
             }
         }
-        Ok(Self { processors })
+        let estimates = CancellationToken::new();
+        let estimators = TaskTracker::new();
+        for ((processor, _, backlogs), source) in processors.iter().zip(sources) {
+            let Some(metrics) = backlogs.metrics.clone() else {
+                continue;
+            };
+            let estimator = backlog::Estimator {
+                processor_name: processor.processor_name().to_owned(),
+                instance: instance.clone(),
+                monitored: cosmos
+                    .container(source.database, source.container)
+                    .await
+                    .ok(),
+                leases: cosmos.container(source.database, source.lease).await.ok(),
+                options: options.clone(),
+                metrics,
+                last: Arc::clone(&backlogs.last),
+            };
+            estimators.spawn(estimator.run(estimates.clone()));
+        }
+        estimators.close();
+        Ok(Self {
+            processors,
+            estimates,
+            estimators,
+        })
     }
 
     /// The lease tokens this instance drains now, per processor.
     pub(crate) fn owned_leases(&self) -> Vec<(String, Vec<String>)> {
         self.processors
             .iter()
-            .map(|(p, _)| (p.processor_name().to_owned(), p.owned_leases()))
+            .map(|(p, _, _)| (p.processor_name().to_owned(), p.owned_leases()))
             .collect()
     }
 
     /// Every lease this instance owns: its processor, its progress and fault, and whether it is
     /// under a Drain Suspension.
-    pub(crate) fn lease_statuses(&self) -> Vec<(String, LeaseStatus, bool)> {
+    pub(crate) fn lease_statuses(&self) -> Vec<LeaseState> {
         let mut statuses = Vec::new();
-        for (processor, gate) in &self.processors {
+        for (processor, gate, backlogs) in &self.processors {
             for status in processor.lease_statuses() {
                 let suspended = gate.is_suspended(&status.lease_token);
-                statuses.push((processor.processor_name().to_owned(), status, suspended));
+                let backlog = backlogs.of(&status.lease_token);
+                statuses.push(LeaseState {
+                    processor: processor.processor_name().to_owned(),
+                    status,
+                    suspended,
+                    backlog,
+                });
             }
         }
         statuses
@@ -150,7 +195,7 @@ impl RelayHost {
     pub(crate) fn suspended_leases(&self) -> Vec<(String, Vec<String>)> {
         self.processors
             .iter()
-            .filter_map(|(p, gate)| {
+            .filter_map(|(p, gate, _)| {
                 let suspended = gate.suspended_leases();
                 (!suspended.is_empty()).then(|| (p.processor_name().to_owned(), suspended))
             })
@@ -159,7 +204,9 @@ impl RelayHost {
 
     /// Stops every processor, finishing pages in flight and releasing leases.
     pub(crate) async fn shutdown(self) {
-        for (processor, _) in self.processors {
+        self.estimates.cancel();
+        self.estimators.wait().await;
+        for (processor, _, _) in self.processors {
             processor.shutdown().await;
         }
     }
@@ -179,7 +226,7 @@ async fn start_one(
     broker: &Arc<dyn Broker>,
     source: &RelaySource,
     shared: &Shared<'_>,
-) -> Result<(RunningProcessor, Arc<DrainGate>), RelayError> {
+) -> Result<(RunningProcessor, Arc<DrainGate>, Backlogs), RelayError> {
     let Shared {
         instance,
         options,
@@ -212,6 +259,10 @@ async fn start_one(
     .with_request_meter(Arc::clone(charges))
     .with_telemetry(telemetry);
     let fault_metrics = drain.metrics().cloned();
+    let backlogs = Backlogs {
+        metrics: drain.metrics().cloned(),
+        last: Arc::default(),
+    };
     let read_metrics = drain.metrics().cloned();
     let page_charges = Arc::clone(charges);
     let gate = Arc::clone(drain.gate());
@@ -282,5 +333,30 @@ async fn start_one(
                 source: e,
             })?;
     tracing::info!(processor = processor_name, instance, container = %format!("{}/{}", source.database, source.container), "chatter relay started");
-    Ok((processor, gate))
+    Ok((processor, gate, backlogs))
+}
+
+/// One owned lease as the runtime's health reports it.
+pub(crate) struct LeaseState {
+    pub(crate) processor: String,
+    pub(crate) status: LeaseStatus,
+    pub(crate) suspended: bool,
+    pub(crate) backlog: Option<u64>,
+}
+
+/// The backlog estimates of one processor's leases (only with metrics on).
+#[derive(Debug)]
+struct Backlogs {
+    metrics: Option<Arc<SourceMetrics>>,
+    last: Arc<Mutex<HashMap<String, u64>>>,
+}
+
+impl Backlogs {
+    fn of(&self, lease_token: &str) -> Option<u64> {
+        self.last
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(lease_token)
+            .copied()
+    }
 }

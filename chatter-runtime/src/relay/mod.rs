@@ -10,7 +10,9 @@
 //! | `delivery.rs` | what a delivered document is stamped with |
 //! | `options.rs` | [`RelayOptions`] |
 //! | `host.rs` | the relay host: verifies every container, then starts one processor per source |
+//! | `backlog.rs` | the per-lease backlog estimate behind the `chatter.messaging.outbox.backlog` gauge |
 //! | `diagnostics.rs` | the always-on logs |
+mod backlog;
 pub(crate) mod contract;
 pub(crate) mod delivery;
 mod diagnostics;

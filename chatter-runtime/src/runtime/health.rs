@@ -47,6 +47,10 @@ pub struct LeaseHealth {
     pub last_error: Option<String>,
     /// Whether it is under a Drain Suspension (its confirmations kept failing).
     pub suspended: bool,
+    /// The pending Outbox Documents after its checkpoint, as last estimated (every
+    /// [`RelayOptions::backlog_interval`](crate::RelayOptions::backlog_interval)); `None` with
+    /// metrics off or before the first estimate.
+    pub backlog: Option<u64>,
 }
 
 /// What a runtime is doing now ([`Runtime::health`](super::Runtime::health)).

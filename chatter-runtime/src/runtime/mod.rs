@@ -436,12 +436,13 @@ impl Runtime {
             .map(RelayHost::lease_statuses)
             .unwrap_or_default()
             .into_iter()
-            .map(|(processor, status, suspended)| LeaseHealth {
-                processor,
-                lease_token: status.lease_token,
-                last_checkpoint_age: status.last_checkpoint_age,
-                last_error: status.last_error,
-                suspended,
+            .map(|state| LeaseHealth {
+                processor: state.processor,
+                lease_token: state.status.lease_token,
+                last_checkpoint_age: state.status.last_checkpoint_age,
+                last_error: state.status.last_error,
+                suspended: state.suspended,
+                backlog: state.backlog,
             })
             .collect();
         Health { consumers, leases }
