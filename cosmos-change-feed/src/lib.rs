@@ -49,6 +49,9 @@
 //! The change feed is read in "latest version" mode: a document changed several times
 //! between two reads is handed over once, in its latest state.
 //!
+//! [`ChangeFeedEstimator`] tells how many changed documents each lease still has to hand over
+//! (those a predicate accepts), by reading the change feed after each checkpoint; it only reads.
+//!
 //! ```no_run
 //! # async fn demo(
 //! #     orders: std::sync::Arc<azure_data_cosmos::clients::ContainerClient>,

@@ -20,7 +20,7 @@ use chatter_tests::store::{embedded, emulator_server, provisioned_with_leases};
 use chatter_tests::wait::eventually;
 use cosmos_change_feed::{
     BatchFuture, ChangeFeedBatch, ChangeFeedEstimator, ChangeFeedProcessor,
-    ChangeFeedProcessorOptions, LeaseBacklog, LeaseDocument, RunningProcessor, lease_id,
+    ChangeFeedProcessorOptions, LeaseBacklog, LeaseDocument, RunningProcessor, StartFrom, lease_id,
     read_leases,
 };
 use futures::StreamExt;
@@ -493,5 +493,55 @@ async fn a_lease_whose_feed_cannot_be_read_reports_its_error_and_the_others_stil
     assert!(
         listing.as_ref().is_err_and(|e| e.status() == Some(503)),
         "{listing:?}"
+    );
+}
+
+// A lease without a checkpoint counts from where the processor would start it: everything with
+// `Beginning`, nothing with `Now` (its first read starts from that moment).
+#[tokio::test]
+async fn a_lease_without_a_checkpoint_counts_from_the_processors_start() {
+    let store = store_on(&embedded().await).await;
+    write_orders(&store, 0..30, 1, |i| i % 2 == 0).await;
+    // Free leases of every feed range, never polled (as a processor creates them).
+    for range in store.monitored.read_feed_ranges(None).await.unwrap() {
+        let (min, max) = (
+            range.min_inclusive().to_string(),
+            range.max_exclusive().to_string(),
+        );
+        let token = format!("{min}-{max}");
+        let id = lease_id("fresh", &token);
+        upsert_item(
+            &store.leases,
+            partition_key(&[json!(id)]).unwrap(),
+            &json!({
+                "id": id,
+                "processorName": "fresh",
+                "leaseToken": token,
+                "feedRange": { "min": min, "max": max },
+                "feedRangeToken": range.to_string(),
+                "owner": null,
+                "continuationToken": null,
+                "timestamp": 0
+            }),
+        )
+        .await
+        .unwrap();
+    }
+
+    let from_beginning = estimator(&store, "fresh").estimate(counted).await.unwrap();
+    let total = assert_per_lease(&store, "fresh", &from_beginning, 1).await;
+    assert_eq!(total, 15);
+
+    let from_now = estimator(&store, "fresh")
+        .options(fast_options().with_start_from(StartFrom::Now))
+        .estimate(counted)
+        .await
+        .unwrap();
+    assert_eq!(from_now.len(), from_beginning.len());
+    assert!(
+        from_now
+            .iter()
+            .all(|b| matches!(b.pending, Ok(0)) && b.request_charge == 0.0),
+        "nothing is behind a lease starting now: {from_now:?}"
     );
 }
