@@ -11,6 +11,10 @@
 //! every outbox document it wrote is stamped delivered; with `--serve` it keeps receiving and
 //! relaying (outbox documents other writers put in its container too) until Ctrl-C or SIGTERM,
 //! then shuts down gracefully, releasing its leases.
+//!
+//! With `--telemetry` it installs OpenTelemetry providers that print to stdout: the relay's
+//! drain metrics at exit, and each span as it ends (the consumer's `process CreateOrder`, and
+//! the relay's `send order-events` in the same trace).
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -109,6 +113,10 @@ async fn run() -> Result<(), BoxError> {
     provision::ensure_lease_container(&cosmos, "shop", "orders-leases").await?;
 
     let serve = std::env::args().any(|a| a == "--serve");
+    // Installed before `start()`, which takes the global providers it finds then.
+    let telemetry = std::env::args()
+        .any(|a| a == "--telemetry")
+        .then(telemetry::install);
     let broker = InMemoryBroker::new();
     // A downstream service: consumes the events the relay publishes.
     let mut events = broker.subscribe("order-events").await?;
@@ -262,6 +270,10 @@ async fn run() -> Result<(), BoxError> {
         println!("shutting down: finishing deliveries in flight and releasing leases");
     }
     runtime.shutdown().await;
+    if let Some(telemetry) = telemetry {
+        println!("telemetry recorded:");
+        telemetry.shutdown();
+    }
     if committed != 6 || runs != 3 || events < outbox_ids.len() {
         return Err(format!(
             "expected 6 documents, 3 handler runs and {} events; found {committed}, {runs} and {events}",
@@ -292,5 +304,44 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// OpenTelemetry providers printing to stdout (`--telemetry`). Point a real backend at chatter by
+/// building these providers with an OTLP exporter (crate `opentelemetry-otlp`) instead.
+mod telemetry {
+    use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+
+    pub(crate) struct Providers {
+        meters: SdkMeterProvider,
+        tracers: SdkTracerProvider,
+    }
+
+    /// Sets stdout providers as the global ones.
+    pub(crate) fn install() -> Providers {
+        let meters = SdkMeterProvider::builder()
+            .with_reader(
+                PeriodicReader::builder(opentelemetry_stdout::MetricExporter::default()).build(),
+            )
+            .build();
+        let tracers = SdkTracerProvider::builder()
+            .with_simple_exporter(opentelemetry_stdout::SpanExporter::default())
+            .build();
+        opentelemetry::global::set_meter_provider(meters.clone());
+        opentelemetry::global::set_tracer_provider(tracers.clone());
+        Providers { meters, tracers }
+    }
+
+    impl Providers {
+        /// Prints what is left (the metrics) and stops.
+        pub(crate) fn shutdown(self) {
+            if let Err(error) = self.meters.shutdown() {
+                eprintln!("shop: the metrics could not be printed: {error}");
+            }
+            if let Err(error) = self.tracers.shutdown() {
+                eprintln!("shop: the spans could not be printed: {error}");
+            }
+        }
     }
 }
