@@ -18,10 +18,10 @@ fn spans(stdout: &str) -> BTreeMap<String, Vec<(String, String)>> {
             name = Some(value);
         } else if let Some(value) = field("SpanId       ") {
             id = Some(value);
-        } else if let Some(parent) = field("ParentSpanId ") {
-            if let (Some(name), Some(id)) = (name.take(), id.take()) {
-                spans.entry(name).or_default().push((id, parent));
-            }
+        } else if let Some(parent) = field("ParentSpanId ")
+            && let (Some(name), Some(id)) = (name.take(), id.take())
+        {
+            spans.entry(name).or_default().push((id, parent));
         }
     }
     spans
