@@ -503,7 +503,12 @@ impl Drain {
             trace_context::end_send(span, failure);
         }
         match published {
-            Ok(()) => {}
+            // Admitted and published: counted whether or not its stamp then lands.
+            Ok(()) => {
+                if let Some(metrics) = &self.metrics {
+                    metrics.document(DrainOutcome::Admitted);
+                }
+            }
             Err(refusal) if refusal.is_permanent() => {
                 let reason = UndeliverableReason::BrokerRefusal {
                     message_id,
@@ -530,9 +535,6 @@ impl Drain {
                     message_id: message_id.clone(),
                     source,
                 })?;
-        if let Some(metrics) = &self.metrics {
-            metrics.document(DrainOutcome::Admitted);
-        }
         tracing::debug!(
             message_id,
             destination,

@@ -18,7 +18,7 @@
 //! | instrument | kind | unit | recorded | attributes |
 //! | --- | --- | --- | --- | --- |
 //! | `chatter.messaging.outbox.drain.lag` | histogram (f64) | `s` | per admitted document with a `_ts`, before it is published: its age (clamped at 0) | none |
-//! | `chatter.messaging.outbox.drain.documents` | counter | `{document}` | per document of a page, once it resolved | `chatter.messaging.outbox.drain.outcome`: `admitted` (published) or `skipped` (not a pending Outbox Document) |
+//! | `chatter.messaging.outbox.drain.documents` | counter | `{document}` | per document of a page, once it resolved | `chatter.messaging.outbox.drain.outcome`: `admitted` (the broker confirmed its publish; a failed publish records nothing) or `skipped` (not a pending Outbox Document) |
 //! | `chatter.messaging.outbox.drain.batch.size` | histogram (u64) | `{document}` | per change-feed read of a lease, an empty one as 0 | source identity, lease token |
 //! | `chatter.messaging.outbox.drain.batches` | counter | `{batch}` | with `batch.size` | source identity, lease token |
 //! | `chatter.messaging.outbox.drain.failures` | counter | `{failure}` | per lease fault (a read, a page, a checkpoint or renewal) | source identity, lease token, `error.type` |
