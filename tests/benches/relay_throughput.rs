@@ -250,38 +250,72 @@ async fn measured(mode: Mode, documents: usize) -> Result<(), BoxError> {
 
 /// Instructions per document of each side, or why they could not be counted.
 struct Instructions {
-    relay: f64,
-    hand_written: f64,
+    relay: SideFigures,
+    hand_written: SideFigures,
     setup: u64,
+}
+
+/// One side's figures beyond the setup run.
+struct SideFigures {
+    /// Instructions per document.
+    per_document: f64,
+    /// Change-feed page reads the emulator served.
+    reads: i64,
+    /// Instructions per document spent in the emulator serving those reads.
+    read_per_document: f64,
+    /// `azure_core` errors created per document (each one a `Backtrace::capture` call).
+    errors_per_document: f64,
+}
+
+/// The emulator's handler of a change-feed page read (the SDK's in-memory emulator).
+const READ_HANDLER: &str = "in_memory_emulator::operations::handle_read_feed_items";
+/// Every `azure_core` (typespec) error calls it once when it is created.
+const BACKTRACE_CAPTURE: &str = "<std::backtrace::Backtrace>::capture";
+
+/// What one callgrind output file says.
+struct Profile {
+    /// The `totals:` line.
+    total: u64,
+    /// Calls to [`READ_HANDLER`] and their inclusive instructions.
+    reads: (u64, u64),
+    /// Calls to [`BACKTRACE_CAPTURE`].
+    captures: u64,
 }
 
 fn count_instructions(exe: &Path) -> Result<Result<Instructions, String>, BoxError> {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("relay_throughput");
     std::fs::create_dir_all(&dir)?;
-    let mut totals = Vec::new();
+    let mut profiles = Vec::new();
     for mode in [Mode::Setup, Mode::Relay, Mode::Loop] {
         let started = Instant::now();
-        match callgrind_totals(exe, &dir, mode)? {
-            Ok(total) => {
+        match callgrind_profile(exe, &dir, mode)? {
+            Ok(profile) => {
                 eprintln!(
-                    "callgrind {:>5}: {total} instructions ({:.0} s, {})",
+                    "callgrind {:>5}: {} instructions ({:.0} s, {})",
                     mode.name(),
+                    profile.total,
                     started.elapsed().as_secs_f64(),
                     output_file(&dir, mode).display()
                 );
-                totals.push(total);
+                profiles.push(profile);
             }
             Err(why) => return Ok(Err(why)),
         }
     }
-    let [setup, relay, hand_written] = totals[..] else {
+    let [setup, relay, hand_written] = &profiles[..] else {
         unreachable!("three modes")
     };
-    let per = |total: u64| (total as f64 - setup as f64) / CALLGRIND_DOCUMENTS as f64;
+    let per = |side: u64, setup: u64| (side as f64 - setup as f64) / CALLGRIND_DOCUMENTS as f64;
+    let figures = |side: &Profile| SideFigures {
+        per_document: per(side.total, setup.total),
+        reads: side.reads.0 as i64 - setup.reads.0 as i64,
+        read_per_document: per(side.reads.1, setup.reads.1),
+        errors_per_document: per(side.captures, setup.captures),
+    };
     Ok(Ok(Instructions {
-        relay: per(relay),
-        hand_written: per(hand_written),
-        setup,
+        relay: figures(relay),
+        hand_written: figures(hand_written),
+        setup: setup.total,
     }))
 }
 
@@ -289,9 +323,13 @@ fn output_file(dir: &Path, mode: Mode) -> PathBuf {
     dir.join(format!("{}.callgrind", mode.name()))
 }
 
-/// Runs this binary in `mode` under callgrind and returns the `totals:` of its output file;
-/// `Err` when valgrind is not there to run.
-fn callgrind_totals(exe: &Path, dir: &Path, mode: Mode) -> Result<Result<u64, String>, BoxError> {
+/// Runs this binary in `mode` under callgrind and reads its output file; `Err` when valgrind
+/// is not there to run.
+fn callgrind_profile(
+    exe: &Path,
+    dir: &Path,
+    mode: Mode,
+) -> Result<Result<Profile, String>, BoxError> {
     let out = output_file(dir, mode);
     let _ = std::fs::remove_file(&out);
     let run = child("valgrind")
@@ -326,20 +364,82 @@ fn callgrind_totals(exe: &Path, dir: &Path, mode: Mode) -> Result<Result<u64, St
         .nth(1)
         .ok_or_else(|| format!("an empty {line:?} in {}", out.display()))?
         .parse()?;
-    Ok(Ok(total))
+    Ok(Ok(Profile {
+        total,
+        reads: calls_to(&text, READ_HANDLER),
+        captures: calls_to(&text, BACKTRACE_CAPTURE).0,
+    }))
+}
+
+/// The calls to every function whose name contains `name` in a callgrind output file, and the
+/// instructions they cost (inclusive; the functions counted here do not call themselves).
+///
+/// The format: `cfn=(id) name` names the callee the first time `id` appears (later `cfn=(id)`
+/// alone; `fn=` shares the ids), then `calls=<count> <position>`, then one line whose last
+/// field is the call's inclusive cost (the only event counted is `Ir`).
+fn calls_to(text: &str, name: &str) -> (u64, u64) {
+    let mut names: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+    let mut callee_matches = false;
+    let mut cost_follows = false;
+    let (mut calls, mut cost) = (0, 0);
+    for line in text.lines() {
+        if cost_follows {
+            cost_follows = false;
+            cost += line
+                .split_whitespace()
+                .last()
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+            continue;
+        }
+        let (is_callee, rest) = if let Some(rest) = line.strip_prefix("cfn=") {
+            (true, rest)
+        } else if let Some(rest) = line.strip_prefix("fn=") {
+            (false, rest)
+        } else {
+            if callee_matches && let Some(rest) = line.strip_prefix("calls=") {
+                calls += rest
+                    .split_whitespace()
+                    .next()
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .unwrap_or(0);
+                cost_follows = true;
+            }
+            continue;
+        };
+        // `(id) name` or `(id)`.
+        let (id, function) = match rest.split_once(") ") {
+            Some((id, function)) => (id, Some(function)),
+            None => (rest.trim_end_matches(')'), None),
+        };
+        if let Some(function) = function {
+            names.insert(id, function);
+        }
+        if is_callee {
+            callee_matches = names.get(id).is_some_and(|f| f.contains(name));
+        }
+    }
+    (calls, cost)
 }
 
 fn report_instructions(instructions: Result<Instructions, String>) {
     match instructions {
         Ok(i) => {
             // Throughput is the inverse of the cost per document.
-            let ratio = i.hand_written / i.relay;
+            let ratio = i.hand_written.per_document / i.relay.per_document;
             println!(
                 "instructions per document: relay {:.0}, hand-written loop {:.0} (callgrind, \
                  {CALLGRIND_DOCUMENTS} outbox documents per side after a warm-up of {WARM_UP} \
                  drained by each; setup alone {} instructions)",
-                i.relay, i.hand_written, i.setup
+                i.relay.per_document, i.hand_written.per_document, i.setup
             );
+            for (side, f) in [("relay", &i.relay), ("hand-written", &i.hand_written)] {
+                println!(
+                    "  {side}: {} change-feed page reads, {:.0} instructions per document in the \
+                     emulator serving them; {:.1} SDK errors created per document",
+                    f.reads, f.read_per_document, f.errors_per_document
+                );
+            }
             println!(
                 "ratio relay/hand-written throughput (instructions, hand-written/relay): \
                  {ratio:.3}x; target >= {TARGET:.2}x ({})",
