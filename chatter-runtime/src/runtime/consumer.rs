@@ -283,10 +283,14 @@ impl Consumer {
         let attempt = attempt_of(&delivery.message);
         let redelivered = delivery.redelivered || attempt > 1;
         let result = match body {
+            // Boxed: the pipeline's future (the SDK's batch call inside) is large, and this
+            // future is the task spawned per delivery, which spawning copies whole.
             Ok(body) => {
-                self.pipeline
-                    .handle(&self.command, body, &message_id, redelivered)
-                    .await
+                Box::pin(
+                    self.pipeline
+                        .handle(&self.command, body, &message_id, redelivered),
+                )
+                .await
             }
             Err(source) => Err(PipelineError::NotJson {
                 command: name,
