@@ -234,7 +234,7 @@ impl ChangeFeedEstimator {
                 let mut documents = 0_u64;
                 for document in page.documents() {
                     documents += 1;
-                    if counted(document) {
+                    if counted(&document) {
                         pending += 1;
                     }
                 }

@@ -449,8 +449,8 @@ async fn read_page(
     continuation: Option<&str>,
 ) -> Result<(Vec<Value>, Option<String>, f64), StoreError> {
     let page = page::read_page(&ctx.monitored, range, &ctx.options, continuation).await?;
-    let documents = page.documents().cloned().collect();
-    Ok((documents, page.continuation, page.request_charge))
+    let (continuation, request_charge) = (page.continuation.clone(), page.request_charge);
+    Ok((page.into_documents(), continuation, request_charge))
 }
 
 /// Clears the owner (keeping the checkpoint) so another instance may take the lease at once.

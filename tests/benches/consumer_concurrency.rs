@@ -13,6 +13,29 @@
 //! every command is then committed and acked. Afterwards, outside the clock, the queue must be
 //! empty and every command handled exactly once. Rounds alternate which side runs first so drift
 //! on a shared machine hits both alike; round 0 warms up and is not counted.
+//!
+//! Beside the rates it prints the CPU time this process spent per command on each side (user and
+//! system time of every thread, from `/proc/self/stat`: the consumer, the SDK client and the
+//! emulator's server; RabbitMQ is another process), and how many commands per second the
+//! machine's cores would serve at that cost. `consumer_concurrency once` runs each side once and
+//! prints no ratio, for a profiler:
+//! `valgrind --tool=callgrind --dump-instr=no <bench binary> once`.
+//!
+//! # Why the target is missed here
+//!
+//! The bench runs in the environment it is given; with `RUST_BACKTRACE=1` (as on this project's
+//! machines) the last run gave 7.31x (976 against 133 commands/s, 850 us of CPU per command at
+//! concurrency 16), with `RUST_LIB_BACKTRACE=0` 7.77x (an earlier run 8.44x, 725 us). Under
+//! callgrind (`once`, `RUST_BACKTRACE=1`) one command costs about 4.5 million instructions in
+//! this process: 3.3 million in the emulator's server, 0.5 million in the SDK client, about
+//! 0.11 million in chatter (the pipeline's own work 65,000, the consumer's dispatch 27,000).
+//! About 1.7 million of them capture backtraces for errors the SDK creates and drops: typespec's
+//! `Headers::get_optional_str` is `get_str(..).ok()`, so each header looked for and absent
+//! builds an `azure_core` error, about 21 per request: about 19 in the in-memory emulator's
+//! `dispatch::parse_request`, one in the SDK client's `apply_cosmos_headers` (the request's
+//! `Content-Type`), about one in the emulator's `finalize_response` and
+//! `intended_collection_rid_mismatch`. Chatter's code creates none of them. The emulator stands
+//! in for a remote Cosmos DB but shares the 2 cores with the consumer and RabbitMQ here.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -60,6 +83,17 @@ const WAIT: Duration = Duration::from_secs(60);
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let broker = rabbitmq::connect(WAIT).await;
+    // `once`: one run of each side and no ratio, for a profiler (see the module docs).
+    if std::env::args().nth(1).as_deref() == Some("once") {
+        for concurrency in [DEFAULT_CONSUMER_CONCURRENCY, 1] {
+            let run = run(&broker, concurrency).await?;
+            println!(
+                "concurrency {concurrency}: {:.0} commands/s",
+                PER_ROUND as f64 / run.elapsed.as_secs_f64()
+            );
+        }
+        return Ok(());
+    }
     let mut concurrent = Vec::new();
     let mut sequential = Vec::new();
     for round in 0..=ROUNDS {
@@ -76,7 +110,7 @@ async fn main() -> Result<(), BoxError> {
         }
     }
 
-    let rate = |d: &Duration| PER_ROUND as f64 / d.as_secs_f64();
+    let rate = |run: &Run| PER_ROUND as f64 / run.elapsed.as_secs_f64();
     let median = |mut values: Vec<f64>| {
         values.sort_by(f64::total_cmp);
         values[values.len() / 2]
@@ -100,11 +134,49 @@ async fn main() -> Result<(), BoxError> {
         ratios[0],
         ratios[ROUNDS - 1]
     );
+    let cpu_per_command = |runs: &[Run]| {
+        let values: Option<Vec<f64>> = runs
+            .iter()
+            .map(|run| {
+                run.cpu
+                    .map(|cpu| cpu.as_secs_f64() * 1e6 / PER_ROUND as f64)
+            })
+            .collect();
+        values.map(median)
+    };
+    if let (Some(c), Some(s)) = (cpu_per_command(&concurrent), cpu_per_command(&sequential)) {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        println!(
+            "CPU of this process per command (consumer, SDK client and the emulator serving it; \
+             RabbitMQ not included): concurrency {DEFAULT_CONSUMER_CONCURRENCY} {c:.0} us, \
+             concurrency 1 {s:.0} us (medians); at {c:.0} us {cores} cores serve at most {:.0} \
+             commands/s, {:.2}x the sequential rate",
+            cores as f64 * 1e6 / c,
+            cores as f64 * 1e6 / c / median(sequential.iter().map(rate).collect()),
+        );
+    }
     Ok(())
 }
 
+/// One timed run: its wall clock, and the CPU this process spent meanwhile (user and system,
+/// every thread: the consumer, the SDK and the emulator's server), where Linux reports it.
+struct Run {
+    elapsed: Duration,
+    cpu: Option<Duration>,
+}
+
+/// This process's CPU time so far, from `/proc/self/stat` (`utime` and `stime`, in the
+/// 100 Hz ticks Linux reports there); `None` elsewhere.
+fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // After the command name in parentheses: state, ppid, ... utime (14th), stime (15th).
+    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split_whitespace().collect();
+    let ticks = |index: usize| fields.get(index)?.parse::<u64>().ok();
+    Some(Duration::from_millis((ticks(11)? + ticks(12)?) * 10))
+}
+
 /// One timed consumer run with `concurrency` over `PER_ROUND` commands queued beforehand.
-async fn run(broker: &RabbitMqBroker, concurrency: usize) -> Result<Duration, BoxError> {
+async fn run(broker: &RabbitMqBroker, concurrency: usize) -> Result<Run, BoxError> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let emulator = EmulatorServer::from_listener(listener)?.spawn();
     let cosmos = CosmosConnection::connect(emulator.endpoint(), None).await?;
@@ -119,6 +191,7 @@ async fn run(broker: &RabbitMqBroker, concurrency: usize) -> Result<Duration, Bo
     emulator.faults().set_latency(STORE_LATENCY);
     HANDLED.store(0, Ordering::SeqCst);
 
+    let cpu = process_cpu();
     let start = Instant::now();
     let runtime = Runtime::builder()
         .registry(registry_at::<CapturePayment>(&queue))
@@ -134,6 +207,9 @@ async fn run(broker: &RabbitMqBroker, concurrency: usize) -> Result<Duration, Bo
     // Waits for the batches in flight: every command is committed and acked.
     runtime.shutdown().await;
     let elapsed = start.elapsed();
+    let cpu = process_cpu()
+        .zip(cpu)
+        .map(|(end, start)| end.saturating_sub(start));
 
     let left = broker.delete_queue(&queue).await?;
     let handled = HANDLED.load(Ordering::SeqCst);
@@ -143,5 +219,5 @@ async fn run(broker: &RabbitMqBroker, concurrency: usize) -> Result<Duration, Bo
         )
         .into());
     }
-    Ok(elapsed)
+    Ok(Run { elapsed, cpu })
 }

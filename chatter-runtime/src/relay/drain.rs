@@ -579,11 +579,14 @@ impl Drain {
         ops: &[(&str, Value)],
     ) -> Result<ConfirmationReceipt, CosmosStoreError> {
         let key = partition_key::sdk_key(key)?;
-        let written = cosmos::store::bounded(
+        // Boxed: the SDK's patch future is large, and without the box every document's group
+        // future would carry it inline, copied each time `drain` moves a group future into its
+        // `join_all`.
+        let written = Box::pin(cosmos::store::bounded(
             "patch_item",
             self.store_timeout,
             cosmos::store::patch_item(&self.container, key, id, ops),
-        )
+        ))
         .await?;
         self.charges.relay(written.request_charge);
         Ok(ConfirmationReceipt)

@@ -293,11 +293,15 @@ impl Consumer {
             trace_context::messaging_system(&delivery.message, self.broker.as_ref()),
         );
         let result = match body {
+            // Boxed: the pipeline's future (the SDK's batch call inside) is large, and this
+            // future is the task spawned per delivery, which spawning copies whole.
             Ok(body) => {
-                self.pipeline
-                    .handle(&self.command, body, &message_id, redelivered)
-                    .with_context(trace.clone())
-                    .await
+                Box::pin(
+                    self.pipeline
+                        .handle(&self.command, body, &message_id, redelivered)
+                        .with_context(trace.clone()),
+                )
+                .await
             }
             Err(source) => Err(PipelineError::NotJson {
                 command: name,
