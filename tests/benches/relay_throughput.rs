@@ -10,9 +10,9 @@
 //! `cargo bench -p chatter-tests --bench relay_throughput` (about three minutes, most of it
 //! under valgrind; without valgrind on the `PATH` only the wall-clock ratio is printed).
 //!
-//! Last run (2 cores): relay 2,142,843 instructions per document, hand-written 1,958,230, so
+//! Last run (2 cores): relay 2,144,444 instructions per document, hand-written 1,960,921, so
 //! 0.914x (target NOT met; 0.874x before the change-feed worker stopped cloning page documents
-//! and the drain boxed its stamp call); wall clock 0.769x.
+//! and the drain boxed its stamp call); wall clock 0.774x (0.772x before).
 //!
 //! # The two sides
 //!
