@@ -24,8 +24,10 @@
 //! # Why the target is missed here
 //!
 //! The bench runs in the environment it is given; with `RUST_BACKTRACE=1` (as on this project's
-//! machines) the last run gave 7.31x (976 against 133 commands/s, 850 us of CPU per command at
-//! concurrency 16), with `RUST_LIB_BACKTRACE=0` 7.77x (an earlier run 8.44x, 725 us). Under
+//! machines) three runs gave 7.11x to 7.31x (875 us of CPU per command at concurrency 16), with
+//! `RUST_LIB_BACKTRACE=0` 7.77x to 8.44x (700 us). This process then uses about 0.85 of the 2
+//! cores, so they are not saturated on average; the 16 prefetched commands need the CPU at about
+//! the same moments, which is the likely (unproven) reason CPU per command still moves the ratio. Under
 //! callgrind (`once`, `RUST_BACKTRACE=1`) one command costs about 4.5 million instructions in
 //! this process: 3.3 million in the emulator's server, 0.5 million in the SDK client, about
 //! 0.11 million in chatter (the pipeline's own work 65,000, the consumer's dispatch 27,000).
