@@ -25,7 +25,7 @@
 //!
 //! The bench runs in the environment it is given; with `RUST_BACKTRACE=1` (as on this project's
 //! machines) three runs gave 7.11x to 7.31x (875 us of CPU per command at concurrency 16), with
-//! `RUST_LIB_BACKTRACE=0` 7.77x to 8.44x (700 us). This process then uses about 0.85 of the 2
+//! `RUST_LIB_BACKTRACE=0` 7.77x to 7.98x (675 to 725 us). This process then uses about 0.85 of the 2
 //! cores, so they are not saturated on average; the 16 prefetched commands need the CPU at about
 //! the same moments, which is the likely (unproven) reason CPU per command still moves the ratio. Under
 //! callgrind (`once`, `RUST_BACKTRACE=1`) one command costs about 4.5 million instructions in
