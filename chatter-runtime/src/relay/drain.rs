@@ -477,12 +477,11 @@ impl Drain {
         let message_id = message.message_id.clone();
         let destination = message.destination.clone();
         let span = self.tracer.as_ref().map(|tracer| {
-            let system = trace_context::messaging_system(&message, self.broker.as_ref());
             trace_context::start_send(
                 tracer,
                 &mut message,
                 &opentelemetry::Context::current(),
-                system,
+                self.broker.as_ref(),
             )
         });
         // `Broker::publish` refuses what `Broker::check` would, with the same permanent error.
@@ -500,7 +499,7 @@ impl Drain {
                 .as_ref()
                 .err()
                 .map(|error| (error.type_name(), ErrorChain(error).to_string()));
-            trace_context::end_send(span, failure);
+            trace_context::end(&span, failure);
         }
         match published {
             // Admitted and published: counted whether or not its stamp then lands.

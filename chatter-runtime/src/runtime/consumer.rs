@@ -287,11 +287,8 @@ impl Consumer {
         let attempt = attempt_of(&delivery.message);
         let redelivered = delivery.redelivered || attempt > 1;
         // The handler runs in the delivery's trace: `ctx.send` persists it with the outbox.
-        let trace = trace_context::process_context(
-            &self.tracer,
-            &delivery.message,
-            trace_context::messaging_system(&delivery.message, self.broker.as_ref()),
-        );
+        let trace =
+            trace_context::process_context(&self.tracer, &delivery.message, self.broker.as_ref());
         let result = match body {
             // Boxed: the pipeline's future (the SDK's batch call inside) is large, and this
             // future is the task spawned per delivery, which spawning copies whole.

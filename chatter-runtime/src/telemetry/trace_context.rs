@@ -8,7 +8,7 @@
 
 use std::borrow::Cow;
 
-use opentelemetry::global::{BoxedSpan, BoxedTracer};
+use opentelemetry::global::BoxedTracer;
 use opentelemetry::trace::{
     Link, Span, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
     TraceState, Tracer,
@@ -74,13 +74,17 @@ pub(crate) fn format(context: &SpanContext) -> String {
     )
 }
 
-/// The `traceparent` a message carries, parsed (`None` when absent or malformed).
-fn carried(message: &BrokeredMessage) -> Option<SpanContext> {
+/// The context of the `traceparent` a message carries, as a remote parent; an empty context
+/// when it carries none (or a malformed one).
+fn carried(message: &BrokeredMessage) -> Context {
     message
         .context
         .get(TRACEPARENT)
         .and_then(Value::as_str)
         .and_then(parse)
+        .map_or_else(Context::new, |parent| {
+            Context::new().with_remote_span_context(parent)
+        })
 }
 
 /// Persists the current trace context with `message` (what `ctx.send` does): the span of the
@@ -102,10 +106,7 @@ pub(crate) fn persist_current(message: &mut BrokeredMessage) {
 
 /// The `messaging.system` of a span for `message`: the infrastructure its context names
 /// (`Chatter.Infrastructure.Type`, as the .NET writer records it), else the broker's.
-pub(crate) fn messaging_system(
-    message: &BrokeredMessage,
-    broker: &dyn Broker,
-) -> Cow<'static, str> {
+fn messaging_system(message: &BrokeredMessage, broker: &dyn Broker) -> Cow<'static, str> {
     match message
         .context
         .get(INFRASTRUCTURE_TYPE_CONTEXT_KEY)
@@ -123,28 +124,23 @@ pub(crate) type SharedTracer = Option<std::sync::Arc<BoxedTracer>>;
 /// The context a delivery of `message` is handled in.
 ///
 /// With a tracer: a new Consumer span `process {destination}` whose parent is the message's
-/// `traceparent` (a new root without one), returned to be ended by [`end`]. Without one (or
-/// without a `traceparent` either), the message's own context, so `ctx.send` carries the
-/// command's trace on even when this process records no spans.
+/// `traceparent` (a new root without one), to be ended by [`end`]. Without one (or without a
+/// `traceparent` either), the message's own context, so `ctx.send` carries the command's trace
+/// on even when this process records no spans.
 pub(crate) fn process_context(
     tracer: &SharedTracer,
     message: &BrokeredMessage,
-    messaging_system: Cow<'static, str>,
+    broker: &dyn Broker,
 ) -> Context {
-    let carried = carried(message);
+    let parent = carried(message);
     let Some(tracer) = tracer else {
-        return carried.map_or_else(Context::new, |parent| {
-            Context::new().with_remote_span_context(parent)
-        });
+        return parent;
     };
-    let parent = carried.map_or_else(Context::new, |parent| {
-        Context::new().with_remote_span_context(parent)
-    });
     let span = tracer
         .span_builder(format!("process {}", message.destination))
         .with_kind(SpanKind::Consumer)
         .with_attributes([
-            KeyValue::new(attribute::SYSTEM, messaging_system),
+            KeyValue::new(attribute::SYSTEM, messaging_system(message, broker)),
             KeyValue::new(attribute::DESTINATION, message.destination.clone()),
             KeyValue::new(attribute::OPERATION_TYPE, "process"),
             KeyValue::new(attribute::OPERATION_NAME, "process"),
@@ -154,8 +150,8 @@ pub(crate) fn process_context(
     parent.with_span(span)
 }
 
-/// Ends the span of `context` (if it has one), with an Error status of `error_type` for a
-/// failure.
+/// Ends the span of `context` (a `process` or a `send` span), with an Error status and
+/// `error.type` for a failure.
 pub(crate) fn end(context: &Context, failure: Option<(&'static str, String)>) {
     let span = context.span();
     if let Some((error_type, description)) = failure {
@@ -174,16 +170,14 @@ pub(crate) fn end(context: &Context, failure: Option<(&'static str, String)>) {
 /// When the span records, `message` (the outgoing copy; the persisted document is never
 /// written) carries the span's `traceparent` instead, so a consumer continues from the hop that
 /// put the message on the broker. A span sampled out leaves the persisted `traceparent` as it
-/// is.
+/// is. The span is returned in a context, to be ended by [`end`].
 pub(crate) fn start_send(
     tracer: &BoxedTracer,
     message: &mut BrokeredMessage,
     ambient: &Context,
-    messaging_system: Cow<'static, str>,
-) -> BoxedSpan {
-    let parent = carried(message).map_or_else(Context::new, |persisted| {
-        Context::new().with_remote_span_context(persisted)
-    });
+    broker: &dyn Broker,
+) -> Context {
+    let parent = carried(message);
     let ambient = ambient.span().span_context().clone();
     let links = if ambient.is_valid() {
         vec![Link::with_context(ambient)]
@@ -195,7 +189,7 @@ pub(crate) fn start_send(
         .with_kind(SpanKind::Producer)
         .with_links(links)
         .with_attributes([
-            KeyValue::new(attribute::SYSTEM, messaging_system),
+            KeyValue::new(attribute::SYSTEM, messaging_system(message, broker)),
             KeyValue::new(attribute::DESTINATION, message.destination.clone()),
             KeyValue::new(attribute::OPERATION_TYPE, "send"),
             KeyValue::new(attribute::OPERATION_NAME, "send"),
@@ -209,18 +203,7 @@ pub(crate) fn start_send(
             Value::String(format(span.span_context())),
         );
     }
-    span
-}
-
-/// Ends a send span: an Error status with `error.type` when the publish failed.
-pub(crate) fn end_send(mut span: BoxedSpan, failure: Option<(&'static str, String)>) {
-    if let Some((error_type, description)) = failure {
-        span.set_attribute(KeyValue::new(attribute::ERROR_TYPE, error_type));
-        span.set_status(Status::Error {
-            description: Cow::Owned(description),
-        });
-    }
-    span.end();
+    parent.with_span(span)
 }
 
 #[cfg(test)]
