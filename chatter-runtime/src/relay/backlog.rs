@@ -22,9 +22,8 @@ use crate::telemetry::metrics::SourceMetrics;
 pub(super) struct Estimator {
     pub(super) processor_name: String,
     pub(super) instance: String,
-    /// `None` when the container could not be reached (the relay itself would not have started).
-    pub(super) monitored: Option<Arc<ContainerClient>>,
-    pub(super) leases: Option<Arc<ContainerClient>>,
+    pub(super) monitored: Arc<ContainerClient>,
+    pub(super) leases: Arc<ContainerClient>,
     pub(super) options: RelayOptions,
     pub(super) metrics: Arc<SourceMetrics>,
     /// The last estimate per owned lease, for the health report.
@@ -33,11 +32,12 @@ pub(super) struct Estimator {
 
 impl Estimator {
     pub(super) async fn run(self, stop: CancellationToken) {
-        let (Some(monitored), Some(leases)) = (self.monitored.clone(), self.leases.clone()) else {
-            return;
-        };
-        let estimator = ChangeFeedEstimator::new(self.processor_name.clone(), monitored, leases)
-            .options(self.options.processor.clone());
+        let estimator = ChangeFeedEstimator::new(
+            self.processor_name.clone(),
+            Arc::clone(&self.monitored),
+            Arc::clone(&self.leases),
+        )
+        .options(self.options.processor.clone());
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,

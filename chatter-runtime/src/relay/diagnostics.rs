@@ -9,6 +9,7 @@
 use std::fmt::Display;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+use super::drain::DrainError;
 use crate::telemetry::metrics::SourceMetrics;
 
 /// Runs one log statement; a panicking subscriber is contained here.
@@ -78,6 +79,10 @@ pub(crate) fn drain_resumed(source_identity: &str, lease_token: &str) {
 
 /// The change feed of `lease_token` faulted: a read, a page that failed, or a checkpoint
 /// that could not be written. The lease does not advance until the fault clears.
+///
+/// Every fault is counted. A page refused because its lease is suspended is logged at debug
+/// only: that is the suspension working, logged at Error when it opened and visible in health,
+/// and an Error on every refused poll would flood.
 pub(crate) fn change_feed_fault(
     metrics: Option<&SourceMetrics>,
     source_identity: &str,
@@ -86,6 +91,16 @@ pub(crate) fn change_feed_fault(
 ) {
     if let Some(metrics) = metrics {
         metrics.failure(lease_token, crate::telemetry::error_type(error));
+    }
+    if let Some(DrainError::Suspended { .. }) = error.downcast_ref::<DrainError>() {
+        guarded(|| {
+            tracing::debug!(
+                source_identity,
+                lease_token,
+                "page refused: the lease is suspended"
+            );
+        });
+        return;
     }
     guarded(|| {
         tracing::error!(

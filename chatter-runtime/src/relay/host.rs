@@ -18,7 +18,7 @@ use super::backlog;
 use super::contract::{self, MonitoredContainersError};
 use super::delivery::DeliverySettingsError;
 use super::diagnostics;
-use super::drain::{Drain, DrainError, InFlightLimit};
+use super::drain::{Drain, InFlightLimit};
 use super::identity::{self, RelaySource};
 use super::options::RelayOptions;
 use super::suspension::DrainGate;
@@ -26,7 +26,6 @@ use crate::broker::Broker;
 use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::{CosmosConnection, CosmosStoreError};
 use crate::telemetry::Telemetry;
-use crate::telemetry::metrics::SourceMetrics;
 
 /// Why the relay did not start.
 #[derive(Debug, thiserror::Error)]
@@ -129,7 +128,7 @@ impl RelayHost {
                 Ok(processor) => processors.push(processor),
                 Err(error) => {
                     // Stop what already started; the original error is what the caller sees.
-                    for (started, _, _) in processors {
+                    for (started, _, _, _) in processors {
                         started.shutdown().await;
                     }
                     return Err(error);
@@ -138,24 +137,15 @@ impl RelayHost {
         }
         let estimates = CancellationToken::new();
         let estimators = TaskTracker::new();
-        for ((processor, _, backlogs), source) in processors.iter().zip(sources) {
-            let Some(metrics) = backlogs.metrics.clone() else {
-                continue;
-            };
-            let estimator = backlog::Estimator {
-                processor_name: processor.processor_name().to_owned(),
-                instance: instance.clone(),
-                monitored: cosmos
-                    .container(source.database, source.container)
-                    .await
-                    .ok(),
-                leases: cosmos.container(source.database, source.lease).await.ok(),
-                options: options.clone(),
-                metrics,
-                last: Arc::clone(&backlogs.last),
-            };
-            estimators.spawn(estimator.run(estimates.clone()));
-        }
+        let processors = processors
+            .into_iter()
+            .map(|(processor, gate, backlogs, estimator)| {
+                if let Some(estimator) = estimator {
+                    estimators.spawn(estimator.run(estimates.clone()));
+                }
+                (processor, gate, backlogs)
+            })
+            .collect();
         estimators.close();
         Ok(Self {
             processors,
@@ -226,7 +216,7 @@ async fn start_one(
     broker: &Arc<dyn Broker>,
     source: &RelaySource,
     shared: &Shared<'_>,
-) -> Result<(RunningProcessor, Arc<DrainGate>, Backlogs), RelayError> {
+) -> Result<Started, RelayError> {
     let Shared {
         instance,
         options,
@@ -259,10 +249,17 @@ async fn start_one(
     .with_request_meter(Arc::clone(charges))
     .with_telemetry(telemetry);
     let fault_metrics = drain.metrics().cloned();
-    let backlogs = Backlogs {
-        metrics: drain.metrics().cloned(),
-        last: Arc::default(),
-    };
+    let backlogs = Backlogs::default();
+    // With metrics on, the backlog is estimated from the same containers and options.
+    let estimator = drain.metrics().map(|metrics| backlog::Estimator {
+        processor_name: source.processor_name.clone(),
+        instance: instance.to_owned(),
+        monitored: Arc::clone(&monitored),
+        leases: Arc::clone(&leases),
+        options: options.clone(),
+        metrics: Arc::clone(metrics),
+        last: Arc::clone(&backlogs.last),
+    });
     let read_metrics = drain.metrics().cloned();
     let page_charges = Arc::clone(charges);
     let gate = Arc::clone(drain.gate());
@@ -273,25 +270,8 @@ async fn start_one(
         ChangeFeedProcessor::builder(&source.processor_name, instance, monitored, leases)
             .options(options.processor.clone())
             .on_fault(move |fault: &LeaseFault<'_>| {
-                let metrics = fault_metrics.as_deref();
-                // A suspended lease's refused page is the suspension working, not a new fault: the
-                // suspension was logged at Error when it opened and is in `suspended_leases`. It
-                // is still a drain attempt that faulted, and counted as one.
-                if let Some(DrainError::Suspended { .. }) = fault.error.downcast_ref::<DrainError>()
-                {
-                    if let Some(metrics) = metrics {
-                        metrics
-                            .failure(fault.lease_token, crate::telemetry::error_type(fault.error));
-                    }
-                    tracing::debug!(
-                        source_identity = fault_source,
-                        lease_token = fault.lease_token,
-                        "page refused: the lease is suspended"
-                    );
-                    return;
-                }
                 diagnostics::change_feed_fault(
-                    metrics,
+                    fault_metrics.as_deref(),
                     &fault_source,
                     fault.lease_token,
                     fault.error,
@@ -333,8 +313,16 @@ async fn start_one(
                 source: e,
             })?;
     tracing::info!(processor = processor_name, instance, container = %format!("{}/{}", source.database, source.container), "chatter relay started");
-    Ok((processor, gate, backlogs))
+    Ok((processor, gate, backlogs, estimator))
 }
+
+/// A started processor, its gate, its backlog estimates and (metrics on) what makes them.
+type Started = (
+    RunningProcessor,
+    Arc<DrainGate>,
+    Backlogs,
+    Option<backlog::Estimator>,
+);
 
 /// One owned lease as the runtime's health reports it.
 pub(crate) struct LeaseState {
@@ -344,10 +332,9 @@ pub(crate) struct LeaseState {
     pub(crate) backlog: Option<u64>,
 }
 
-/// The backlog estimates of one processor's leases (only with metrics on).
-#[derive(Debug)]
+/// The last backlog estimate of each owned lease of one processor (empty with metrics off).
+#[derive(Debug, Default)]
 struct Backlogs {
-    metrics: Option<Arc<SourceMetrics>>,
     last: Arc<Mutex<HashMap<String, u64>>>,
 }
 
