@@ -60,7 +60,6 @@
 //! size.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use azure_data_cosmos::TransactionalBatch;
@@ -156,18 +155,13 @@ fn main() -> Result<(), BoxError> {
 fn drive() -> Result<(), BoxError> {
     let exe = std::env::current_exe()?;
     report_instructions(count_instructions(&exe)?);
-    let status = child(&exe).arg(WALL_CLOCK).status()?;
+    let status = chatter_tests::callgrind::child(&exe)
+        .arg(WALL_CLOCK)
+        .status()?;
     if !status.success() {
         return Err(format!("the wall-clock rounds failed ({status})").into());
     }
     Ok(())
-}
-
-/// This binary as a child; `Backtrace::capture` off (see the module docs), panics unchanged.
-fn child(program: impl AsRef<std::ffi::OsStr>) -> Command {
-    let mut command = Command::new(program);
-    command.env("RUST_LIB_BACKTRACE", "0");
-    command
 }
 
 /// The store, the started runtime and the container both sides write to.
@@ -250,44 +244,13 @@ fn output_file(dir: &Path, mode: Mode) -> PathBuf {
     dir.join(format!("{}.callgrind", mode.name()))
 }
 
-/// Runs this binary in `mode` under callgrind and returns the `totals:` of its output file;
-/// `Err` when valgrind is not there to run.
+/// Runs this binary in `mode` under callgrind and returns its total instructions; `Err` when
+/// valgrind is not there to run.
 fn callgrind_totals(exe: &Path, dir: &Path, mode: Mode) -> Result<Result<u64, String>, BoxError> {
-    let out = output_file(dir, mode);
-    let _ = std::fs::remove_file(&out);
-    let run = child("valgrind")
-        .arg("--tool=callgrind")
-        .arg(format!("--callgrind-out-file={}", out.display()))
-        .arg(exe)
-        .arg(mode.name())
-        .arg(CALLGRIND_COMMANDS.to_string())
-        .output();
-    let run = match run {
-        Ok(run) => run,
-        Err(e) => return Ok(Err(format!("valgrind could not be run: {e}"))),
-    };
-    if !run.status.success() {
-        return Err(format!(
-            "{} under callgrind failed ({}): {}",
-            mode.name(),
-            run.status,
-            String::from_utf8_lossy(&run.stderr)
-        )
-        .into());
-    }
-    let text = std::fs::read_to_string(&out)?;
-    // `totals:` is the sum over the whole run; older valgrinds write `summary:` instead.
-    let line = text
-        .lines()
-        .find(|line| line.starts_with("totals:"))
-        .or_else(|| text.lines().find(|line| line.starts_with("summary:")))
-        .ok_or_else(|| format!("{} has no totals: line", out.display()))?;
-    let total = line
-        .split_whitespace()
-        .nth(1)
-        .ok_or_else(|| format!("an empty {line:?} in {}", out.display()))?
-        .parse()?;
-    Ok(Ok(total))
+    let commands = CALLGRIND_COMMANDS.to_string();
+    let profiled =
+        chatter_tests::callgrind::profile(exe, &[mode.name(), &commands], &output_file(dir, mode))?;
+    Ok(profiled.map(|(total, _)| total))
 }
 
 /// Microseconds per command of each side, one entry per counted round.

@@ -94,7 +94,6 @@
 //! push the run past its minutes without telling more about the relay.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -219,18 +218,13 @@ fn main() -> Result<(), BoxError> {
 fn drive() -> Result<(), BoxError> {
     let exe = std::env::current_exe()?;
     report_instructions(count_instructions(&exe)?);
-    let status = child(&exe).arg(WALL_CLOCK).status()?;
+    let status = chatter_tests::callgrind::child(&exe)
+        .arg(WALL_CLOCK)
+        .status()?;
     if !status.success() {
         return Err(format!("the wall-clock rounds failed ({status})").into());
     }
     Ok(())
-}
-
-/// This binary as a child; `Backtrace::capture` off (see the module docs), panics unchanged.
-fn child(program: impl AsRef<std::ffi::OsStr>) -> Command {
-    let mut command = Command::new(program);
-    command.env("RUST_LIB_BACKTRACE", "0");
-    command
 }
 
 /// One child of the driver: the common setup and warm-up, then `documents` drained by `mode`'s
@@ -341,41 +335,13 @@ fn callgrind_profile(
     dir: &Path,
     mode: Mode,
 ) -> Result<Result<Profile, String>, BoxError> {
-    let out = output_file(dir, mode);
-    let _ = std::fs::remove_file(&out);
-    let run = child("valgrind")
-        .arg("--tool=callgrind")
-        .arg(format!("--callgrind-out-file={}", out.display()))
-        .arg(exe)
-        .arg(mode.name())
-        .arg(CALLGRIND_DOCUMENTS.to_string())
-        .output();
-    let run = match run {
-        Ok(run) => run,
-        Err(e) => return Ok(Err(format!("valgrind could not be run: {e}"))),
-    };
-    if !run.status.success() {
-        return Err(format!(
-            "{} under callgrind failed ({}): {}",
-            mode.name(),
-            run.status,
-            String::from_utf8_lossy(&run.stderr)
-        )
-        .into());
-    }
-    let text = std::fs::read_to_string(&out)?;
-    // `totals:` is the sum over the whole run; older valgrinds write `summary:` instead.
-    let line = text
-        .lines()
-        .find(|line| line.starts_with("totals:"))
-        .or_else(|| text.lines().find(|line| line.starts_with("summary:")))
-        .ok_or_else(|| format!("{} has no totals: line", out.display()))?;
-    let total = line
-        .split_whitespace()
-        .nth(1)
-        .ok_or_else(|| format!("an empty {line:?} in {}", out.display()))?
-        .parse()?;
-    Ok(Ok(Profile {
+    let documents = CALLGRIND_DOCUMENTS.to_string();
+    let profiled = chatter_tests::callgrind::profile(
+        exe,
+        &[mode.name(), &documents],
+        &output_file(dir, mode),
+    )?;
+    Ok(profiled.map(|(total, text)| Profile {
         total,
         reads: calls_to(&text, READ_HANDLER),
         captures: calls_to(&text, BACKTRACE_CAPTURE).0,

@@ -16,11 +16,13 @@
 //! | [`process`] | [`process::ChildProcess`]: a spawned process read line by line, killed on drop |
 //! | [`proxy`] | [`proxy::TcpProxy`]: a TCP proxy that cuts the network to a real server (RabbitMQ) |
 //! | [`logs`] | [`logs::capture`]: what chatter logs through `tracing`, for asserting the always-on logs |
+//! | [`callgrind`] | [`callgrind::profile`]: a benchmark binary run under valgrind's callgrind, its instruction total |
 //! | [`telemetry`] | OpenTelemetry SDK providers over in-memory exporters: [`telemetry::Metrics`], [`telemetry::Spans`] |
 //! | `rabbitmq` (feature `rabbitmq`) | the RabbitMQ URI, bounded connect / subscribe / delete |
 
 mod support {
     pub mod broker;
+    pub mod callgrind;
     pub mod logs;
     pub mod process;
     pub mod proxy;
@@ -35,4 +37,6 @@ mod support {
 
 #[cfg(feature = "rabbitmq")]
 pub use support::rabbitmq;
-pub use support::{broker, logs, process, proxy, relay, runtime, store, telemetry, wait};
+pub use support::{
+    broker, callgrind, logs, process, proxy, relay, runtime, store, telemetry, wait,
+};
