@@ -35,8 +35,6 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use azure_data_cosmos::feed::FeedScope;
-use azure_data_cosmos::options::{ChangeFeedOptions, ChangeFeedStartFrom, MaxItemCountHint};
 use chatter_runtime::BrokeredMessage;
 use chatter_runtime::cosmos::{ContainerClient, CosmosConnection};
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, handler};
@@ -47,7 +45,7 @@ use chatter_tests::runtime::writer;
 use chatter_tests::store::{emulator_server, provisioned_with_leases};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// The seeding command: [`PER_COMMAND`] events of one order, each a pending Outbox Document in
 /// the order's partition, committed in one batch. `relay_worker` monitors the same container
@@ -296,32 +294,15 @@ async fn drain(
 
 /// Outbox Documents in the store, and how many of them are stamped delivered.
 async fn stamped(orders: &ContainerClient) -> Result<(usize, usize), BoxError> {
-    let mut outbox = 0;
-    let mut delivered = 0;
-    for range in orders.read_feed_ranges(None).await? {
-        let options = ChangeFeedOptions::default()
-            .with_max_item_count(MaxItemCountHint::Limit(1000.try_into()?));
-        let mut pages = orders
-            .query_change_feed::<Value>(
-                FeedScope::range(range),
-                ChangeFeedStartFrom::Beginning,
-                Some(options),
-            )
-            .await?;
-        while let Some(page) = pages.next().await {
-            let page = page?;
-            if page.items().is_empty() {
-                break;
-            }
-            for doc in page.items().iter().filter_map(|item| item.current()) {
-                if doc["_chatterType"] == "outbox" {
-                    outbox += 1;
-                    if doc["status"] == "delivered" {
-                        delivered += 1;
-                    }
-                }
+    let (mut outbox, mut delivered) = (0, 0);
+    chatter_tests::store::for_each_change(orders, Some(1000), |doc| {
+        if doc["_chatterType"] == "outbox" {
+            outbox += 1;
+            if doc["status"] == "delivered" {
+                delivered += 1;
             }
         }
-    }
+    })
+    .await?;
     Ok((outbox, delivered))
 }

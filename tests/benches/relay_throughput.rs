@@ -739,32 +739,16 @@ impl Store {
     /// Every document of the change feed: (Outbox Documents, of which stamped delivered with
     /// the ttl).
     async fn read_back(&self) -> Result<(usize, usize), BoxError> {
-        let mut delivered = 0;
-        let mut outbox = 0;
-        for range in self.orders.read_feed_ranges(None).await? {
-            let mut pages = self
-                .orders
-                .query_change_feed::<Value>(
-                    FeedScope::range(range),
-                    ChangeFeedStartFrom::Beginning,
-                    None,
-                )
-                .await?;
-            while let Some(page) = pages.next().await {
-                let page = page?;
-                if page.items().is_empty() {
-                    break;
-                }
-                for doc in page.items().iter().filter_map(|item| item.current()) {
-                    if doc["_chatterType"] == "outbox" {
-                        outbox += 1;
-                        if doc["status"] == "delivered" && doc["ttl"] == DELIVERED_TTL {
-                            delivered += 1;
-                        }
-                    }
+        let (mut outbox, mut delivered) = (0, 0);
+        chatter_tests::store::for_each_change(&self.orders, None, |doc| {
+            if doc["_chatterType"] == "outbox" {
+                outbox += 1;
+                if doc["status"] == "delivered" && doc["ttl"] == DELIVERED_TTL {
+                    delivered += 1;
                 }
             }
-        }
+        })
+        .await?;
         Ok((outbox, delivered))
     }
 

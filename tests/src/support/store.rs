@@ -84,3 +84,45 @@ pub async fn outbox_document(
         .await
         .unwrap_or_else(|| panic!("outbox document {id} exists"))
 }
+
+/// Reads every feed range of `container`'s change feed from the beginning to its current end
+/// (the first empty page), in pages of at most `page` documents (the SDK's default without),
+/// and hands each document to `visit`: how a test or bench reads back what the relay left,
+/// without a processor.
+pub async fn for_each_change(
+    container: &ContainerClient,
+    page: Option<u32>,
+    mut visit: impl FnMut(&Value),
+) -> Result<(), chatter_runtime::BoxError> {
+    use azure_data_cosmos::feed::FeedScope;
+    use azure_data_cosmos::options::{ChangeFeedOptions, ChangeFeedStartFrom, MaxItemCountHint};
+    use futures::StreamExt;
+
+    for range in container.read_feed_ranges(None).await? {
+        let options = match page {
+            Some(page) => Some(
+                ChangeFeedOptions::default()
+                    .with_max_item_count(MaxItemCountHint::Limit(page.try_into()?)),
+            ),
+            None => None,
+        };
+        let mut pages = container
+            .query_change_feed::<Value>(
+                FeedScope::range(range),
+                ChangeFeedStartFrom::Beginning,
+                options,
+            )
+            .await?;
+        while let Some(page) = pages.next().await {
+            let page = page?;
+            if page.items().is_empty() {
+                break;
+            }
+            page.items()
+                .iter()
+                .filter_map(|item| item.current())
+                .for_each(&mut visit);
+        }
+    }
+    Ok(())
+}
