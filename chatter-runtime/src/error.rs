@@ -33,7 +33,7 @@ pub use crate::relay::contract::{
     MonitoredContainerError, MonitoredContainerViolation, MonitoredContainersError,
 };
 pub use crate::relay::delivery::DeliverySettingsError;
-pub use crate::relay::host::RelayError;
+pub use crate::relay::error::RelayError;
 pub use crate::runtime::{DispatchError, StartError};
 pub use cosmos_change_feed::{
     ChangeFeedError, InvalidOptions, ProcessorOption, RequestError, StoreError,

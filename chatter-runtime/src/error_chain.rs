@@ -40,7 +40,7 @@ mod tests {
         use crate::broker::BrokerError;
         use crate::cosmos::CosmosStoreError;
         use crate::pipeline::PipelineError;
-        use crate::relay::drain::DrainError;
+        use crate::relay::error::DrainError;
         use crate::runtime::StartError;
 
         let sdk = || {

@@ -9,7 +9,7 @@
 use std::fmt::Display;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use super::drain::DrainError;
+use super::error::DrainError;
 use crate::telemetry::metrics::SourceMetrics;
 
 /// Runs one log statement; a panicking subscriber is contained here.
@@ -90,7 +90,7 @@ pub(crate) fn change_feed_fault(
     error: &(dyn std::error::Error + 'static),
 ) {
     if let Some(metrics) = metrics {
-        metrics.failure(lease_token, crate::telemetry::error_type(error));
+        metrics.failure(lease_token, error_type(error));
     }
     if let Some(DrainError::Suspended { .. }) = error.downcast_ref::<DrainError>() {
         guarded(|| {
@@ -130,4 +130,21 @@ pub(crate) fn page_failure_also(
              {lease_token}; the page is read again."
         );
     });
+}
+
+/// A low-cardinality name for a fault's type (`error.type`): the error type's path, with the
+/// variant for chatter's drain errors; `_OTHER` for a type chatter does not know.
+fn error_type(error: &(dyn std::error::Error + 'static)) -> &'static str {
+    if let Some(drain) = error.downcast_ref::<DrainError>() {
+        return drain.type_name();
+    }
+    if error.is::<cosmos_change_feed::StoreError>() {
+        "cosmos_change_feed::StoreError"
+    } else if error.is::<cosmos_change_feed::HandlerPanicked>() {
+        "cosmos_change_feed::HandlerPanicked"
+    } else if error.is::<cosmos_change_feed::HandlerTimedOut>() {
+        "cosmos_change_feed::HandlerTimedOut"
+    } else {
+        "_OTHER"
+    }
 }

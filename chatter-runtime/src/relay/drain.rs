@@ -41,6 +41,7 @@ use tokio::sync::Semaphore;
 
 use super::delivery::DeliverySettings;
 use super::diagnostics;
+use super::error::DrainError;
 use super::suspension::{ConfirmationReceipt, DrainGate};
 use crate::broker::{Broker, BrokerError};
 use crate::cosmos::charge::RequestMeter;
@@ -121,69 +122,6 @@ pub(crate) enum UndeliverableReason {
         /// The broker's permanent refusal.
         refusal: Arc<BrokerError>,
     },
-}
-
-/// Why a page failed; the processor reads it again.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum DrainError {
-    /// The lease is suspended: nothing was published and the page is not checkpointed.
-    #[error(
-        "The Cosmos Outbox Relay has suspended draining lease '{lease_token}': its documents \
-         published but could not be marked delivered, so every redrain republished them. The \
-         batch is not checkpointed and re-surfaces once draining resumes."
-    )]
-    Suspended {
-        /// The suspended lease.
-        lease_token: String,
-    },
-    /// The broker did not confirm; the document stays pending.
-    #[error(
-        "publishing outbox message '{message_id}' to `{destination}` failed; it stays pending and is published again"
-    )]
-    Publish {
-        /// The message id.
-        message_id: String,
-        /// The destination.
-        destination: String,
-        /// The broker error.
-        #[source]
-        source: BrokerError,
-    },
-    /// Published, but the delivered stamp failed (a Confirmation Failure): it will be published
-    /// again (consumers dedup), until the gate suspends the lease.
-    #[error(
-        "outbox message '{message_id}' was published but stamping it delivered failed; it stays pending and is published again"
-    )]
-    Confirmation {
-        /// The message id.
-        message_id: String,
-        /// The store error.
-        #[source]
-        source: CosmosStoreError,
-    },
-    /// An undeliverable document could not be stamped; nothing was published, so this is no
-    /// Confirmation Failure.
-    #[error("outbox document '{id}' is undeliverable and stamping it so failed")]
-    UndeliverableStamp {
-        /// The document id.
-        id: String,
-        /// The store error.
-        #[source]
-        source: CosmosStoreError,
-    },
-}
-
-impl DrainError {
-    /// The error's type and variant, as metrics and spans name it (`error.type`).
-    pub(crate) fn type_name(&self) -> &'static str {
-        match self {
-            Self::Suspended { .. } => "chatter_runtime::DrainError::Suspended",
-            Self::Publish { .. } => "chatter_runtime::DrainError::Publish",
-            Self::Confirmation { .. } => "chatter_runtime::DrainError::Confirmation",
-            Self::UndeliverableStamp { .. } => "chatter_runtime::DrainError::UndeliverableStamp",
-        }
-    }
 }
 
 /// What one pending document did.

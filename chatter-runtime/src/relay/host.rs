@@ -7,75 +7,23 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cosmos_change_feed::{
-    ChangeFeedError, ChangeFeedProcessor, LeaseFault, LeaseStatus, RunningProcessor,
-};
+use cosmos_change_feed::{ChangeFeedProcessor, LeaseFault, LeaseStatus, RunningProcessor};
 use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::backlog;
-use super::contract::{self, MonitoredContainersError};
-use super::delivery::DeliverySettingsError;
+use super::contract;
 use super::diagnostics;
 use super::drain::{Drain, InFlightLimit};
+use super::error::RelayError;
 use super::identity::{self, RelaySource};
 use super::options::RelayOptions;
 use super::suspension::DrainGate;
 use crate::broker::Broker;
+use crate::cosmos::CosmosConnection;
 use crate::cosmos::charge::RequestMeter;
-use crate::cosmos::{CosmosConnection, CosmosStoreError};
 use crate::telemetry::Telemetry;
-
-/// Why the relay did not start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RelayError {
-    /// The change-feed settings of the [`RelayOptions`] cannot work together.
-    #[error("invalid relay options")]
-    InvalidOptions(#[source] cosmos_change_feed::InvalidOptions),
-    /// [`RelayOptions::publish_timeout`] is zero: no publish could ever finish.
-    #[error("invalid relay options: `publish_timeout` must be greater than zero")]
-    ZeroPublishTimeout,
-    /// [`RelayOptions::max_in_flight`] is zero: no document could ever be published.
-    #[error("invalid relay options: `max_in_flight` must be greater than zero")]
-    ZeroMaxInFlight,
-    /// [`RelayOptions::backlog_interval`] is zero: the estimates would run back to back.
-    #[error("invalid relay options: `backlog_interval` must be greater than zero")]
-    ZeroBacklogInterval,
-    /// The delivery settings are invalid.
-    #[error(transparent)]
-    Delivery(#[from] DeliverySettingsError),
-    /// A monitored container breaks the contract (every violation of every container is listed).
-    #[error(transparent)]
-    Contract(#[from] MonitoredContainersError),
-    /// A monitored or lease container could not be reached.
-    #[error(
-        "the relay of `{database}/{container}` could not reach container `{database}/{missing}`"
-    )]
-    Container {
-        /// The database.
-        database: &'static str,
-        /// The monitored container.
-        container: &'static str,
-        /// The container that could not be reached.
-        missing: &'static str,
-        /// The store error.
-        #[source]
-        source: CosmosStoreError,
-    },
-    /// A change-feed processor did not start.
-    #[error("the change-feed processor of `{database}/{container}` did not start")]
-    Processor {
-        /// The database.
-        database: &'static str,
-        /// The monitored container.
-        container: &'static str,
-        /// Why.
-        #[source]
-        source: ChangeFeedError,
-    },
-}
 
 /// The running relays.
 #[derive(Debug)]

@@ -12,11 +12,13 @@
 //! | `host.rs` | the relay host: verifies every container, then starts one processor per source |
 //! | `backlog.rs` | the per-lease backlog estimate behind the `chatter.messaging.outbox.backlog` gauge |
 //! | `diagnostics.rs` | the always-on logs |
+//! | `error.rs` | why the relay did not start, and why a page failed |
 mod backlog;
 pub(crate) mod contract;
 pub(crate) mod delivery;
 mod diagnostics;
 pub(crate) mod drain;
+pub(crate) mod error;
 pub(crate) mod host;
 pub(crate) mod identity;
 mod options;

@@ -34,7 +34,7 @@ pub enum StartError {
     },
     /// The change-feed relay did not start (e.g. a monitored container breaks the contract).
     #[error(transparent)]
-    Relay(#[from] crate::relay::host::RelayError),
+    Relay(#[from] crate::relay::error::RelayError),
     /// The broker could never carry a command's dead letters (e.g. `<destination>.dead-letter`
     /// is longer than AMQP allows): choose a shorter destination.
     #[error("the dead letters of command `{command}` could never be published to `{dead_letters}`")]

@@ -111,20 +111,3 @@ impl Telemetry {
         }
     }
 }
-
-/// A low-cardinality name for a fault's type (`error.type`): the error type's path, with the
-/// variant for chatter's drain errors; `_OTHER` for a type chatter does not know.
-pub(crate) fn error_type(error: &(dyn std::error::Error + 'static)) -> &'static str {
-    if let Some(drain) = error.downcast_ref::<crate::relay::drain::DrainError>() {
-        return drain.type_name();
-    }
-    if error.is::<cosmos_change_feed::StoreError>() {
-        "cosmos_change_feed::StoreError"
-    } else if error.is::<cosmos_change_feed::HandlerPanicked>() {
-        "cosmos_change_feed::HandlerPanicked"
-    } else if error.is::<cosmos_change_feed::HandlerTimedOut>() {
-        "cosmos_change_feed::HandlerTimedOut"
-    } else {
-        "_OTHER"
-    }
-}

@@ -1,0 +1,121 @@
+//! The relay's errors: why it did not start, and why a page failed.
+
+use cosmos_change_feed::ChangeFeedError;
+
+use super::contract::MonitoredContainersError;
+use super::delivery::DeliverySettingsError;
+use crate::broker::BrokerError;
+use crate::cosmos::CosmosStoreError;
+
+/// Why the relay did not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayError {
+    /// The change-feed settings of the [`RelayOptions`](super::RelayOptions) cannot work together.
+    #[error("invalid relay options")]
+    InvalidOptions(#[source] cosmos_change_feed::InvalidOptions),
+    /// [`RelayOptions::publish_timeout`] is zero: no publish could ever finish.
+    #[error("invalid relay options: `publish_timeout` must be greater than zero")]
+    ZeroPublishTimeout,
+    /// [`RelayOptions::max_in_flight`] is zero: no document could ever be published.
+    #[error("invalid relay options: `max_in_flight` must be greater than zero")]
+    ZeroMaxInFlight,
+    /// [`RelayOptions::backlog_interval`] is zero: the estimates would run back to back.
+    #[error("invalid relay options: `backlog_interval` must be greater than zero")]
+    ZeroBacklogInterval,
+    /// The delivery settings are invalid.
+    #[error(transparent)]
+    Delivery(#[from] DeliverySettingsError),
+    /// A monitored container breaks the contract (every violation of every container is listed).
+    #[error(transparent)]
+    Contract(#[from] MonitoredContainersError),
+    /// A monitored or lease container could not be reached.
+    #[error(
+        "the relay of `{database}/{container}` could not reach container `{database}/{missing}`"
+    )]
+    Container {
+        /// The database.
+        database: &'static str,
+        /// The monitored container.
+        container: &'static str,
+        /// The container that could not be reached.
+        missing: &'static str,
+        /// The store error.
+        #[source]
+        source: CosmosStoreError,
+    },
+    /// A change-feed processor did not start.
+    #[error("the change-feed processor of `{database}/{container}` did not start")]
+    Processor {
+        /// The database.
+        database: &'static str,
+        /// The monitored container.
+        container: &'static str,
+        /// Why.
+        #[source]
+        source: ChangeFeedError,
+    },
+}
+
+/// Why a page failed; the processor reads it again.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DrainError {
+    /// The lease is suspended: nothing was published and the page is not checkpointed.
+    #[error(
+        "The Cosmos Outbox Relay has suspended draining lease '{lease_token}': its documents \
+         published but could not be marked delivered, so every redrain republished them. The \
+         batch is not checkpointed and re-surfaces once draining resumes."
+    )]
+    Suspended {
+        /// The suspended lease.
+        lease_token: String,
+    },
+    /// The broker did not confirm; the document stays pending.
+    #[error(
+        "publishing outbox message '{message_id}' to `{destination}` failed; it stays pending and is published again"
+    )]
+    Publish {
+        /// The message id.
+        message_id: String,
+        /// The destination.
+        destination: String,
+        /// The broker error.
+        #[source]
+        source: BrokerError,
+    },
+    /// Published, but the delivered stamp failed (a Confirmation Failure): it will be published
+    /// again (consumers dedup), until the gate suspends the lease.
+    #[error(
+        "outbox message '{message_id}' was published but stamping it delivered failed; it stays pending and is published again"
+    )]
+    Confirmation {
+        /// The message id.
+        message_id: String,
+        /// The store error.
+        #[source]
+        source: CosmosStoreError,
+    },
+    /// An undeliverable document could not be stamped; nothing was published, so this is no
+    /// Confirmation Failure.
+    #[error("outbox document '{id}' is undeliverable and stamping it so failed")]
+    UndeliverableStamp {
+        /// The document id.
+        id: String,
+        /// The store error.
+        #[source]
+        source: CosmosStoreError,
+    },
+}
+
+impl DrainError {
+    /// The error's type and variant, as metrics and spans name it (`error.type`).
+    pub(crate) fn type_name(&self) -> &'static str {
+        match self {
+            Self::Suspended { .. } => "chatter_runtime::DrainError::Suspended",
+            Self::Publish { .. } => "chatter_runtime::DrainError::Publish",
+            Self::Confirmation { .. } => "chatter_runtime::DrainError::Confirmation",
+            Self::UndeliverableStamp { .. } => "chatter_runtime::DrainError::UndeliverableStamp",
+        }
+    }
+}
