@@ -30,8 +30,42 @@ struct Settings {
     latency: Duration,
 }
 
+/// Why the command line was refused; each carries the argument as given.
+#[derive(Debug, PartialEq, Eq)]
+enum ArgsError {
+    /// Not a flag this command knows.
+    Unexpected(String),
+    /// A flag given without its value.
+    MissingValue(String),
+    /// `--port`'s value is no port number.
+    NotPort(String),
+    /// `--latency-ms`'s value is no whole number of milliseconds.
+    NotMilliseconds(String),
+    /// `--refuse`'s value is not `METHOD:STATUS:SECONDS`.
+    NotRefusal(String),
+}
+
+impl std::fmt::Display for ArgsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unexpected(arg) => write!(f, "unexpected argument `{arg}`"),
+            Self::MissingValue(flag) => write!(f, "`{flag}` needs a value"),
+            Self::NotPort(value) => write!(f, "`{value}` is not a port number"),
+            Self::NotMilliseconds(value) => {
+                write!(f, "`{value}` is not a number of milliseconds")
+            }
+            Self::NotRefusal(value) => write!(
+                f,
+                "`{value}` is not METHOD:STATUS:SECONDS (e.g. PATCH:403:90)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ArgsError {}
+
 /// The settings, or `None` for `--help`.
-fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Settings>, String> {
+fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Settings>, ArgsError> {
     let mut args = args.into_iter();
     let mut settings = Settings {
         port: DEFAULT_PORT,
@@ -49,26 +83,26 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Settings>
             return Ok(None);
         }
         if !matches!(flag.as_str(), "--port" | "-p" | "--refuse" | "--latency-ms") {
-            return Err(format!("unexpected argument `{arg}`"));
+            return Err(ArgsError::Unexpected(arg));
         }
         let value = match inline {
             Some(value) => value,
             None => args
                 .next()
-                .ok_or_else(|| format!("`{flag}` needs a value"))?,
+                .ok_or_else(|| ArgsError::MissingValue(flag.clone()))?,
         };
         match flag.as_str() {
             "--refuse" => settings.refusals.push(parse_refusal(&value)?),
             "--latency-ms" => {
                 let ms = value
                     .parse::<u64>()
-                    .map_err(|_| format!("`{value}` is not a number of milliseconds"))?;
+                    .map_err(|_| ArgsError::NotMilliseconds(value.clone()))?;
                 settings.latency = Duration::from_millis(ms);
             }
             _ => {
                 settings.port = value
                     .parse::<u16>()
-                    .map_err(|_| format!("`{value}` is not a port number"))?;
+                    .map_err(|_| ArgsError::NotPort(value.clone()))?;
             }
         }
     }
@@ -76,8 +110,8 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Settings>
 }
 
 /// `METHOD:STATUS:SECONDS`, e.g. `PATCH:403:90`.
-fn parse_refusal(value: &str) -> Result<(String, u16, Duration), String> {
-    let bad = || format!("`{value}` is not METHOD:STATUS:SECONDS (e.g. PATCH:403:90)");
+fn parse_refusal(value: &str) -> Result<(String, u16, Duration), ArgsError> {
+    let bad = || ArgsError::NotRefusal(value.to_owned());
     let mut parts = value.split(':');
     let (Some(method), Some(status), Some(seconds), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -107,8 +141,8 @@ async fn main() -> ExitCode {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
         }
-        Err(message) => {
-            eprintln!("chatter-emulator: {message}\n{USAGE}");
+        Err(refused) => {
+            eprintln!("chatter-emulator: {refused}\n{USAGE}");
             return ExitCode::from(2);
         }
     };
@@ -145,7 +179,7 @@ mod tests {
         list.iter().map(|s| s.to_string()).collect()
     }
 
-    fn port(list: &[&str]) -> Result<u16, String> {
+    fn port(list: &[&str]) -> Result<u16, ArgsError> {
         parse_args(args(list)).map(|s| s.expect("not --help").port)
     }
 
@@ -154,9 +188,19 @@ mod tests {
         assert_eq!(port(&[]), Ok(8081));
         assert_eq!(port(&["--port", "9000"]), Ok(9000));
         assert_eq!(port(&["--port=0"]), Ok(0));
-        assert!(port(&["--port"]).is_err());
-        assert!(port(&["--port", "x"]).is_err());
-        assert!(port(&["--bogus"]).is_err());
+        assert_eq!(
+            port(&["--port"]),
+            Err(ArgsError::MissingValue("--port".into()))
+        );
+        assert_eq!(port(&["--port", "x"]), Err(ArgsError::NotPort("x".into())));
+        assert_eq!(
+            port(&["--bogus"]),
+            Err(ArgsError::Unexpected("--bogus".into()))
+        );
+        assert_eq!(
+            port(&["--bogus"]).unwrap_err().to_string(),
+            "unexpected argument `--bogus`"
+        );
         assert_eq!(parse_args(args(&["--help"])), Ok(None));
     }
 
@@ -182,6 +226,10 @@ mod tests {
             ]
         );
         assert_eq!(some.latency, Duration::from_millis(5));
+        assert_eq!(
+            parse_args(args(&["--latency-ms", "soon"])),
+            Err(ArgsError::NotMilliseconds("soon".into()))
+        );
         for bad in [
             "PATCH:403",
             "PATCH:42:1",
@@ -189,7 +237,11 @@ mod tests {
             "PATCH:403:x",
             "PATCH:403:1:2",
         ] {
-            assert!(parse_args(args(&["--refuse", bad])).is_err(), "{bad}");
+            assert_eq!(
+                parse_args(args(&["--refuse", bad])),
+                Err(ArgsError::NotRefusal(bad.into())),
+                "{bad}"
+            );
         }
     }
 }

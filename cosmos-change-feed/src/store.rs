@@ -84,29 +84,17 @@ impl StoreError {
         Self::Encode { operation, source }
     }
 
+    /// The failed request, if this error is one: its status, sub-status and retry-after.
+    pub fn failed_request(&self) -> Option<&RequestError> {
+        match self {
+            Self::Request(request) => Some(request),
+            _ => None,
+        }
+    }
+
     /// The HTTP status code of a failed request, if this error is one.
     pub fn status(&self) -> Option<u16> {
-        match self {
-            Self::Request(request) => Some(request.status),
-            _ => None,
-        }
-    }
-
-    /// The Cosmos sub-status code of a failed request, if there is one.
-    pub fn sub_status(&self) -> Option<u16> {
-        match self {
-            Self::Request(request) => request.sub_status,
-            _ => None,
-        }
-    }
-
-    /// How long the service asked the caller to wait before retrying (`x-ms-retry-after-ms`,
-    /// sent with 429 Too Many Requests), if it did.
-    pub fn retry_after(&self) -> Option<Duration> {
-        match self {
-            Self::Request(request) => request.retry_after(),
-            _ => None,
-        }
+        self.failed_request().map(|request| request.status)
     }
 
     /// Whether this is a request the service answered with `status`.

@@ -19,6 +19,7 @@ use crate::fault::{FaultHandler, HandlerPanicked, HandlerTimedOut, LeaseFault, L
 use crate::lease::{LeaseDocument, LeaseStore, LeaseWrite, now_millis};
 use crate::options::ChangeFeedProcessorOptions;
 use crate::page;
+use crate::request::RequestError;
 use crate::store::{StoreError, bounded};
 use crate::{BatchHandler, BoxError, ChangeFeedBatch};
 
@@ -356,8 +357,10 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
                     });
                 }
                 // A throttled read waits at least as long as the service asked.
-                slot.pause(backoff.next_delay_at_least(error.retry_after()))
-                    .await;
+                slot.pause(backoff.next_delay_at_least(
+                    error.failed_request().and_then(RequestError::retry_after),
+                ))
+                .await;
                 continue;
             }
         };
