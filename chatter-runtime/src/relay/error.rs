@@ -4,6 +4,8 @@ use cosmos_change_feed::ChangeFeedError;
 
 use super::contract::MonitoredContainersError;
 use super::delivery::DeliverySettingsError;
+#[cfg(doc)]
+use super::options::RelayOptions;
 use crate::broker::BrokerError;
 use crate::cosmos::CosmosStoreError;
 
@@ -11,7 +13,7 @@ use crate::cosmos::CosmosStoreError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RelayError {
-    /// The change-feed settings of the [`RelayOptions`](super::RelayOptions) cannot work together.
+    /// The change-feed settings of the [`RelayOptions`] cannot work together.
     #[error("invalid relay options")]
     InvalidOptions(#[source] cosmos_change_feed::InvalidOptions),
     /// [`RelayOptions::publish_timeout`] is zero: no publish could ever finish.
