@@ -60,6 +60,19 @@ pub enum PipelineError {
         #[source]
         source: BoxError,
     },
+    /// The handler (or the command's deserialization) panicked; nothing was committed. Counted
+    /// as a failed attempt: retried, then dead-lettered.
+    #[error(
+        "handler of `{command}` panicked on message '{message_id}': {panic}; nothing was committed"
+    )]
+    HandlerPanicked {
+        /// The command name.
+        command: &'static str,
+        /// The message id.
+        message_id: String,
+        /// The panic's message.
+        panic: String,
+    },
     /// Cosmos refused the batch, or a 409 on the inbox marker could not be confirmed as a duplicate.
     #[error(
         "the batch of `{command}` message '{message_id}' did not commit: {reason} (batch status {status}, per-operation status codes {operation_statuses:?})"
@@ -110,6 +123,7 @@ impl PipelineError {
             Self::Decode { .. } => "chatter_runtime::PipelineError::Decode",
             Self::Marker { .. } => "chatter_runtime::PipelineError::Marker",
             Self::Handler { .. } => "chatter_runtime::PipelineError::Handler",
+            Self::HandlerPanicked { .. } => "chatter_runtime::PipelineError::HandlerPanicked",
             Self::BatchFailed { .. } => "chatter_runtime::PipelineError::BatchFailed",
             Self::Cosmos { .. } => "chatter_runtime::PipelineError::Cosmos",
             Self::Publish { .. } => "chatter_runtime::PipelineError::Publish",

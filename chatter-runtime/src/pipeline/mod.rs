@@ -10,8 +10,11 @@ mod error;
 
 pub use error::PipelineError;
 
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
+use futures::FutureExt;
 use serde_json::Value;
 use time::OffsetDateTime;
 
@@ -223,6 +226,10 @@ impl Pipeline {
     }
 }
 
+/// Runs the handler (decoding the command first). A panic in either is caught and returned as
+/// [`PipelineError::HandlerPanicked`]: a failed attempt like any other, so the consumer retries
+/// and then dead-letters the delivery instead of returning it to the broker unsettled, where it
+/// would be delivered and panic again without end.
 async fn run_handler(
     command: &RegisteredCommand,
     body: Value,
@@ -230,14 +237,35 @@ async fn run_handler(
 ) -> Result<(), PipelineError> {
     let name = command.registration.command_name;
     let message_id = ctx.message_id().to_owned();
-    let future = (command.handler.invoke)(body, ctx).map_err(|source| PipelineError::Decode {
-        command: name,
-        message_id: message_id.clone(),
-        source,
-    })?;
-    future.await.map_err(|source| PipelineError::Handler {
-        command: name,
-        message_id,
-        source,
-    })
+    let attempt = async {
+        let future =
+            (command.handler.invoke)(body, ctx).map_err(|source| PipelineError::Decode {
+                command: name,
+                message_id: message_id.clone(),
+                source,
+            })?;
+        future.await.map_err(|source| PipelineError::Handler {
+            command: name,
+            message_id: message_id.clone(),
+            source,
+        })
+    };
+    // Unwind safety: after a panic the context and its staged writes are dropped unused.
+    match AssertUnwindSafe(attempt).catch_unwind().await {
+        Ok(result) => result,
+        Err(payload) => Err(PipelineError::HandlerPanicked {
+            command: name,
+            message_id,
+            panic: panic_message(payload.as_ref()),
+        }),
+    }
+}
+
+/// The text a panic was raised with (`panic!("..")` carries a `&str` or a `String`).
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|text| (*text).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
