@@ -73,6 +73,18 @@ pub enum PipelineError {
         /// The panic's message.
         panic: String,
     },
+    /// The attempt (the handler, or a Cosmos call of its batch) did not finish within the
+    /// consumer's delivery timeout. Counted as a failed attempt: retried, then dead-lettered.
+    /// Whether its batch committed is unknown; the retry finds out through the inbox marker.
+    #[error("handling `{command}` message '{message_id}' did not finish within {after:?}")]
+    TimedOut {
+        /// The command name.
+        command: &'static str,
+        /// The message id.
+        message_id: String,
+        /// The delivery timeout.
+        after: std::time::Duration,
+    },
     /// Cosmos refused the batch, or a 409 on the inbox marker could not be confirmed as a duplicate.
     #[error(
         "the batch of `{command}` message '{message_id}' did not commit: {reason} (batch status {status}, per-operation status codes {operation_statuses:?})"
@@ -124,6 +136,7 @@ impl PipelineError {
             Self::Marker { .. } => "chatter_runtime::PipelineError::Marker",
             Self::Handler { .. } => "chatter_runtime::PipelineError::Handler",
             Self::HandlerPanicked { .. } => "chatter_runtime::PipelineError::HandlerPanicked",
+            Self::TimedOut { .. } => "chatter_runtime::PipelineError::TimedOut",
             Self::BatchFailed { .. } => "chatter_runtime::PipelineError::BatchFailed",
             Self::Cosmos { .. } => "chatter_runtime::PipelineError::Cosmos",
             Self::Publish { .. } => "chatter_runtime::PipelineError::Publish",

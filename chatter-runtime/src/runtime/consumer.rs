@@ -56,6 +56,11 @@ pub const DEFAULT_MAX_DELIVERY_ATTEMPTS: u32 = 5;
 /// sets another.
 pub const DEFAULT_CONSUMER_CONCURRENCY: usize = 16;
 
+/// How long one delivery attempt may take unless
+/// [`RuntimeBuilder::delivery_timeout`](crate::RuntimeBuilder::delivery_timeout) says
+/// otherwise: 5 minutes, as long as the relay gives a page.
+pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+
 /// The context key counting a message's deliveries (absent on the first).
 pub const ATTEMPTS_CONTEXT_KEY: &str = "Chatter.Delivery.Attempts";
 
@@ -69,6 +74,8 @@ pub(super) struct Consumer {
     pub(super) pipeline: Pipeline,
     pub(super) cancel: CancellationToken,
     pub(super) redelivery_delay: Duration,
+    /// How long one attempt (decode, handler, batch, duplicate confirmation) may take.
+    pub(super) delivery_timeout: Duration,
     pub(super) status: ConsumerStatus,
     /// Deliveries handled at once, and the prefetch asked of the broker (at least 1).
     pub(super) concurrency: u16,
@@ -293,12 +300,23 @@ impl Consumer {
             // Boxed: the pipeline's future (the SDK's batch call inside) is large, and this
             // future is the task spawned per delivery, which spawning copies whole.
             Ok(body) => {
-                Box::pin(
+                let attempt = Box::pin(
                     self.pipeline
                         .handle(&self.command, body, &message_id, redelivered)
                         .with_context(trace.clone()),
-                )
-                .await
+                );
+                // A hung handler or store call fails the attempt instead of holding its key's
+                // lane (and a permit) forever. A batch that committed meanwhile is confirmed a
+                // duplicate on the retry.
+                tokio::time::timeout(self.delivery_timeout, attempt)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(PipelineError::TimedOut {
+                            command: name,
+                            message_id: message_id.clone(),
+                            after: self.delivery_timeout,
+                        })
+                    })
             }
             Err(source) => Err(PipelineError::NotJson {
                 command: name,

@@ -56,6 +56,10 @@ pub enum StartError {
         /// The concurrency that was set.
         concurrency: usize,
     },
+    /// [`RuntimeBuilder::delivery_timeout`](crate::RuntimeBuilder::delivery_timeout) is zero:
+    /// no delivery could ever be handled.
+    #[error("the delivery timeout must be greater than zero")]
+    ZeroDeliveryTimeout,
     /// A command's destination could not be consumed.
     #[error("chatter could not subscribe to destination `{destination}`")]
     Subscribe {

@@ -7,7 +7,7 @@ mod health;
 pub use crate::broker::dead_letter_destination;
 pub use consumer::{
     ATTEMPTS_CONTEXT_KEY, DEAD_LETTER_REASON_CONTEXT_KEY, DEFAULT_CONSUMER_CONCURRENCY,
-    DEFAULT_MAX_DELIVERY_ATTEMPTS,
+    DEFAULT_DELIVERY_TIMEOUT, DEFAULT_MAX_DELIVERY_ATTEMPTS,
 };
 pub use error::{DispatchError, StartError};
 pub use health::{ConsumerHealth, ConsumerState, Health, LeaseHealth};
@@ -46,6 +46,7 @@ pub struct RuntimeBuilder {
     consume: bool,
     consumer_concurrency: usize,
     redelivery_delay: Duration,
+    delivery_timeout: Duration,
     relay: Option<RelayOptions>,
     meter: telemetry::Source<opentelemetry::metrics::Meter>,
     tracer: telemetry::Source<opentelemetry::global::BoxedTracer>,
@@ -60,6 +61,7 @@ impl Default for RuntimeBuilder {
             consume: true,
             consumer_concurrency: DEFAULT_CONSUMER_CONCURRENCY,
             redelivery_delay: Duration::from_millis(500),
+            delivery_timeout: DEFAULT_DELIVERY_TIMEOUT,
             relay: Some(RelayOptions::default()),
             meter: telemetry::Source::Global,
             tracer: telemetry::Source::Global,
@@ -74,6 +76,7 @@ impl std::fmt::Debug for RuntimeBuilder {
             .field("consume", &self.consume)
             .field("consumer_concurrency", &self.consumer_concurrency)
             .field("redelivery_delay", &self.redelivery_delay)
+            .field("delivery_timeout", &self.delivery_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -129,6 +132,19 @@ impl RuntimeBuilder {
     /// 500 ms), so a message that keeps failing does not spin a core.
     pub fn redelivery_delay(mut self, delay: Duration) -> Self {
         self.redelivery_delay = delay;
+        self
+    }
+
+    /// How long a consumer gives one delivery attempt, from decoding its body to the batch
+    /// committing (default [`DEFAULT_DELIVERY_TIMEOUT`], 5 minutes). An attempt that takes
+    /// longer (a handler that hangs, a store that does not answer) fails with
+    /// [`PipelineError::TimedOut`](crate::PipelineError::TimedOut), logged at `error`, and is
+    /// retried like any failure; its partition-key value's later deliveries wait at most this
+    /// long behind it. [`Runtime::dispatch`] is not bounded: its caller awaits it.
+    ///
+    /// [`start`](Self::start) refuses zero with [`StartError::ZeroDeliveryTimeout`].
+    pub fn delivery_timeout(mut self, timeout: Duration) -> Self {
+        self.delivery_timeout = timeout;
         self
     }
 
@@ -194,6 +210,9 @@ impl RuntimeBuilder {
             .ok_or(StartError::ConsumerConcurrency {
                 concurrency: self.consumer_concurrency,
             })?;
+        if self.delivery_timeout.is_zero() {
+            return Err(StartError::ZeroDeliveryTimeout);
+        }
         let registry = match self.registry {
             Some(registry) => registry,
             None => Registry::from_inventory()?,
@@ -302,6 +321,7 @@ impl RuntimeBuilder {
                     pipeline: pipeline.clone(),
                     cancel: cancel.clone(),
                     redelivery_delay: self.redelivery_delay,
+                    delivery_timeout: self.delivery_timeout,
                     status,
                     concurrency,
                     tracer: telemetry.tracer.clone(),
