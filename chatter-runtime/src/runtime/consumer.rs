@@ -308,15 +308,14 @@ impl Consumer {
                 // A hung handler or store call fails the attempt instead of holding its key's
                 // lane (and a permit) forever. A batch that committed meanwhile is confirmed a
                 // duplicate on the retry.
-                tokio::time::timeout(self.delivery_timeout, attempt)
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(PipelineError::TimedOut {
-                            command: name,
-                            message_id: message_id.clone(),
-                            after: self.delivery_timeout,
-                        })
-                    })
+                match tokio::time::timeout(self.delivery_timeout, attempt).await {
+                    Ok(result) => result,
+                    Err(_) => Err(PipelineError::TimedOut {
+                        command: name,
+                        message_id: message_id.clone(),
+                        after: self.delivery_timeout,
+                    }),
+                }
             }
             Err(source) => Err(PipelineError::NotJson {
                 command: name,
