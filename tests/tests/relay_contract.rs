@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 use std::error::Error as _;
 use std::sync::Arc;
+use std::time::Duration;
 
 use azure_data_cosmos::models::{ContainerProperties, PartitionKeyDefinition, TimeToLive};
 use chatter_runtime::cosmos::provision::{ensure_container, ensure_database};
@@ -15,6 +16,9 @@ use chatter_runtime::error::{
 use chatter_runtime::registration::PartitionKeyPath;
 use chatter_runtime::testing::{RelaySource, SourceIdentity, verify, verify_all};
 use chatter_tests::store::embedded;
+
+/// The start-time bound `verify_all` is given here: far above what the embedded store takes.
+const STORE_TIMEOUT: Duration = Duration::from_secs(30);
 
 const DATABASE: &str = "shop";
 
@@ -360,10 +364,11 @@ async fn verify_all_passes_when_every_container_keeps_the_contract() {
             source_over("orders", &["/tenantId"]),
             source_over("invoices", &["tenantId", "/region"]),
         ],
+        STORE_TIMEOUT,
     )
     .await
     .unwrap();
-    verify_all(&connection, &[]).await.unwrap();
+    verify_all(&connection, &[], STORE_TIMEOUT).await.unwrap();
 }
 
 // R4.32: the relay never starts degraded, and every failing container is named at once.
@@ -390,6 +395,7 @@ async fn verify_all_reports_every_violating_container_in_one_error() {
             source_over("invoices", &["/status"]),
             source_over("missing", &["/tenantId"]),
         ],
+        STORE_TIMEOUT,
     )
     .await
     .unwrap_err();
@@ -419,8 +425,12 @@ async fn verify_all_reports_every_violating_container_in_one_error() {
 async fn verify_all_with_one_missing_container_gives_the_read_failure_text() {
     let connection = embedded().await;
     ensure_database(&connection, DATABASE).await.unwrap();
-    let error = verify_all(&connection, &[source_over("orders", &["/tenantId"])])
-        .await
-        .unwrap_err();
+    let error = verify_all(
+        &connection,
+        &[source_over("orders", &["/tenantId"])],
+        STORE_TIMEOUT,
+    )
+    .await
+    .unwrap_err();
     assert_eq!(error.to_string(), READ_FAILURE_MESSAGE);
 }

@@ -249,6 +249,22 @@ impl CosmosConnection {
         .cloned()
     }
 
+    /// [`container`](Self::container), failing with [`CosmosStoreError::Timeout`] past
+    /// `timeout`: a start must not wait forever on a store that does not answer.
+    pub(crate) async fn container_within(
+        &self,
+        database: &str,
+        container: &str,
+        timeout: std::time::Duration,
+    ) -> Result<Arc<ContainerClient>, CosmosStoreError> {
+        super::store::bounded(
+            "get_container",
+            timeout,
+            self.container(database, container),
+        )
+        .await
+    }
+
     /// How many container handles this connection has derived (resolved from the service)
     /// so far; cache hits do not count.
     pub fn container_derivations(&self) -> usize {

@@ -22,6 +22,7 @@
 //! reports every violating one in one [`MonitoredContainersError`].
 
 use std::fmt;
+use std::time::Duration;
 
 use crate::cosmos::store::{self, ContainerSettings};
 use crate::cosmos::{ContainerClient, CosmosConnection, CosmosStoreError};
@@ -139,12 +140,37 @@ fn join_violations(violations: &[MonitoredContainerViolation]) -> String {
 /// Every monitored container that failed the start-time check, in source order.
 ///
 /// Its message is each container's [`MonitoredContainerError`] message, one per line (joined with
-/// `"\n"`), so a single failing container reads exactly as the .NET module's text.
-#[derive(Debug, thiserror::Error)]
-#[error("{}", self.errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+/// `"\n"`), so a single failing container reads exactly as the .NET module's text. Its
+/// [`source`](std::error::Error::source) is the store error of the first container that could
+/// not be read (why: missing, forbidden, timed out), if one could not; the others' are in
+/// [`errors`](Self::errors).
+#[derive(Debug)]
 pub struct MonitoredContainersError {
     /// One error per failing container (never empty).
     pub errors: Vec<MonitoredContainerError>,
+}
+
+impl fmt::Display for MonitoredContainersError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, error) in self.errors.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{error}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for MonitoredContainersError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.errors.iter().find_map(|error| match error {
+            MonitoredContainerError::Unreadable { source, .. } => {
+                Some(source.as_ref() as &(dyn std::error::Error + 'static))
+            }
+            MonitoredContainerError::Violated { .. } => None,
+        })
+    }
 }
 
 /// Checks one monitored container: reads its properties exactly once, then runs the
@@ -226,10 +252,13 @@ fn stamped_path(actual: &str) -> Option<&'static str> {
 /// reports every failing container in one error, in source order.
 ///
 /// A container whose handle cannot be derived (missing database or container, no access) is
-/// reported as [`MonitoredContainerError::Unreadable`]. The containers are checked concurrently.
+/// reported as [`MonitoredContainerError::Unreadable`], and so is one whose handle or
+/// properties do not arrive within `timeout` (a [`CosmosStoreError::Timeout`]). The containers
+/// are checked concurrently.
 pub async fn verify_all(
     connection: &CosmosConnection,
     sources: &[RelaySource],
+    timeout: Duration,
 ) -> Result<(), MonitoredContainersError> {
     let checks = sources.iter().map(|source| async move {
         let unreadable = |source_error| MonitoredContainerError::Unreadable {
@@ -238,16 +267,23 @@ pub async fn verify_all(
             source: Box::new(source_error),
         };
         let handle = connection
-            .container(source.database, source.container)
+            .container_within(source.database, source.container, timeout)
             .await
             .map_err(unreadable)?;
-        verify(
+        let verified = verify(
             &handle,
             source.database,
             source.container,
             source.partition_key_paths,
-        )
-        .await
+        );
+        tokio::time::timeout(timeout, verified)
+            .await
+            .unwrap_or_else(|_| {
+                Err(unreadable(CosmosStoreError::timeout(
+                    "read_container",
+                    timeout,
+                )))
+            })
     });
     let errors: Vec<MonitoredContainerError> = futures::future::join_all(checks)
         .await

@@ -58,7 +58,7 @@ impl RelayHost {
         if options.backlog_interval.is_zero() {
             return Err(RelayError::ZeroBacklogInterval);
         }
-        contract::verify_all(cosmos, sources).await?;
+        contract::verify_all(cosmos, sources, options.processor.store_timeout).await?;
 
         let instance = identity::instance_name();
         // One limit for every lease of every source: the broker and the RU budget are shared.
@@ -174,7 +174,7 @@ async fn start_one(
     } = *shared;
     let container = |name: &'static str| async move {
         cosmos
-            .container(source.database, name)
+            .container_within(source.database, name, options.processor.store_timeout)
             .await
             .map_err(|e| RelayError::Container {
                 database: source.database,

@@ -221,10 +221,16 @@ impl RuntimeBuilder {
             Some(cosmos) => cosmos,
             None => CosmosConnection::resolve().await?,
         };
+        // Start-time store calls are bounded like the relay's: a store that does not answer
+        // fails the start instead of hanging it.
+        let store_timeout = self.relay.as_ref().map_or_else(
+            || RelayOptions::default().processor.store_timeout,
+            |options| options.processor.store_timeout,
+        );
         for command in registry.commands() {
             let r = command.registration;
             cosmos
-                .container(r.database, r.container)
+                .container_within(r.database, r.container, store_timeout)
                 .await
                 .map_err(|source| StartError::Container {
                     command: r.command_name,

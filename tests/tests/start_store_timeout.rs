@@ -1,0 +1,70 @@
+//! A store that stops answering fails `start()` within the store timeout, with an error that
+//! says so, instead of hanging the process before it ever serves.
+
+use std::time::Duration;
+
+use chatter_runtime::cosmos::provision;
+use chatter_runtime::{
+    BoxError, DocumentReliable, ErrorChain, HandlerContext, RelayOptions, Runtime, handler,
+};
+use chatter_tests::store::emulator_server;
+use serde::{Deserialize, Serialize};
+
+/// Any command: it only has to make `start()` check its containers.
+#[derive(Debug, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "shop", container = "ledger", lease = "ledger-leases")]
+#[partition_key(path = "/account")]
+pub struct PostEntry {
+    pub account: String,
+}
+
+#[handler]
+async fn post(_command: PostEntry, _ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    Ok(())
+}
+
+/// Starts a runtime against a store that answers 60 s late from now on, with a 500 ms store
+/// timeout; `derived` says whether the containers' handles were derived (cached) before.
+async fn start_against_a_silent_store(derived: bool) -> String {
+    let (emulator, cosmos) = emulator_server().await;
+    provision::ensure_container(&cosmos, "shop", "ledger", &["/account"])
+        .await
+        .unwrap();
+    provision::ensure_lease_container(&cosmos, "shop", "ledger-leases")
+        .await
+        .unwrap();
+    if derived {
+        cosmos.container("shop", "ledger").await.unwrap();
+        cosmos.container("shop", "ledger-leases").await.unwrap();
+    }
+    // From now on every answer of the store comes 60 s late (chatter-emulator's fault injection).
+    emulator.faults().set_latency(Duration::from_secs(60));
+    let start = Runtime::builder()
+        .cosmos(cosmos)
+        .relay_options(RelayOptions::default().store_timeout(Duration::from_millis(500)))
+        .start();
+    let started = tokio::time::timeout(Duration::from_secs(40), start)
+        .await
+        .expect("start() returns instead of waiting for the store");
+    let error = started.expect_err("a store that does not answer fails the start");
+    ErrorChain(&error).to_string()
+}
+
+#[tokio::test]
+async fn a_container_handle_the_store_does_not_answer_fails_the_start_within_the_store_timeout() {
+    let chain = start_against_a_silent_store(false).await;
+    assert!(
+        chain.contains("shop/ledger") && chain.contains("get_container timed out after 500ms"),
+        "{chain}"
+    );
+}
+
+#[tokio::test]
+async fn a_contract_check_the_store_does_not_answer_fails_the_start_within_the_store_timeout() {
+    let chain = start_against_a_silent_store(true).await;
+    assert!(
+        chain.contains("could not read the properties of monitored container 'ledger'")
+            && chain.contains("read_container timed out after 500ms"),
+        "{chain}"
+    );
+}
