@@ -19,8 +19,8 @@ use chatter_tests::change_feed::{Store, feed_range_tokens, order_ids, recording}
 use chatter_tests::store::{embedded, emulator_server};
 use chatter_tests::wait::eventually;
 use cosmos_change_feed::{
-    BatchFuture, ChangeFeedBatch, ChangeFeedEstimator, ChangeFeedProcessor,
-    ChangeFeedProcessorOptions, LeaseBacklog, RunningProcessor, StartFrom, lease_id,
+    BatchFuture, ChangeFeedBatch, ChangeFeedEstimator, ChangeFeedProcessorOptions, LeaseBacklog,
+    RunningProcessor, StartFrom, lease_id,
 };
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -80,16 +80,17 @@ async fn start(
     processor: &str,
     handler: impl Fn(ChangeFeedBatch) -> BatchFuture + Send + Sync + 'static,
 ) -> RunningProcessor {
-    ChangeFeedProcessor::builder(
-        processor,
-        "host-1",
-        Arc::clone(&store.monitored),
-        Arc::clone(&store.leases),
-    )
-    .options(fast_options())
-    .start(handler)
-    .await
-    .unwrap()
+    store
+        .processor(processor, "host-1")
+        .options(fast_options())
+        .start(handler)
+        .await
+        .unwrap()
+}
+
+/// The lease tokens an estimate reports on.
+fn tokens_of(backlogs: &[LeaseBacklog]) -> BTreeSet<String> {
+    backlogs.iter().map(|b| b.lease_token.clone()).collect()
 }
 
 fn estimator(store: &Store, processor: &str) -> ChangeFeedEstimator {
@@ -207,14 +208,7 @@ async fn an_estimate_counts_only_the_matching_documents_after_each_checkpoint() 
 
     let backlogs = estimator(&store, "relay").estimate(counted).await.unwrap();
     let ranges = feed_range_tokens(&store.monitored).await;
-    assert_eq!(
-        backlogs
-            .iter()
-            .map(|b| b.lease_token.clone())
-            .collect::<BTreeSet<_>>(),
-        ranges,
-        "one estimate per lease"
-    );
+    assert_eq!(tokens_of(&backlogs), ranges, "one estimate per lease");
     assert!(backlogs.iter().all(|b| b.owner.is_none()), "{backlogs:?}");
     let total = assert_per_lease(&store, "relay", &backlogs, 2).await;
     assert_eq!(total, expected.len() as u64);
@@ -286,12 +280,7 @@ async fn an_estimate_across_a_split_counts_each_child_range_once() {
         POLL,
         "the parent lease was replaced by child leases",
         || async {
-            let tokens: BTreeSet<String> = store
-                .leases_of("relay")
-                .await
-                .into_iter()
-                .map(|l| l.lease_token)
-                .collect();
+            let tokens = store.lease_tokens("relay").await;
             tokens == ranges
         },
     )
@@ -300,10 +289,7 @@ async fn an_estimate_across_a_split_counts_each_child_range_once() {
 
     let after = estimator(&store, "relay").estimate(counted).await.unwrap();
     assert_eq!(
-        after
-            .iter()
-            .map(|b| b.lease_token.clone())
-            .collect::<BTreeSet<_>>(),
+        tokens_of(&after),
         ranges,
         "one estimate per child and per unsplit lease"
     );
@@ -330,12 +316,7 @@ async fn a_split_parent_left_beside_its_children_is_not_counted_twice() {
         POLL,
         "child leases exist beside the undeleted parent",
         || async {
-            let tokens: BTreeSet<String> = store
-                .leases_of("relay")
-                .await
-                .into_iter()
-                .map(|l| l.lease_token)
-                .collect();
+            let tokens = store.lease_tokens("relay").await;
             tokens.contains(&parent) && tokens.is_superset(&ranges)
         },
     )
@@ -353,10 +334,7 @@ async fn a_split_parent_left_beside_its_children_is_not_counted_twice() {
         "the parent lease is still there"
     );
     assert_eq!(
-        backlogs
-            .iter()
-            .map(|b| b.lease_token.clone())
-            .collect::<BTreeSet<_>>(),
+        tokens_of(&backlogs),
         ranges,
         "the parent is left out: {backlogs:?}"
     );

@@ -15,8 +15,7 @@ use chatter_tests::change_feed::{Store, fast_options, order_ids, recording};
 use chatter_tests::store::{embedded, emulator_server};
 use chatter_tests::wait::eventually;
 use cosmos_change_feed::{
-    BatchFuture, ChangeFeedBatch, ChangeFeedProcessor, LeaseFault, LeaseFaultStage,
-    RunningProcessor, lease_id,
+    BatchFuture, ChangeFeedBatch, LeaseFault, LeaseFaultStage, RunningProcessor, lease_id,
 };
 use serde_json::json;
 
@@ -58,16 +57,12 @@ async fn start(
     instance: &str,
     handler: impl Fn(ChangeFeedBatch) -> BatchFuture + Send + Sync + 'static,
 ) -> RunningProcessor {
-    ChangeFeedProcessor::builder(
-        processor,
-        instance,
-        Arc::clone(&store.monitored),
-        Arc::clone(&store.leases),
-    )
-    .options(fast_options())
-    .start(handler)
-    .await
-    .unwrap()
+    store
+        .processor(processor, instance)
+        .options(fast_options())
+        .start(handler)
+        .await
+        .unwrap()
 }
 
 /// One handed-over batch: its lease token and document ids.
@@ -479,17 +474,13 @@ async fn read_and_handler_faults_are_reported_with_their_lease_and_retried() {
             })
         }
     };
-    let processor = ChangeFeedProcessor::builder(
-        "faults",
-        "host-1",
-        store.monitored.clone(),
-        store.leases.clone(),
-    )
-    .options(fast_options())
-    .on_fault(collecting(&faults))
-    .start(handler)
-    .await
-    .unwrap();
+    let processor = store
+        .processor("faults", "host-1")
+        .options(fast_options())
+        .on_fault(collecting(&faults))
+        .start(handler)
+        .await
+        .unwrap();
     let reported = |stage: LeaseFaultStage| {
         let faults = faults.clone();
         move || {
@@ -835,17 +826,13 @@ async fn a_hanging_store_times_out_as_a_reported_fault_and_the_lease_carries_on(
     let store = store_on(&connection).await;
     let faults: Faults = Arc::default();
     let seen = Seen::default();
-    let processor = ChangeFeedProcessor::builder(
-        "slow",
-        "host-1",
-        store.monitored.clone(),
-        store.leases.clone(),
-    )
-    .options(fast_options().with_store_timeout(Duration::from_millis(500)))
-    .on_fault(collecting(&faults))
-    .start(recording(&seen))
-    .await
-    .unwrap();
+    let processor = store
+        .processor("slow", "host-1")
+        .options(fast_options().with_store_timeout(Duration::from_millis(500)))
+        .on_fault(collecting(&faults))
+        .start(recording(&seen))
+        .await
+        .unwrap();
     let ranges = feed_range_count(&store).await;
     every_lease_owned(&processor, ranges).await;
     emulator.faults().set_latency(Duration::from_secs(2));

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use chatter_runtime::cosmos::{ContainerClient, CosmosConnection};
 use cosmos_change_feed::{
-    BatchFuture, ChangeFeedBatch, ChangeFeedProcessorOptions, LeaseDocument, read_leases,
+    BatchFuture, ChangeFeedBatch, ChangeFeedProcessor, ChangeFeedProcessorBuilder,
+    ChangeFeedProcessorOptions, LeaseDocument, read_leases,
 };
 
 use crate::broker::Received;
@@ -53,9 +54,29 @@ impl Store {
         }
     }
 
+    /// A builder of the processor `processor` (instance `instance`) on these containers, at the
+    /// processor's default options.
+    pub fn processor(&self, processor: &str, instance: &str) -> ChangeFeedProcessorBuilder {
+        ChangeFeedProcessor::builder(
+            processor,
+            instance,
+            Arc::clone(&self.monitored),
+            Arc::clone(&self.leases),
+        )
+    }
+
     /// The lease documents of `processor`.
     pub async fn leases_of(&self, processor: &str) -> Vec<LeaseDocument> {
         read_leases(&self.leases, processor).await.unwrap()
+    }
+
+    /// The lease tokens of `processor`'s lease documents.
+    pub async fn lease_tokens(&self, processor: &str) -> BTreeSet<String> {
+        self.leases_of(processor)
+            .await
+            .into_iter()
+            .map(|l| l.lease_token)
+            .collect()
     }
 }
 
