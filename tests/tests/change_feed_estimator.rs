@@ -44,6 +44,12 @@ async fn store_on(connection: &CosmosConnection) -> Store {
     Store::on(connection, DB, MONITORED, LEASES).await
 }
 
+/// A `chatter-emulator` server (kept while the handle lives) and the store on it.
+async fn served_store() -> (RunningEmulator, Store) {
+    let (emulator, connection) = emulator_server().await;
+    (emulator, store_on(&connection).await)
+}
+
 /// Writes `order-{i}` for every `i` of `range` as change `wave`, of kind `outbox` when
 /// `counted(i)` (else `other`).
 async fn write_orders(
@@ -262,8 +268,7 @@ async fn split_with_a_backlog(
 // whole range; after it did, each child counts its own range, and the total is the same.
 #[tokio::test]
 async fn an_estimate_across_a_split_counts_each_child_range_once() {
-    let (emulator, connection) = emulator_server().await;
-    let store = store_on(&connection).await;
+    let (emulator, store) = served_store().await;
     let (parent, expected) = split_with_a_backlog(&emulator, &store, "relay").await;
 
     // The split lease is still the parent's: it is read over both child partitions.
@@ -301,8 +306,7 @@ async fn an_estimate_across_a_split_counts_each_child_range_once() {
 // it, and the estimate leaves it out rather than counting its children's documents twice.
 #[tokio::test]
 async fn a_split_parent_left_beside_its_children_is_not_counted_twice() {
-    let (emulator, connection) = emulator_server().await;
-    let store = store_on(&connection).await;
+    let (emulator, store) = served_store().await;
     let (parent, expected) = split_with_a_backlog(&emulator, &store, "relay").await;
     let ranges = feed_range_tokens(&store.monitored).await;
 
@@ -347,8 +351,7 @@ async fn a_split_parent_left_beside_its_children_is_not_counted_twice() {
 // store fail every lease but not the call; only listing the leases failing fails the call.
 #[tokio::test]
 async fn a_lease_whose_feed_cannot_be_read_reports_its_error_and_the_others_still_count() {
-    let (emulator, connection) = emulator_server().await;
-    let store = store_on(&connection).await;
+    let (emulator, store) = served_store().await;
     write_orders(&store, 0..20, 1, |_| true).await;
     hand_over_and_checkpoint(&store, "relay", 20).await;
     write_orders(&store, 0..40, 2, |i| i % 2 == 1).await;

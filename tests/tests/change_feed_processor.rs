@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use chatter_emulator::RunningEmulator;
 use chatter_runtime::cosmos::{CosmosConnection, partition_key};
 use chatter_runtime::testing::upsert_item;
 use chatter_tests::broker::Received;
@@ -29,6 +30,12 @@ const POLL: Duration = Duration::from_millis(50);
 
 async fn store_on(connection: &CosmosConnection) -> Store {
     Store::on(connection, DB, MONITORED, LEASES).await
+}
+
+/// A `chatter-emulator` server (kept while the handle lives) and the store on it.
+async fn served_store() -> (RunningEmulator, Store) {
+    let (emulator, connection) = emulator_server().await;
+    (emulator, store_on(&connection).await)
 }
 
 async fn embedded_store() -> Store {
@@ -392,8 +399,7 @@ async fn graceful_shutdown_leaves_every_lease_unowned_with_its_checkpoint() {
 
 #[tokio::test]
 async fn a_feed_range_split_replaces_the_parent_lease_by_child_leases_without_losing_documents() {
-    let (emulator, connection) = emulator_server().await;
-    let store = store_on(&connection).await;
+    let (emulator, store) = served_store().await;
     let ranges_before = feed_range_count(&store).await;
     write_orders(&store, 0..40, 1).await;
 
@@ -455,8 +461,7 @@ fn collecting(faults: &Faults) -> impl Fn(&LeaseFault<'_>) + Send + Sync + 'stat
 // and failed handlers alike, and the lease is retried rather than abandoned.
 #[tokio::test]
 async fn read_and_handler_faults_are_reported_with_their_lease_and_retried() {
-    let (emulator, connection) = emulator_server().await;
-    let store = store_on(&connection).await;
+    let (emulator, store) = served_store().await;
     write_orders(&store, 0..1, 1).await;
     let faults: Faults = Arc::default();
     let fail = Arc::new(AtomicBool::new(true));
@@ -585,8 +590,7 @@ async fn a_page_in_flight_during_shutdown_keeps_its_lease_until_it_is_done() {
 // (another instance may own it by now), and takes it up again once the store is back.
 #[tokio::test]
 async fn an_owner_that_cannot_renew_its_lease_stops_serving_it_and_takes_it_up_again() {
-    let (emulator, connection) = emulator_server().await;
-    let store = store_on(&connection).await;
+    let (emulator, store) = served_store().await;
     let seen = Seen::default();
     let processor = start(&store, "unwritable", "host-1", recording(&seen)).await;
     let ranges = feed_range_count(&store).await;
@@ -639,8 +643,7 @@ async fn a_malformed_lease_document_is_reported_and_its_range_still_served() {
 // retried until it goes.
 #[tokio::test]
 async fn a_split_parent_whose_delete_failed_is_never_polled_beside_its_children() {
-    let (emulator, connection) = emulator_server().await;
-    let store = store_on(&connection).await;
+    let (emulator, store) = served_store().await;
     let ranges_before = feed_range_count(&store).await;
     write_orders(&store, 0..40, 1).await;
     let batches: Batches = Arc::default();
@@ -822,8 +825,7 @@ async fn leases_that_cross_range_boundaries_still_tile_the_key_range() {
 // on once the store answers in time again.
 #[tokio::test]
 async fn a_hanging_store_times_out_as_a_reported_fault_and_the_lease_carries_on() {
-    let (emulator, connection) = emulator_server().await;
-    let store = store_on(&connection).await;
+    let (emulator, store) = served_store().await;
     let faults: Faults = Arc::default();
     let seen = Seen::default();
     let processor = store
