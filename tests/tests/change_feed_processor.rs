@@ -78,6 +78,19 @@ type Attempt = (String, Vec<String>);
 /// Every handed-over batch, in order.
 type Batches = Arc<Mutex<Vec<Attempt>>>;
 
+/// Appends `batch`'s lease token and document ids to `batches`.
+fn record(batches: &Batches, batch: &ChangeFeedBatch) {
+    let ids = batch
+        .documents
+        .iter()
+        .filter_map(|d| d["id"].as_str().map(str::to_owned))
+        .collect();
+    batches
+        .lock()
+        .unwrap()
+        .push((batch.lease_token.clone(), ids));
+}
+
 /// Waits until `processor` polls all `ranges` leases.
 async fn every_lease_owned(processor: &RunningProcessor, ranges: usize) {
     owns(processor, ranges, "every lease is owned").await;
@@ -145,15 +158,7 @@ async fn a_handler_error_hands_the_same_documents_again_without_advancing_the_co
             Arc::clone(&batches),
         );
         move |batch: ChangeFeedBatch| -> BatchFuture {
-            let ids = batch
-                .documents
-                .iter()
-                .filter_map(|d| d["id"].as_str().map(str::to_owned))
-                .collect();
-            batches
-                .lock()
-                .unwrap()
-                .push((batch.lease_token.clone(), ids));
+            record(&batches, &batch);
             if failing.load(Ordering::SeqCst) {
                 failures.fetch_add(1, Ordering::SeqCst);
                 Box::pin(async { Err("broker unavailable".into()) })
@@ -650,15 +655,7 @@ async fn a_split_parent_whose_delete_failed_is_never_polled_beside_its_children(
     let handler = {
         let batches = batches.clone();
         move |batch: ChangeFeedBatch| -> BatchFuture {
-            let ids = batch
-                .documents
-                .iter()
-                .filter_map(|d| d["id"].as_str().map(str::to_owned))
-                .collect();
-            batches
-                .lock()
-                .unwrap()
-                .push((batch.lease_token.clone(), ids));
+            record(&batches, &batch);
             Box::pin(async { Ok(()) })
         }
     };

@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, BrokerError, InMemoryBroker, Subscription};
-use chatter_runtime::cosmos::{self, ContainerClient};
+use chatter_runtime::cosmos::ContainerClient;
 use chatter_runtime::registration::PartitionKeyPath;
 use chatter_runtime::testing::DeliverySettings;
 use chatter_runtime::testing::OutboxDocument;
 use chatter_runtime::testing::{Drain, DrainError, DrainReport};
 use chatter_tests::broker::next_delivery;
-use chatter_tests::store::{document, embedded, provisioned};
+use chatter_tests::store::{created, document, embedded, provisioned};
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
@@ -44,11 +44,7 @@ fn message(id: &str) -> BrokeredMessage {
 
 /// Writes `doc` and returns it as the change feed would hand it over.
 async fn stored(c: &ContainerClient, doc: Value) -> Value {
-    let key = cosmos::partition_key(&[doc["tenantId"].clone()]).unwrap();
-    chatter_runtime::testing::create_item(c, key.clone(), &doc)
-        .await
-        .unwrap();
-    read(c, doc["id"].as_str().unwrap(), &doc["tenantId"]).await
+    created(c, &[doc["tenantId"].clone()], &doc).await
 }
 
 async fn read(c: &ContainerClient, id: &str, tenant: &Value) -> Value {

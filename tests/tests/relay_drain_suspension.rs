@@ -18,7 +18,7 @@ use chatter_runtime::testing::{
 };
 use chatter_runtime::testing::{Drain, DrainError, DrainReport};
 use chatter_tests::logs::capture;
-use chatter_tests::store::{document, emulator_server, provisioned};
+use chatter_tests::store::{created, document, emulator_server, provisioned};
 use serde_json::{Value, json};
 use tracing::Level;
 
@@ -249,11 +249,7 @@ impl Fixture {
     }
 
     async fn store(&self, doc: Value) -> Value {
-        let key = cosmos::partition_key(&[doc["tenantId"].clone()]).unwrap();
-        chatter_runtime::testing::create_item(&self.container, key, &doc)
-            .await
-            .unwrap();
-        self.read(&doc).await
+        created(&self.container, &[doc["tenantId"].clone()], &doc).await
     }
 
     async fn read(&self, doc: &Value) -> Value {
