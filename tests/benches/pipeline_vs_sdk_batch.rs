@@ -59,13 +59,14 @@
 //! measurements, gets its own partition because the emulator's batch cost grows with partition
 //! size.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use azure_data_cosmos::TransactionalBatch;
 use chatter_runtime::BrokeredMessage;
 use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection, provision};
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
+use chatter_tests::callgrind::{self, Invocation};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -100,8 +101,6 @@ const WARM_UP: usize = 25;
 const CALLGRIND_COMMANDS: usize = 200;
 /// The targets, pipeline/hand-written.
 const INSTRUCTION_TARGET: f64 = 1.05;
-/// The mode of the child running the wall-clock rounds.
-const WALL_CLOCK: &str = "wall-clock";
 
 /// What one child process of the driver runs after the common setup.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -111,7 +110,9 @@ enum Mode {
     Sdk,
 }
 
-impl Mode {
+impl callgrind::Mode for Mode {
+    const ALL: [Self; 3] = [Self::Setup, Self::Pipeline, Self::Sdk];
+
     fn name(self) -> &'static str {
         match self {
             Self::Setup => "setup",
@@ -119,49 +120,26 @@ impl Mode {
             Self::Sdk => "sdk",
         }
     }
-
-    fn parse(arg: &str) -> Option<Self> {
-        [Self::Setup, Self::Pipeline, Self::Sdk]
-            .into_iter()
-            .find(|mode| mode.name() == arg)
-    }
 }
 
 fn main() -> Result<(), BoxError> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
     let tokio = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    // `cargo bench` passes `--bench`: anything but a mode runs the driver.
-    match args.first().map(String::as_str) {
-        Some(WALL_CLOCK) => {
+    match callgrind::invocation(CALLGRIND_COMMANDS)? {
+        Invocation::WallClock => {
             let wall = tokio.block_on(wall_clock())?;
             report_wall_clock(&wall);
             Ok(())
         }
-        Some(arg) if Mode::parse(arg).is_some() => {
-            let mode = Mode::parse(arg).expect("checked");
-            let commands = match args.get(1) {
-                Some(n) => n.parse()?,
-                None => CALLGRIND_COMMANDS,
-            };
-            tokio.block_on(measured(mode, commands))
+        Invocation::Measure(mode, commands) => tokio.block_on(measured(mode, commands)),
+        // The driver: every measurement in a child process of this binary.
+        Invocation::Driver => {
+            let exe = std::env::current_exe()?;
+            report_instructions(count_instructions(&exe)?);
+            callgrind::wall_clock_child(&exe)
         }
-        _ => drive(),
     }
-}
-
-/// The driver: every measurement in a child process of this binary, with the same environment.
-fn drive() -> Result<(), BoxError> {
-    let exe = std::env::current_exe()?;
-    report_instructions(count_instructions(&exe)?);
-    let status = chatter_tests::callgrind::child(&exe)
-        .arg(WALL_CLOCK)
-        .status()?;
-    if !status.success() {
-        return Err(format!("the wall-clock rounds failed ({status})").into());
-    }
-    Ok(())
 }
 
 /// The store, the started runtime and the container both sides write to.
@@ -212,24 +190,11 @@ struct Instructions {
 
 fn count_instructions(exe: &Path) -> Result<Result<Instructions, String>, BoxError> {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pipeline_vs_sdk_batch");
-    std::fs::create_dir_all(&dir)?;
-    let mut totals = Vec::new();
-    for mode in [Mode::Setup, Mode::Pipeline, Mode::Sdk] {
-        let started = Instant::now();
-        match callgrind_totals(exe, &dir, mode)? {
-            Ok(total) => {
-                eprintln!(
-                    "callgrind {:>8}: {total} instructions ({:.0} s, {})",
-                    mode.name(),
-                    started.elapsed().as_secs_f64(),
-                    output_file(&dir, mode).display()
-                );
-                totals.push(total);
-            }
-            Err(why) => return Ok(Err(why)),
-        }
-    }
-    let [setup, pipeline, sdk] = totals[..] else {
+    let profiles = match callgrind::profile_modes::<Mode>(exe, &dir, CALLGRIND_COMMANDS)? {
+        Ok(profiles) => profiles,
+        Err(why) => return Ok(Err(why)),
+    };
+    let [(setup, _), (pipeline, _), (sdk, _)] = profiles[..] else {
         unreachable!("three modes")
     };
     let per = |total: u64| (total as f64 - setup as f64) / CALLGRIND_COMMANDS as f64;
@@ -238,19 +203,6 @@ fn count_instructions(exe: &Path) -> Result<Result<Instructions, String>, BoxErr
         sdk: per(sdk),
         setup,
     }))
-}
-
-fn output_file(dir: &Path, mode: Mode) -> PathBuf {
-    dir.join(format!("{}.callgrind", mode.name()))
-}
-
-/// Runs this binary in `mode` under callgrind and returns its total instructions; `Err` when
-/// valgrind is not there to run.
-fn callgrind_totals(exe: &Path, dir: &Path, mode: Mode) -> Result<Result<u64, String>, BoxError> {
-    let commands = CALLGRIND_COMMANDS.to_string();
-    let profiled =
-        chatter_tests::callgrind::profile(exe, &[mode.name(), &commands], &output_file(dir, mode))?;
-    Ok(profiled.map(|(total, _)| total))
 }
 
 /// Microseconds per command of each side, one entry per counted round.

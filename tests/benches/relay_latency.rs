@@ -16,32 +16,19 @@ use std::time::{Duration, Instant};
 
 use chatter_runtime::RelayOptions;
 use chatter_runtime::broker::{Broker, InMemoryBroker};
-use chatter_runtime::cosmos::{CosmosConnection, provision};
+use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
+use chatter_tests::store::provisioned_with_leases;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-/// The dispatched command: one order, one event.
-#[derive(Serialize, Deserialize, DocumentReliable)]
-#[cosmos(database = "bench", container = "orders", lease = "orders-leases")]
-#[partition_key(path = "/orderId")]
-#[serde(rename_all = "camelCase")]
-pub struct PlaceOrder {
-    pub order_id: String,
+include!("../src/relay_commands/bench_place_order.rs");
+
+/// The events' queue.
+fn destination() -> &'static str {
+    "order-events"
 }
 
-#[handler]
-async fn place_order(command: PlaceOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
-    ctx.upsert(json!({ "id": command.order_id, "orderId": command.order_id, "status": "placed" }))?;
-    ctx.send_json(
-        &format!("{}:created", ctx.message_id()),
-        DESTINATION,
-        &json!({ "orderId": command.order_id }),
-    )?;
-    Ok(())
-}
-
-const DESTINATION: &str = "order-events";
 /// Dispatched first and not counted.
 const WARMUP: usize = 5;
 const SAMPLES: usize = 100;
@@ -56,17 +43,15 @@ async fn main() -> Result<(), BoxError> {
     // RelayOptions keeps the change-feed processor's default poll interval.
     let poll = cosmos_change_feed::ChangeFeedProcessorOptions::default().poll_interval;
     let cosmos = CosmosConnection::embedded().await?;
-    provision::ensure_container(&cosmos, "bench", "orders", &["/orderId"]).await?;
-    provision::ensure_lease_container(&cosmos, "bench", "orders-leases").await?;
-    let ranges = cosmos
-        .container("bench", "orders")
-        .await?
-        .read_feed_ranges(None)
-        .await?
-        .len();
+    let ranges =
+        provisioned_with_leases(&cosmos, "bench", "orders", &["/orderId"], "orders-leases")
+            .await
+            .read_feed_ranges(None)
+            .await?
+            .len();
 
     let broker = InMemoryBroker::new();
-    let mut subscription = broker.subscribe(DESTINATION).await?;
+    let mut subscription = broker.subscribe(destination()).await?;
     let (arrivals_tx, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
     let receiver = tokio::spawn(async move {
         while let Some(Ok(delivery)) = subscription.next().await {
@@ -105,14 +90,7 @@ async fn main() -> Result<(), BoxError> {
     for n in 0..WARMUP + SAMPLES {
         ticks.tick().await;
         let message_id = format!("m-{n}");
-        runtime
-            .dispatch(
-                PlaceOrder {
-                    order_id: format!("order-{n}"),
-                },
-                message_id.clone(),
-            )
-            .await?;
+        runtime.dispatch(order(n), message_id.clone()).await?;
         sent.insert(format!("{message_id}:created"), (n, Instant::now()));
     }
 
@@ -132,7 +110,7 @@ async fn main() -> Result<(), BoxError> {
     }
     runtime.shutdown().await;
     receiver.abort();
-    if broker.published_count(DESTINATION) != WARMUP + SAMPLES {
+    if broker.published_count(destination()) != WARMUP + SAMPLES {
         return Err("an event was published more than once".into());
     }
 

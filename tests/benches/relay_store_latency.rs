@@ -20,32 +20,15 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use chatter_runtime::RelayOptions;
-use chatter_runtime::cosmos::{CosmosConnection, provision};
+use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
 use chatter_tests::rabbitmq;
-use chatter_tests::store::emulator_server;
+use chatter_tests::runtime::seed;
+use chatter_tests::store::{emulator_server, provisioned_with_leases};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-/// The seeding command: one order, one event.
-#[derive(Serialize, Deserialize, DocumentReliable)]
-#[cosmos(database = "bench", container = "orders", lease = "orders-leases")]
-#[partition_key(path = "/orderId")]
-#[serde(rename_all = "camelCase")]
-pub struct PlaceOrder {
-    pub order_id: String,
-}
-
-#[handler]
-async fn place_order(command: PlaceOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
-    ctx.upsert(json!({ "id": command.order_id, "orderId": command.order_id, "status": "placed" }))?;
-    ctx.send_json(
-        &format!("{}:created", ctx.message_id()),
-        destination(),
-        &json!({ "orderId": command.order_id }),
-    )?;
-    Ok(())
-}
+include!("../src/relay_commands/bench_place_order.rs");
 
 /// This run's queue: other runs may use the same RabbitMQ at the same time.
 fn destination() -> &'static str {
@@ -126,7 +109,7 @@ async fn drain_once(
     let (emulator, cosmos) = emulator_server().await;
     // Ids of their own per run: a duplicate of an earlier run is never counted in this one.
     let run = uuid::Uuid::new_v4();
-    seed(&cosmos, run).await?;
+    seed_backlog(&cosmos, run).await?;
     let mut subscription = rabbitmq::subscribe(broker, destination(), WAIT).await;
     emulator.faults().set_latency(delay);
 
@@ -165,25 +148,11 @@ async fn drain_once(
 }
 
 /// `BACKLOG` commands dispatched with the relay off: as many pending Outbox Documents.
-async fn seed(cosmos: &CosmosConnection, run: uuid::Uuid) -> Result<(), BoxError> {
-    provision::ensure_container(cosmos, "bench", "orders", &["/orderId"]).await?;
-    provision::ensure_lease_container(cosmos, "bench", "orders-leases").await?;
-    let seeder = Runtime::builder()
-        .cosmos(cosmos.clone())
-        .consume(false)
-        .without_relay()
-        .start()
-        .await?;
-    for n in 0..BACKLOG {
-        seeder
-            .dispatch(
-                PlaceOrder {
-                    order_id: format!("order-{n}"),
-                },
-                format!("m-{run}-{n}"),
-            )
-            .await?;
-    }
-    seeder.shutdown().await;
-    Ok(())
+async fn seed_backlog(cosmos: &CosmosConnection, run: uuid::Uuid) -> Result<(), BoxError> {
+    provisioned_with_leases(cosmos, "bench", "orders", &["/orderId"], "orders-leases").await;
+    seed(
+        cosmos,
+        (0..BACKLOG).map(|n| (order(n), format!("m-{run}-{n}"))),
+    )
+    .await
 }

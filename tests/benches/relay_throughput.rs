@@ -93,7 +93,7 @@
 //! container grows (seeding 2 000 commands takes about four times as long as 1 000), which would
 //! push the run past its minutes without telling more about the relay.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -106,35 +106,24 @@ use azure_data_cosmos::options::{
 use chatter_runtime::BrokeredMessage;
 use chatter_runtime::RelayOptions;
 use chatter_runtime::broker::{Broker, BrokerError, InMemoryBroker, Subscription};
-use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection, provision};
+use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection};
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
+use chatter_tests::callgrind::{self, Invocation};
+use chatter_tests::runtime::seed;
+use chatter_tests::store::provisioned_with_leases;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use tokio::sync::Notify;
 
-/// The seeding command: one order, one event.
-#[derive(Serialize, Deserialize, DocumentReliable)]
-#[cosmos(database = "bench", container = "orders", lease = "orders-leases")]
-#[partition_key(path = "/orderId")]
-#[serde(rename_all = "camelCase")]
-pub struct PlaceOrder {
-    pub order_id: String,
+include!("../src/relay_commands/bench_place_order.rs");
+
+/// The events' queue.
+fn destination() -> &'static str {
+    "order-events"
 }
 
-#[handler]
-async fn place_order(command: PlaceOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
-    ctx.upsert(json!({ "id": command.order_id, "orderId": command.order_id, "status": "placed" }))?;
-    ctx.send_json(
-        &format!("{}:created", ctx.message_id()),
-        DESTINATION,
-        &json!({ "orderId": command.order_id }),
-    )?;
-    Ok(())
-}
-
-const DESTINATION: &str = "order-events";
 /// Wall clock: counted rounds (plus one warm-up round) of `PER_ROUND` documents per side.
 const ROUNDS: usize = 7;
 const PER_ROUND: usize = 1_000;
@@ -147,8 +136,6 @@ const PAGE: u32 = 100;
 const DELIVERED_TTL: i64 = 86_400;
 /// The target, relay/hand-written throughput.
 const TARGET: f64 = 0.95;
-/// The mode of the child running the wall-clock rounds.
-const WALL_CLOCK: &str = "wall-clock";
 
 /// What one child process of the driver runs after the common setup.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -158,19 +145,15 @@ enum Mode {
     Loop,
 }
 
-impl Mode {
+impl callgrind::Mode for Mode {
+    const ALL: [Self; 3] = [Self::Setup, Self::Relay, Self::Loop];
+
     fn name(self) -> &'static str {
         match self {
             Self::Setup => "setup",
             Self::Relay => "relay",
             Self::Loop => "loop",
         }
-    }
-
-    fn parse(arg: &str) -> Option<Self> {
-        [Self::Setup, Self::Relay, Self::Loop]
-            .into_iter()
-            .find(|mode| mode.name() == arg)
     }
 }
 
@@ -191,40 +174,23 @@ impl Side {
 }
 
 fn main() -> Result<(), BoxError> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
     let tokio = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    // `cargo bench` passes `--bench`: anything but a mode runs the driver.
-    match args.first().map(String::as_str) {
-        Some(WALL_CLOCK) => {
+    match callgrind::invocation(CALLGRIND_DOCUMENTS)? {
+        Invocation::WallClock => {
             let wall = tokio.block_on(wall_clock())?;
             report_wall_clock(&wall);
             Ok(())
         }
-        Some(arg) if Mode::parse(arg).is_some() => {
-            let mode = Mode::parse(arg).expect("checked");
-            let documents = match args.get(1) {
-                Some(n) => n.parse()?,
-                None => CALLGRIND_DOCUMENTS,
-            };
-            tokio.block_on(measured(mode, documents))
+        Invocation::Measure(mode, documents) => tokio.block_on(measured(mode, documents)),
+        // The driver: every measurement in a child process of this binary.
+        Invocation::Driver => {
+            let exe = std::env::current_exe()?;
+            report_instructions(count_instructions(&exe)?);
+            callgrind::wall_clock_child(&exe)
         }
-        _ => drive(),
     }
-}
-
-/// The driver: every measurement in a child process of this binary, with the same environment.
-fn drive() -> Result<(), BoxError> {
-    let exe = std::env::current_exe()?;
-    report_instructions(count_instructions(&exe)?);
-    let status = chatter_tests::callgrind::child(&exe)
-        .arg(WALL_CLOCK)
-        .status()?;
-    if !status.success() {
-        return Err(format!("the wall-clock rounds failed ({status})").into());
-    }
-    Ok(())
 }
 
 /// One child of the driver: the common setup and warm-up, then `documents` drained by `mode`'s
@@ -289,24 +255,18 @@ struct Profile {
 
 fn count_instructions(exe: &Path) -> Result<Result<Instructions, String>, BoxError> {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("relay_throughput");
-    std::fs::create_dir_all(&dir)?;
-    let mut profiles = Vec::new();
-    for mode in [Mode::Setup, Mode::Relay, Mode::Loop] {
-        let started = Instant::now();
-        match callgrind_profile(exe, &dir, mode)? {
-            Ok(profile) => {
-                eprintln!(
-                    "callgrind {:>5}: {} instructions ({:.0} s, {})",
-                    mode.name(),
-                    profile.total,
-                    started.elapsed().as_secs_f64(),
-                    output_file(&dir, mode).display()
-                );
-                profiles.push(profile);
-            }
-            Err(why) => return Ok(Err(why)),
-        }
-    }
+    let profiles = match callgrind::profile_modes::<Mode>(exe, &dir, CALLGRIND_DOCUMENTS)? {
+        Ok(profiles) => profiles,
+        Err(why) => return Ok(Err(why)),
+    };
+    let profiles: Vec<Profile> = profiles
+        .iter()
+        .map(|(total, text)| Profile {
+            total: *total,
+            reads: calls_to(text, READ_HANDLER),
+            captures: calls_to(text, BACKTRACE_CAPTURE).0,
+        })
+        .collect();
     let [setup, relay, hand_written] = &profiles[..] else {
         unreachable!("three modes")
     };
@@ -321,30 +281,6 @@ fn count_instructions(exe: &Path) -> Result<Result<Instructions, String>, BoxErr
         relay: figures(relay),
         hand_written: figures(hand_written),
         setup: setup.total,
-    }))
-}
-
-fn output_file(dir: &Path, mode: Mode) -> PathBuf {
-    dir.join(format!("{}.callgrind", mode.name()))
-}
-
-/// Runs this binary in `mode` under callgrind and reads its output file; `Err` when valgrind
-/// is not there to run.
-fn callgrind_profile(
-    exe: &Path,
-    dir: &Path,
-    mode: Mode,
-) -> Result<Result<Profile, String>, BoxError> {
-    let documents = CALLGRIND_DOCUMENTS.to_string();
-    let profiled = chatter_tests::callgrind::profile(
-        exe,
-        &[mode.name(), &documents],
-        &output_file(dir, mode),
-    )?;
-    Ok(profiled.map(|(total, text)| Profile {
-        total,
-        reads: calls_to(&text, READ_HANDLER),
-        captures: calls_to(&text, BACKTRACE_CAPTURE).0,
     }))
 }
 
@@ -595,26 +531,14 @@ struct Run {
 impl Store {
     async fn seeded(documents: usize) -> Result<Self, BoxError> {
         let cosmos = CosmosConnection::embedded().await?;
-        provision::ensure_container(&cosmos, "bench", "orders", &["/orderId"]).await?;
-        provision::ensure_lease_container(&cosmos, "bench", "orders-leases").await?;
-        let seeder = Runtime::builder()
-            .cosmos(cosmos.clone())
-            .consume(false)
-            .without_relay()
-            .start()
-            .await?;
-        for n in 0..documents {
-            seeder
-                .dispatch(
-                    PlaceOrder {
-                        order_id: format!("order-{n}"),
-                    },
-                    format!("m-{n}"),
-                )
-                .await?;
-        }
-        seeder.shutdown().await;
-        let orders = cosmos.container("bench", "orders").await?;
+        let orders =
+            provisioned_with_leases(&cosmos, "bench", "orders", &["/orderId"], "orders-leases")
+                .await;
+        seed(
+            &cosmos,
+            (0..documents).map(|n| (order(n), format!("m-{n}"))),
+        )
+        .await?;
         Ok(Self {
             cosmos,
             orders,
@@ -757,7 +681,7 @@ impl Store {
     async fn verify(&self, side: Side) -> Result<(), BoxError> {
         let side = side.name();
         let expected = self.documents;
-        let published = self.broker.inner.published_count(DESTINATION);
+        let published = self.broker.inner.published_count(destination());
         if published != expected {
             return Err(
                 format!("{side}: {published} messages published, expected {expected}").into(),

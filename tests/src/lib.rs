@@ -11,18 +11,20 @@
 //! | [`wait`] | [`wait::eventually`]: bounded polling until a condition holds |
 //! | [`store`] | embedded store, `chatter-emulator` server on port 0, provisioning, point reads |
 //! | [`broker`] | [`broker::Received`] (message ids consumed from a destination), bounded `next` |
+//! | [`change_feed`] | the change-feed processor's tests: [`change_feed::Store`] (a monitored and a lease container), [`change_feed::fast_options`], [`change_feed::recording`] |
 //! | [`relay`] | [`relay::fast_relay`]: relay options with short timings |
-//! | [`runtime`] | [`runtime::writer`]: a runtime that only dispatches (no consumers, no relay); [`runtime::registry_at`]: one command on a destination of the test's own |
+//! | [`runtime`] | [`runtime::writer`]: a runtime that only dispatches (no consumers, no relay); [`runtime::seed`]: commands dispatched through one, then shut down; [`runtime::registry_at`]: one command on a destination of the test's own |
 //! | [`process`] | [`process::ChildProcess`]: a spawned process read line by line, killed on drop |
 //! | [`proxy`] | [`proxy::TcpProxy`]: a TCP proxy that cuts the network to a real server (RabbitMQ) |
 //! | [`logs`] | [`logs::capture`]: what chatter logs through `tracing`, for asserting the always-on logs |
-//! | [`callgrind`] | [`callgrind::profile`]: a benchmark binary run under valgrind's callgrind, its instruction total |
+//! | [`callgrind`] | [`callgrind::profile`]: a benchmark binary run under valgrind's callgrind, its instruction total; [`callgrind::invocation`] / [`callgrind::profile_modes`]: the driver and its measuring children |
 //! | [`telemetry`] | OpenTelemetry SDK providers over in-memory exporters: [`telemetry::Metrics`], [`telemetry::Spans`] |
 //! | `rabbitmq` (feature `rabbitmq`) | the RabbitMQ URI, bounded connect / subscribe / delete |
 
 mod support {
     pub mod broker;
     pub mod callgrind;
+    pub mod change_feed;
     pub mod logs;
     pub mod process;
     pub mod proxy;
@@ -38,5 +40,5 @@ mod support {
 #[cfg(feature = "rabbitmq")]
 pub use support::rabbitmq;
 pub use support::{
-    broker, callgrind, logs, process, proxy, relay, runtime, store, telemetry, wait,
+    broker, callgrind, change_feed, logs, process, proxy, relay, runtime, store, telemetry, wait,
 };

@@ -68,6 +68,32 @@ async fn delete(broker: &RabbitMqBroker, destination: &str) -> u32 {
     rabbitmq::delete_queue(broker, destination, DELIVERY_WAIT).await
 }
 
+/// A fresh queue on `broker`, subscribed to, then the message `m-1` published to it: the
+/// queue, the subscription and the message sent.
+async fn subscribed_with_one_message(
+    broker: &RabbitMqBroker,
+) -> (String, Subscription, BrokeredMessage) {
+    let destination = queue();
+    let subscription = subscribe(broker, &destination).await;
+    let sent = message("m-1", &destination);
+    publish(broker, sent.clone()).await;
+    (destination, subscription, sent)
+}
+
+/// The next delivery is `sent` again, marked redelivered; it is acked.
+async fn redelivered(subscription: &mut Subscription, sent: &BrokeredMessage) {
+    let again = next(subscription).await;
+    assert!(again.redelivered);
+    assert_eq!(again.message, *sent);
+    settle(again.ack()).await;
+}
+
+/// Drops `subscriptions`, then deletes `destination`, which must be empty by then.
+async fn delete_empty(broker: &RabbitMqBroker, destination: &str, subscriptions: impl Sized) {
+    drop(subscriptions);
+    assert_eq!(delete(broker, destination).await, 0);
+}
+
 #[tokio::test]
 async fn rabbitmq_publish_then_subscribe_receives_the_message_verbatim() {
     let broker = connect().await;
@@ -81,48 +107,31 @@ async fn rabbitmq_publish_then_subscribe_receives_the_message_verbatim() {
     assert!(!delivery.redelivered);
     settle(delivery.ack()).await;
 
-    drop(subscription);
-    assert_eq!(delete(&broker, &destination).await, 0);
+    delete_empty(&broker, &destination, subscription).await;
 }
 
 #[tokio::test]
 async fn rabbitmq_nack_redelivers_with_redelivered_true() {
     let broker = connect().await;
-    let destination = queue();
-    let mut subscription = subscribe(&broker, &destination).await;
-    let sent = message("m-1", &destination);
-    publish(&broker, sent.clone()).await;
+    let (destination, mut subscription, sent) = subscribed_with_one_message(&broker).await;
 
     let first = next(&mut subscription).await;
     assert!(!first.redelivered);
     settle(first.nack()).await;
 
-    let again = next(&mut subscription).await;
-    assert!(again.redelivered);
-    assert_eq!(again.message, sent);
-    settle(again.ack()).await;
-
-    drop(subscription);
-    assert_eq!(delete(&broker, &destination).await, 0);
+    redelivered(&mut subscription, &sent).await;
+    delete_empty(&broker, &destination, subscription).await;
 }
 
 #[tokio::test]
 async fn rabbitmq_dropping_an_unsettled_delivery_redelivers_it() {
     let broker = connect().await;
-    let destination = queue();
-    let mut subscription = subscribe(&broker, &destination).await;
-    let sent = message("m-1", &destination);
-    publish(&broker, sent.clone()).await;
+    let (destination, mut subscription, sent) = subscribed_with_one_message(&broker).await;
 
     drop(next(&mut subscription).await);
 
-    let again = next(&mut subscription).await;
-    assert!(again.redelivered);
-    assert_eq!(again.message, sent);
-    settle(again.ack()).await;
-
-    drop(subscription);
-    assert_eq!(delete(&broker, &destination).await, 0);
+    redelivered(&mut subscription, &sent).await;
+    delete_empty(&broker, &destination, subscription).await;
 }
 
 #[tokio::test]
@@ -148,16 +157,13 @@ async fn rabbitmq_unsettled_deliveries_of_a_closed_connection_are_redelivered() 
     assert_eq!(again.message.message_id, "m-1");
     settle(again.ack()).await;
 
-    drop(subscription);
-    assert_eq!(delete(&broker, &destination).await, 0);
+    delete_empty(&broker, &destination, subscription).await;
 }
 
 #[tokio::test]
 async fn rabbitmq_ack_removes_the_message_for_good() {
     let broker = connect().await;
-    let destination = queue();
-    let mut subscription = subscribe(&broker, &destination).await;
-    publish(&broker, message("m-1", &destination)).await;
+    let (destination, mut subscription, _) = subscribed_with_one_message(&broker).await;
 
     settle(next(&mut subscription).await.ack()).await;
 
@@ -165,8 +171,7 @@ async fn rabbitmq_ack_removes_the_message_for_good() {
     let mut late = subscribe(&broker, &destination).await;
     assert_quiet(&mut late).await;
 
-    drop((subscription, late));
-    assert_eq!(delete(&broker, &destination).await, 0);
+    delete_empty(&broker, &destination, (subscription, late)).await;
 }
 
 #[tokio::test]
@@ -190,8 +195,7 @@ async fn rabbitmq_two_competing_consumers_each_get_distinct_messages() {
 
     assert_quiet(&mut first).await;
     assert_quiet(&mut second).await;
-    drop((first, second));
-    assert_eq!(delete(&broker, &destination).await, 0);
+    delete_empty(&broker, &destination, (first, second)).await;
 }
 
 #[tokio::test]
@@ -209,8 +213,7 @@ async fn rabbitmq_messages_published_before_subscribe_are_delivered_in_order() {
         settle(delivery.ack()).await;
     }
 
-    drop(subscription);
-    assert_eq!(delete(&broker, &destination).await, 0);
+    delete_empty(&broker, &destination, subscription).await;
 }
 
 #[tokio::test]
@@ -231,8 +234,7 @@ async fn rabbitmq_publishing_to_a_queue_deleted_by_another_client_declares_it_ag
     settle(delivery.ack()).await;
     assert_quiet(&mut subscription).await;
 
-    drop(subscription);
-    assert_eq!(delete(&broker, &destination).await, 0);
+    delete_empty(&broker, &destination, subscription).await;
 }
 
 #[tokio::test]

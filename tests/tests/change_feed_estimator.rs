@@ -11,17 +11,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use azure_data_cosmos::feed::{FeedRange, FeedScope, Query};
-use azure_data_cosmos::options::ReadFeedRangesOptions;
 use chatter_emulator::RunningEmulator;
-use chatter_runtime::cosmos::{ContainerClient, CosmosConnection, partition_key};
+use chatter_runtime::cosmos::{CosmosConnection, partition_key};
 use chatter_runtime::testing::upsert_item;
 use chatter_tests::broker::Received;
-use chatter_tests::store::{embedded, emulator_server, provisioned_with_leases};
+use chatter_tests::change_feed::{Store, feed_range_tokens, order_ids, recording};
+use chatter_tests::store::{embedded, emulator_server};
 use chatter_tests::wait::eventually;
 use cosmos_change_feed::{
-    BatchFuture, ChangeFeedBatch, ChangeFeedEstimator, ChangeFeedProcessor,
-    ChangeFeedProcessorOptions, LeaseBacklog, LeaseDocument, RunningProcessor, StartFrom, lease_id,
-    read_leases,
+    BatchFuture, ChangeFeedBatch, ChangeFeedEstimator, ChangeFeedProcessorOptions, LeaseBacklog,
+    RunningProcessor, StartFrom, lease_id,
 };
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -38,24 +37,17 @@ const COUNTED: &str = "outbox";
 
 /// Short timings so hand-overs happen within seconds; small pages so a backlog spans several.
 fn fast_options() -> ChangeFeedProcessorOptions {
-    ChangeFeedProcessorOptions::default()
-        .with_poll_interval(Duration::from_millis(50))
-        .with_lease_renew_interval(Duration::from_millis(300))
-        .with_lease_expiry(Duration::from_secs(3))
-        .with_lease_acquire_interval(Duration::from_millis(200))
-        .with_max_items_per_page(7)
-}
-
-struct Store {
-    monitored: Arc<ContainerClient>,
-    leases: Arc<ContainerClient>,
+    chatter_tests::change_feed::fast_options().with_max_items_per_page(7)
 }
 
 async fn store_on(connection: &CosmosConnection) -> Store {
-    Store {
-        monitored: provisioned_with_leases(connection, DB, MONITORED, &["/orderId"], LEASES).await,
-        leases: connection.container(DB, LEASES).await.unwrap(),
-    }
+    Store::on(connection, DB, MONITORED, LEASES).await
+}
+
+/// A `chatter-emulator` server (kept while the handle lives) and the store on it.
+async fn served_store() -> (RunningEmulator, Store) {
+    let (emulator, connection) = emulator_server().await;
+    (emulator, store_on(&connection).await)
 }
 
 /// Writes `order-{i}` for every `i` of `range` as change `wave`, of kind `outbox` when
@@ -79,22 +71,9 @@ async fn write_orders(
     }
 }
 
-fn order_ids(range: std::ops::Range<usize>) -> BTreeSet<String> {
-    range.map(|i| format!("order-{i}")).collect()
-}
-
 /// The estimators' predicate.
 fn counted(document: &Value) -> bool {
     document["kind"] == COUNTED
-}
-
-/// A handler that records every handed-over document id in `seen` and succeeds.
-fn recording(seen: &Received) -> impl Fn(ChangeFeedBatch) -> BatchFuture + Send + Sync + 'static {
-    let seen = seen.clone();
-    move |batch| {
-        seen.record_all(batch.documents.iter().filter_map(|d| d["id"].as_str()));
-        Box::pin(async { Ok(()) })
-    }
 }
 
 /// A handler that refuses every page: nothing is checkpointed past what was.
@@ -107,16 +86,17 @@ async fn start(
     processor: &str,
     handler: impl Fn(ChangeFeedBatch) -> BatchFuture + Send + Sync + 'static,
 ) -> RunningProcessor {
-    ChangeFeedProcessor::builder(
-        processor,
-        "host-1",
-        Arc::clone(&store.monitored),
-        Arc::clone(&store.leases),
-    )
-    .options(fast_options())
-    .start(handler)
-    .await
-    .unwrap()
+    store
+        .processor(processor, "host-1")
+        .options(fast_options())
+        .start(handler)
+        .await
+        .unwrap()
+}
+
+/// The lease tokens an estimate reports on.
+fn tokens_of(backlogs: &[LeaseBacklog]) -> BTreeSet<String> {
+    backlogs.iter().map(|b| b.lease_token.clone()).collect()
 }
 
 fn estimator(store: &Store, processor: &str) -> ChangeFeedEstimator {
@@ -126,24 +106,6 @@ fn estimator(store: &Store, processor: &str) -> ChangeFeedEstimator {
         Arc::clone(&store.leases),
     )
     .options(fast_options())
-}
-
-async fn leases_of(store: &Store, processor: &str) -> Vec<LeaseDocument> {
-    read_leases(&store.leases, processor).await.unwrap()
-}
-
-/// The monitored container's feed ranges now (the SDK's cache bypassed, so splits are seen).
-async fn feed_range_tokens(store: &Store) -> BTreeSet<String> {
-    store
-        .monitored
-        .read_feed_ranges(Some(
-            ReadFeedRangesOptions::default().with_force_refresh(true),
-        ))
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| format!("{}-{}", r.min_inclusive(), r.max_exclusive()))
-        .collect()
 }
 
 /// The ids of the documents of change `wave` and kind `outbox` within `range`, by a query (not
@@ -185,7 +147,7 @@ async fn assert_per_lease(
     backlogs: &[LeaseBacklog],
     wave: u32,
 ) -> u64 {
-    let leases = leases_of(store, processor).await;
+    let leases = store.leases_of(processor).await;
     let mut total = 0;
     for (token, pending) in pending_by_lease(backlogs) {
         let lease = leases.iter().find(|l| l.lease_token == token).unwrap();
@@ -214,13 +176,13 @@ async fn assert_per_lease(
 async fn hand_over_and_checkpoint(store: &Store, processor: &str, written: usize) {
     let seen = Received::default();
     let running = start(store, processor, recording(&seen)).await;
-    let ranges = feed_range_tokens(store).await.len();
+    let ranges = feed_range_tokens(&store.monitored).await.len();
     eventually(
         WAIT,
         POLL,
         "every document was handed over and every lease checkpointed",
         || async {
-            let leases = leases_of(store, processor).await;
+            let leases = store.leases_of(processor).await;
             seen.ids().is_superset(&order_ids(0..written))
                 && leases.len() == ranges
                 && leases.iter().all(|l| l.continuation_token.is_some())
@@ -251,28 +213,23 @@ async fn an_estimate_counts_only_the_matching_documents_after_each_checkpoint() 
     assert!(!expected.is_empty() && expected.len() < 50);
 
     let backlogs = estimator(&store, "relay").estimate(counted).await.unwrap();
-    let ranges = feed_range_tokens(&store).await;
-    assert_eq!(
-        backlogs
-            .iter()
-            .map(|b| b.lease_token.clone())
-            .collect::<BTreeSet<_>>(),
-        ranges,
-        "one estimate per lease"
-    );
+    let ranges = feed_range_tokens(&store.monitored).await;
+    assert_eq!(tokens_of(&backlogs), ranges, "one estimate per lease");
     assert!(backlogs.iter().all(|b| b.owner.is_none()), "{backlogs:?}");
     let total = assert_per_lease(&store, "relay", &backlogs, 2).await;
     assert_eq!(total, expected.len() as u64);
 
     // It only reads: the checkpoints are where the processor left them.
-    let before: BTreeMap<String, Option<String>> = leases_of(&store, "relay")
+    let before: BTreeMap<String, Option<String>> = store
+        .leases_of("relay")
         .await
         .into_iter()
         .map(|l| (l.lease_token, l.continuation_token))
         .collect();
     let again = estimator(&store, "relay").estimate(counted).await.unwrap();
     assert_eq!(pending_by_lease(&again), pending_by_lease(&backlogs));
-    let after: BTreeMap<String, Option<String>> = leases_of(&store, "relay")
+    let after: BTreeMap<String, Option<String>> = store
+        .leases_of("relay")
         .await
         .into_iter()
         .map(|l| (l.lease_token, l.continuation_token))
@@ -290,17 +247,17 @@ async fn split_with_a_backlog(
 ) -> (String, BTreeSet<String>) {
     write_orders(store, 0..40, 1, |_| true).await;
     hand_over_and_checkpoint(store, processor, 40).await;
-    let before = feed_range_tokens(store).await;
+    let before = feed_range_tokens(&store.monitored).await;
     write_orders(store, 10..80, 2, |i| i % 2 == 0).await;
     emulator
         .store()
         .split_partition(DB, MONITORED, 0, Duration::from_millis(10));
     eventually(WAIT, POLL, "the partition split", || async {
-        feed_range_tokens(store).await.len() == before.len() + 1
+        feed_range_tokens(&store.monitored).await.len() == before.len() + 1
     })
     .await;
     let parent = before
-        .difference(&feed_range_tokens(store).await)
+        .difference(&feed_range_tokens(&store.monitored).await)
         .next()
         .cloned()
         .expect("one range split");
@@ -311,8 +268,7 @@ async fn split_with_a_backlog(
 // whole range; after it did, each child counts its own range, and the total is the same.
 #[tokio::test]
 async fn an_estimate_across_a_split_counts_each_child_range_once() {
-    let (emulator, connection) = emulator_server().await;
-    let store = store_on(&connection).await;
+    let (emulator, store) = served_store().await;
     let (parent, expected) = split_with_a_backlog(&emulator, &store, "relay").await;
 
     // The split lease is still the parent's: it is read over both child partitions.
@@ -323,17 +279,13 @@ async fn an_estimate_across_a_split_counts_each_child_range_once() {
 
     // The processor replaces the parent lease by child leases (handing nothing over).
     let running = start(&store, "relay", refusing).await;
-    let ranges = feed_range_tokens(&store).await;
+    let ranges = feed_range_tokens(&store.monitored).await;
     eventually(
         WAIT,
         POLL,
         "the parent lease was replaced by child leases",
         || async {
-            let tokens: BTreeSet<String> = leases_of(&store, "relay")
-                .await
-                .into_iter()
-                .map(|l| l.lease_token)
-                .collect();
+            let tokens = store.lease_tokens("relay").await;
             tokens == ranges
         },
     )
@@ -342,10 +294,7 @@ async fn an_estimate_across_a_split_counts_each_child_range_once() {
 
     let after = estimator(&store, "relay").estimate(counted).await.unwrap();
     assert_eq!(
-        after
-            .iter()
-            .map(|b| b.lease_token.clone())
-            .collect::<BTreeSet<_>>(),
+        tokens_of(&after),
         ranges,
         "one estimate per child and per unsplit lease"
     );
@@ -357,10 +306,9 @@ async fn an_estimate_across_a_split_counts_each_child_range_once() {
 // it, and the estimate leaves it out rather than counting its children's documents twice.
 #[tokio::test]
 async fn a_split_parent_left_beside_its_children_is_not_counted_twice() {
-    let (emulator, connection) = emulator_server().await;
-    let store = store_on(&connection).await;
+    let (emulator, store) = served_store().await;
     let (parent, expected) = split_with_a_backlog(&emulator, &store, "relay").await;
-    let ranges = feed_range_tokens(&store).await;
+    let ranges = feed_range_tokens(&store.monitored).await;
 
     // Lease deletes refused: the parent stays behind after the processor made its children.
     emulator
@@ -372,11 +320,7 @@ async fn a_split_parent_left_beside_its_children_is_not_counted_twice() {
         POLL,
         "child leases exist beside the undeleted parent",
         || async {
-            let tokens: BTreeSet<String> = leases_of(&store, "relay")
-                .await
-                .into_iter()
-                .map(|l| l.lease_token)
-                .collect();
+            let tokens = store.lease_tokens("relay").await;
             tokens.contains(&parent) && tokens.is_superset(&ranges)
         },
     )
@@ -386,17 +330,15 @@ async fn a_split_parent_left_beside_its_children_is_not_counted_twice() {
     let backlogs = estimator(&store, "relay").estimate(counted).await.unwrap();
     emulator.faults().clear();
     assert!(
-        leases_of(&store, "relay")
+        store
+            .leases_of("relay")
             .await
             .iter()
             .any(|l| l.lease_token == parent),
         "the parent lease is still there"
     );
     assert_eq!(
-        backlogs
-            .iter()
-            .map(|b| b.lease_token.clone())
-            .collect::<BTreeSet<_>>(),
+        tokens_of(&backlogs),
         ranges,
         "the parent is left out: {backlogs:?}"
     );
@@ -409,14 +351,13 @@ async fn a_split_parent_left_beside_its_children_is_not_counted_twice() {
 // store fail every lease but not the call; only listing the leases failing fails the call.
 #[tokio::test]
 async fn a_lease_whose_feed_cannot_be_read_reports_its_error_and_the_others_still_count() {
-    let (emulator, connection) = emulator_server().await;
-    let store = store_on(&connection).await;
+    let (emulator, store) = served_store().await;
     write_orders(&store, 0..20, 1, |_| true).await;
     hand_over_and_checkpoint(&store, "relay", 20).await;
     write_orders(&store, 0..40, 2, |i| i % 2 == 1).await;
 
     // The first lease's checkpoint is overwritten by something that is no continuation.
-    let broken = leases_of(&store, "relay").await.remove(0);
+    let broken = store.leases_of("relay").await.remove(0);
     let mut document = serde_json::to_value(&broken).unwrap();
     document["continuationToken"] = json!("not a continuation");
     let id = lease_id("relay", &broken.lease_token);
@@ -444,7 +385,8 @@ async fn a_lease_whose_feed_cannot_be_read_reports_its_error_and_the_others_stil
     assert!(!counted_leases.is_empty());
     let mut total = 0;
     for backlog in counted_leases {
-        let range = leases_of(&store, "relay")
+        let range = store
+            .leases_of("relay")
             .await
             .into_iter()
             .find(|l| l.lease_token == backlog.lease_token)

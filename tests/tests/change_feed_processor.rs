@@ -8,14 +8,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chatter_runtime::cosmos::{ContainerClient, CosmosConnection, partition_key};
+use chatter_emulator::RunningEmulator;
+use chatter_runtime::cosmos::{CosmosConnection, partition_key};
 use chatter_runtime::testing::upsert_item;
 use chatter_tests::broker::Received;
-use chatter_tests::store::{embedded, emulator_server, provisioned_with_leases};
+use chatter_tests::change_feed::{Store, fast_options, order_ids, recording};
+use chatter_tests::store::{embedded, emulator_server};
 use chatter_tests::wait::eventually;
 use cosmos_change_feed::{
-    BatchFuture, ChangeFeedBatch, ChangeFeedProcessor, ChangeFeedProcessorOptions, LeaseDocument,
-    LeaseFault, LeaseFaultStage, RunningProcessor, lease_id, read_leases,
+    BatchFuture, ChangeFeedBatch, LeaseFault, LeaseFaultStage, RunningProcessor, lease_id,
 };
 use serde_json::json;
 
@@ -27,25 +28,14 @@ const WAIT: Duration = Duration::from_secs(60);
 /// How often a wait checks its condition.
 const POLL: Duration = Duration::from_millis(50);
 
-/// Short timings so hand-overs happen within seconds.
-fn fast_options() -> ChangeFeedProcessorOptions {
-    ChangeFeedProcessorOptions::default()
-        .with_poll_interval(Duration::from_millis(50))
-        .with_lease_renew_interval(Duration::from_millis(300))
-        .with_lease_expiry(Duration::from_secs(3))
-        .with_lease_acquire_interval(Duration::from_millis(200))
-}
-
-struct Store {
-    monitored: Arc<ContainerClient>,
-    leases: Arc<ContainerClient>,
-}
-
 async fn store_on(connection: &CosmosConnection) -> Store {
-    Store {
-        monitored: provisioned_with_leases(connection, DB, MONITORED, &["/orderId"], LEASES).await,
-        leases: connection.container(DB, LEASES).await.unwrap(),
-    }
+    Store::on(connection, DB, MONITORED, LEASES).await
+}
+
+/// A `chatter-emulator` server (kept while the handle lives) and the store on it.
+async fn served_store() -> (RunningEmulator, Store) {
+    let (emulator, connection) = emulator_server().await;
+    (emulator, store_on(&connection).await)
 }
 
 async fn embedded_store() -> Store {
@@ -65,26 +55,8 @@ async fn write_orders(store: &Store, range: std::ops::Range<usize>, version: u32
     }
 }
 
-fn order_ids(range: std::ops::Range<usize>) -> BTreeSet<String> {
-    range.map(|i| format!("order-{i}")).collect()
-}
-
 /// Every delivered document id (with how often), across every processor sharing it.
 type Seen = Received;
-
-/// A handler that records every handed-over document id in `seen` and succeeds.
-fn recording(seen: &Seen) -> impl Fn(ChangeFeedBatch) -> BatchFuture + Send + Sync + 'static {
-    let seen = seen.clone();
-    move |batch| {
-        seen.record_all(
-            batch
-                .documents
-                .iter()
-                .filter_map(|doc| doc.get("id").and_then(|v| v.as_str())),
-        );
-        Box::pin(async { Ok(()) })
-    }
-}
 
 async fn start(
     store: &Store,
@@ -92,16 +64,12 @@ async fn start(
     instance: &str,
     handler: impl Fn(ChangeFeedBatch) -> BatchFuture + Send + Sync + 'static,
 ) -> RunningProcessor {
-    ChangeFeedProcessor::builder(
-        processor,
-        instance,
-        Arc::clone(&store.monitored),
-        Arc::clone(&store.leases),
-    )
-    .options(fast_options())
-    .start(handler)
-    .await
-    .unwrap()
+    store
+        .processor(processor, instance)
+        .options(fast_options())
+        .start(handler)
+        .await
+        .unwrap()
 }
 
 /// One handed-over batch: its lease token and document ids.
@@ -110,17 +78,42 @@ type Attempt = (String, Vec<String>);
 /// Every handed-over batch, in order.
 type Batches = Arc<Mutex<Vec<Attempt>>>;
 
+/// Appends `batch`'s lease token and document ids to `batches`.
+fn record(batches: &Batches, batch: &ChangeFeedBatch) {
+    let ids = batch
+        .documents
+        .iter()
+        .filter_map(|d| d["id"].as_str().map(str::to_owned))
+        .collect();
+    batches
+        .lock()
+        .unwrap()
+        .push((batch.lease_token.clone(), ids));
+}
+
 /// Waits until `processor` polls all `ranges` leases.
 async fn every_lease_owned(processor: &RunningProcessor, ranges: usize) {
-    eventually(WAIT, POLL, "every lease is owned", || {
-        let all = processor.owned_leases().len() == ranges;
+    owns(processor, ranges, "every lease is owned").await;
+}
+
+/// Waits until `processor` polls `count` leases; `what` names the wait if it times out.
+async fn owns(processor: &RunningProcessor, count: usize, what: &str) {
+    eventually(WAIT, POLL, what, || {
+        let all = processor.owned_leases().len() == count;
         async move { all }
     })
     .await;
 }
 
-async fn leases_of(store: &Store, processor: &str) -> Vec<LeaseDocument> {
-    read_leases(&store.leases, processor).await.unwrap()
+/// Waits until `seen` holds every order id of `orders` (see [`order_ids`]); `what` names the
+/// wait if it times out.
+async fn saw_orders(seen: &Seen, orders: std::ops::Range<usize>, what: &str) {
+    let ids = order_ids(orders);
+    eventually(WAIT, POLL, what, || {
+        let done = seen.ids().is_superset(&ids);
+        async move { done }
+    })
+    .await;
 }
 
 async fn feed_range_count(store: &Store) -> usize {
@@ -136,10 +129,7 @@ async fn every_written_document_is_handed_to_the_handler_at_least_once() {
 
     // Documents written before and after the start.
     write_orders(&store, 40..80, 1).await;
-    eventually(WAIT, POLL, "every document was handed over", || async {
-        seen.ids().is_superset(&order_ids(0..80))
-    })
-    .await;
+    saw_orders(&seen, 0..80, "every document was handed over").await;
 
     // A change to a delivered document is handed over again (latest version).
     write_orders(&store, 0..1, 2).await;
@@ -168,15 +158,7 @@ async fn a_handler_error_hands_the_same_documents_again_without_advancing_the_co
             Arc::clone(&batches),
         );
         move |batch: ChangeFeedBatch| -> BatchFuture {
-            let ids = batch
-                .documents
-                .iter()
-                .filter_map(|d| d["id"].as_str().map(str::to_owned))
-                .collect();
-            batches
-                .lock()
-                .unwrap()
-                .push((batch.lease_token.clone(), ids));
+            record(&batches, &batch);
             if failing.load(Ordering::SeqCst) {
                 failures.fetch_add(1, Ordering::SeqCst);
                 Box::pin(async { Err("broker unavailable".into()) })
@@ -201,7 +183,8 @@ async fn a_handler_error_hands_the_same_documents_again_without_advancing_the_co
             "every attempt carries the same documents from the same lease: {batches:?}"
         );
     }
-    let lease = leases_of(&store, "relay")
+    let lease = store
+        .leases_of("relay")
         .await
         .into_iter()
         .find(|l| l.lease_token == lease_token)
@@ -218,7 +201,8 @@ async fn a_handler_error_hands_the_same_documents_again_without_advancing_the_co
         POLL,
         "the batch was checkpointed after it succeeded",
         || async {
-            leases_of(&store, "relay")
+            store
+                .leases_of("relay")
                 .await
                 .iter()
                 .any(|l| l.lease_token == lease_token && l.continuation_token.is_some())
@@ -282,10 +266,7 @@ async fn two_processors_with_the_same_name_split_the_leases_and_together_see_eve
     );
 
     write_orders(&store, 0..60, 1).await;
-    eventually(WAIT, POLL, "together they saw every document", || async {
-        seen.ids().is_superset(&order_ids(0..60))
-    })
-    .await;
+    saw_orders(&seen, 0..60, "together they saw every document").await;
     a.shutdown().await;
     b.shutdown().await;
 }
@@ -306,7 +287,7 @@ async fn shutting_one_processor_down_releases_its_leases_and_the_other_takes_the
 
     let released = a.owned_leases();
     a.shutdown().await;
-    let leases = leases_of(&store, "relay").await;
+    let leases = store.leases_of("relay").await;
     for token in &released {
         let lease = leases.iter().find(|l| &l.lease_token == token).unwrap();
         assert_ne!(
@@ -316,21 +297,9 @@ async fn shutting_one_processor_down_releases_its_leases_and_the_other_takes_the
         );
     }
 
-    eventually(
-        WAIT,
-        POLL,
-        "the remaining instance owns every lease",
-        || async { b.owned_leases().len() == ranges },
-    )
-    .await;
+    owns(&b, ranges, "the remaining instance owns every lease").await;
     write_orders(&store, 0..40, 1).await;
-    eventually(
-        WAIT,
-        POLL,
-        "the remaining instance saw every document",
-        || async { seen.ids().is_superset(&order_ids(0..40)) },
-    )
-    .await;
+    saw_orders(&seen, 0..40, "the remaining instance saw every document").await;
     b.shutdown().await;
 }
 
@@ -367,11 +336,13 @@ async fn an_expired_lease_of_a_dead_instance_is_stolen() {
 
     let seen = Seen::default();
     let processor = start(&store, "relay", "host-1", recording(&seen)).await;
-    eventually(WAIT, POLL, "the live instance owns every lease", || async {
-        processor.owned_leases().len() == ranges.len()
-    })
+    owns(
+        &processor,
+        ranges.len(),
+        "the live instance owns every lease",
+    )
     .await;
-    let leases = leases_of(&store, "relay").await;
+    let leases = store.leases_of("relay").await;
     assert_eq!(
         leases.len(),
         ranges.len(),
@@ -381,13 +352,7 @@ async fn an_expired_lease_of_a_dead_instance_is_stolen() {
         leases.iter().all(|l| l.owner.as_deref() == Some("host-1")),
         "{leases:?}"
     );
-    eventually(
-        WAIT,
-        POLL,
-        "the ghost's documents were handed over",
-        || async { seen.ids().is_superset(&order_ids(0..30)) },
-    )
-    .await;
+    saw_orders(&seen, 0..30, "the ghost's documents were handed over").await;
     processor.shutdown().await;
 }
 
@@ -396,26 +361,14 @@ async fn a_live_owner_keeps_its_lease_while_renewing_it() {
     let store = embedded_store().await;
     let ranges = feed_range_count(&store).await;
     let first = start(&store, "relay", "host-1", recording(&Seen::default())).await;
-    eventually(
-        WAIT,
-        POLL,
-        "the first instance owns every lease",
-        || async { first.owned_leases().len() == ranges },
-    )
-    .await;
+    owns(&first, ranges, "the first instance owns every lease").await;
     // A second processor under another name shares the lease container without touching
     // the first one's leases.
     let other = start(&store, "audit", "host-2", recording(&Seen::default())).await;
-    eventually(
-        WAIT,
-        POLL,
-        "the other processor owns its own leases",
-        || async { other.owned_leases().len() == ranges },
-    )
-    .await;
+    owns(&other, ranges, "the other processor owns its own leases").await;
     assert_eq!(first.owned_leases().len(), ranges);
-    assert_eq!(leases_of(&store, "relay").await.len(), ranges);
-    assert_eq!(leases_of(&store, "audit").await.len(), ranges);
+    assert_eq!(store.leases_of("relay").await.len(), ranges);
+    assert_eq!(store.leases_of("audit").await.len(), ranges);
     first.shutdown().await;
     other.shutdown().await;
 }
@@ -426,13 +379,10 @@ async fn graceful_shutdown_leaves_every_lease_unowned_with_its_checkpoint() {
     write_orders(&store, 0..30, 1).await;
     let seen = Seen::default();
     let processor = start(&store, "relay", "host-1", recording(&seen)).await;
-    eventually(WAIT, POLL, "every document was handed over", || async {
-        seen.ids().is_superset(&order_ids(0..30))
-    })
-    .await;
+    saw_orders(&seen, 0..30, "every document was handed over").await;
     processor.shutdown().await;
 
-    let leases = leases_of(&store, "relay").await;
+    let leases = store.leases_of("relay").await;
     assert_eq!(leases.len(), feed_range_count(&store).await);
     assert!(leases.iter().all(|l| l.owner.is_none()), "{leases:?}");
     assert!(
@@ -454,17 +404,13 @@ async fn graceful_shutdown_leaves_every_lease_unowned_with_its_checkpoint() {
 
 #[tokio::test]
 async fn a_feed_range_split_replaces_the_parent_lease_by_child_leases_without_losing_documents() {
-    let (emulator, connection) = emulator_server().await;
-    let store = store_on(&connection).await;
+    let (emulator, store) = served_store().await;
     let ranges_before = feed_range_count(&store).await;
     write_orders(&store, 0..40, 1).await;
 
     let seen = Seen::default();
     let processor = start(&store, "relay", "host-1", recording(&seen)).await;
-    eventually(WAIT, POLL, "every document was handed over", || async {
-        seen.ids().is_superset(&order_ids(0..40))
-    })
-    .await;
+    saw_orders(&seen, 0..40, "every document was handed over").await;
 
     // Split the first physical partition, then change every document again.
     emulator
@@ -477,7 +423,7 @@ async fn a_feed_range_split_replaces_the_parent_lease_by_child_leases_without_lo
         POLL,
         "the parent lease was replaced by two child leases",
         || async {
-            leases_of(&store, "relay").await.len() == ranges_before + 1
+            store.leases_of("relay").await.len() == ranges_before + 1
                 && processor.owned_leases().len() == ranges_before + 1
         },
     )
@@ -494,7 +440,7 @@ async fn a_feed_range_split_replaces_the_parent_lease_by_child_leases_without_lo
         },
     )
     .await;
-    let leases = leases_of(&store, "relay").await;
+    let leases = store.leases_of("relay").await;
     assert!(
         leases.iter().all(|l| l.continuation_token.is_some()),
         "child leases start from the parent's checkpoint: {leases:?}"
@@ -520,8 +466,7 @@ fn collecting(faults: &Faults) -> impl Fn(&LeaseFault<'_>) + Send + Sync + 'stat
 // and failed handlers alike, and the lease is retried rather than abandoned.
 #[tokio::test]
 async fn read_and_handler_faults_are_reported_with_their_lease_and_retried() {
-    let (emulator, connection) = emulator_server().await;
-    let store = store_on(&connection).await;
+    let (emulator, store) = served_store().await;
     write_orders(&store, 0..1, 1).await;
     let faults: Faults = Arc::default();
     let fail = Arc::new(AtomicBool::new(true));
@@ -539,17 +484,13 @@ async fn read_and_handler_faults_are_reported_with_their_lease_and_retried() {
             })
         }
     };
-    let processor = ChangeFeedProcessor::builder(
-        "faults",
-        "host-1",
-        store.monitored.clone(),
-        store.leases.clone(),
-    )
-    .options(fast_options())
-    .on_fault(collecting(&faults))
-    .start(handler)
-    .await
-    .unwrap();
+    let processor = store
+        .processor("faults", "host-1")
+        .options(fast_options())
+        .on_fault(collecting(&faults))
+        .start(handler)
+        .await
+        .unwrap();
     let reported = |stage: LeaseFaultStage| {
         let faults = faults.clone();
         move || {
@@ -582,7 +523,8 @@ async fn read_and_handler_faults_are_reported_with_their_lease_and_retried() {
         async move { done }
     })
     .await;
-    let leases: BTreeSet<String> = leases_of(&store, "faults")
+    let leases: BTreeSet<String> = store
+        .leases_of("faults")
         .await
         .into_iter()
         .map(|l| l.lease_token)
@@ -631,7 +573,7 @@ async fn a_page_in_flight_during_shutdown_keeps_its_lease_until_it_is_done() {
     // host-b starts once host-a released its idle leases, so it takes free leases and never
     // needs to steal: the only way to the busy lease is its expiry.
     eventually(WAIT, POLL, "host-a released every idle lease", || async {
-        let leases = leases_of(&store, "in-flight").await;
+        let leases = store.leases_of("in-flight").await;
         leases.iter().filter(|l| l.owner.is_none()).count() == ranges - 1
     })
     .await;
@@ -639,11 +581,7 @@ async fn a_page_in_flight_during_shutdown_keeps_its_lease_until_it_is_done() {
     let b = start(&store, "in-flight", "host-b", recording(&seen_by_b)).await;
     stopping.await.unwrap();
     assert_eq!(seen_by_a.count("order-0"), 1, "host-a finished its page");
-    eventually(WAIT, POLL, "host-b owns every lease", || {
-        let all = b.owned_leases().len() == ranges;
-        async move { all }
-    })
-    .await;
+    owns(&b, ranges, "host-b owns every lease").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         seen_by_b.count("order-0"),
@@ -657,8 +595,7 @@ async fn a_page_in_flight_during_shutdown_keeps_its_lease_until_it_is_done() {
 // (another instance may own it by now), and takes it up again once the store is back.
 #[tokio::test]
 async fn an_owner_that_cannot_renew_its_lease_stops_serving_it_and_takes_it_up_again() {
-    let (emulator, connection) = emulator_server().await;
-    let store = store_on(&connection).await;
+    let (emulator, store) = served_store().await;
     let seen = Seen::default();
     let processor = start(&store, "unwritable", "host-1", recording(&seen)).await;
     let ranges = feed_range_count(&store).await;
@@ -670,17 +607,9 @@ async fn an_owner_that_cannot_renew_its_lease_stops_serving_it_and_takes_it_up_a
         async move { none }
     })
     .await;
-    eventually(WAIT, POLL, "taken up again once writes work", || {
-        let all = processor.owned_leases().len() == ranges;
-        async move { all }
-    })
-    .await;
+    owns(&processor, ranges, "taken up again once writes work").await;
     write_orders(&store, 0..20, 1).await;
-    eventually(WAIT, POLL, "documents flow again", || {
-        let done = seen.ids().is_superset(&order_ids(0..20));
-        async move { done }
-    })
-    .await;
+    saw_orders(&seen, 0..20, "documents flow again").await;
     processor.shutdown().await;
 }
 
@@ -704,11 +633,7 @@ async fn a_malformed_lease_document_is_reported_and_its_range_still_served() {
     write_orders(&store, 0..20, 1).await;
     let seen = Seen::default();
     let processor = start(&store, "malformed", "host-1", recording(&seen)).await;
-    eventually(WAIT, POLL, "every document is handed over", || {
-        let done = seen.ids().is_superset(&order_ids(0..20));
-        async move { done }
-    })
-    .await;
+    saw_orders(&seen, 0..20, "every document is handed over").await;
     assert!(
         !logs
             .matching(tracing::Level::ERROR, "malformed lease document")
@@ -723,23 +648,14 @@ async fn a_malformed_lease_document_is_reported_and_its_range_still_served() {
 // retried until it goes.
 #[tokio::test]
 async fn a_split_parent_whose_delete_failed_is_never_polled_beside_its_children() {
-    let (emulator, connection) = emulator_server().await;
-    let store = store_on(&connection).await;
+    let (emulator, store) = served_store().await;
     let ranges_before = feed_range_count(&store).await;
     write_orders(&store, 0..40, 1).await;
     let batches: Batches = Arc::default();
     let handler = {
         let batches = batches.clone();
         move |batch: ChangeFeedBatch| -> BatchFuture {
-            let ids = batch
-                .documents
-                .iter()
-                .filter_map(|d| d["id"].as_str().map(str::to_owned))
-                .collect();
-            batches
-                .lock()
-                .unwrap()
-                .push((batch.lease_token.clone(), ids));
+            record(&batches, &batch);
             Box::pin(async { Ok(()) })
         }
     };
@@ -758,7 +674,8 @@ async fn a_split_parent_whose_delete_failed_is_never_polled_beside_its_children(
         async move { done }
     })
     .await;
-    let tokens_before: BTreeSet<String> = leases_of(&store, "parent")
+    let tokens_before: BTreeSet<String> = store
+        .leases_of("parent")
         .await
         .into_iter()
         .map(|l| l.lease_token)
@@ -775,7 +692,7 @@ async fn a_split_parent_whose_delete_failed_is_never_polled_beside_its_children(
         WAIT,
         POLL,
         "child leases exist beside the undeleted parent",
-        || async { leases_of(&store, "parent").await.len() == ranges_before + 2 },
+        || async { store.leases_of("parent").await.len() == ranges_before + 2 },
     )
     .await;
     let parent = {
@@ -814,7 +731,7 @@ async fn a_split_parent_whose_delete_failed_is_never_polled_beside_its_children(
         WAIT,
         POLL,
         "the parent lease is deleted once deletes work",
-        || async { leases_of(&store, "parent").await.len() == ranges_before + 1 },
+        || async { store.leases_of("parent").await.len() == ranges_before + 1 },
     )
     .await;
     let after: Vec<(String, Vec<String>)> = batches.lock().unwrap()[since..].to_vec();
@@ -882,13 +799,10 @@ async fn leases_that_cross_range_boundaries_still_tile_the_key_range() {
     write_orders(&store, 0..200, 1).await;
     let seen = Seen::default();
     let processor = start(&store, "tile", "host-1", recording(&seen)).await;
-    eventually(WAIT, POLL, "every document is handed over", || {
-        let done = seen.ids().is_superset(&order_ids(0..200));
-        async move { done }
-    })
-    .await;
+    saw_orders(&seen, 0..200, "every document is handed over").await;
     // Every key is in exactly one lease: they tile `""..FF` without overlap.
-    let mut tiles: Vec<(String, String)> = leases_of(&store, "tile")
+    let mut tiles: Vec<(String, String)> = store
+        .leases_of("tile")
         .await
         .into_iter()
         .map(|l| (l.feed_range.min, l.feed_range.max))
@@ -908,21 +822,16 @@ async fn leases_that_cross_range_boundaries_still_tile_the_key_range() {
 // on once the store answers in time again.
 #[tokio::test]
 async fn a_hanging_store_times_out_as_a_reported_fault_and_the_lease_carries_on() {
-    let (emulator, connection) = emulator_server().await;
-    let store = store_on(&connection).await;
+    let (emulator, store) = served_store().await;
     let faults: Faults = Arc::default();
     let seen = Seen::default();
-    let processor = ChangeFeedProcessor::builder(
-        "slow",
-        "host-1",
-        store.monitored.clone(),
-        store.leases.clone(),
-    )
-    .options(fast_options().with_store_timeout(Duration::from_millis(500)))
-    .on_fault(collecting(&faults))
-    .start(recording(&seen))
-    .await
-    .unwrap();
+    let processor = store
+        .processor("slow", "host-1")
+        .options(fast_options().with_store_timeout(Duration::from_millis(500)))
+        .on_fault(collecting(&faults))
+        .start(recording(&seen))
+        .await
+        .unwrap();
     let ranges = feed_range_count(&store).await;
     every_lease_owned(&processor, ranges).await;
     emulator.faults().set_latency(Duration::from_secs(2));
@@ -935,10 +844,6 @@ async fn a_hanging_store_times_out_as_a_reported_fault_and_the_lease_carries_on(
     .await;
     emulator.faults().clear();
     write_orders(&store, 0..10, 1).await;
-    eventually(WAIT, POLL, "documents flow again", || {
-        let done = seen.ids().is_superset(&order_ids(0..10));
-        async move { done }
-    })
-    .await;
+    saw_orders(&seen, 0..10, "documents flow again").await;
     processor.shutdown().await;
 }

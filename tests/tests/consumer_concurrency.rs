@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, InMemoryBroker};
+use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::{
     BoxError, DEFAULT_CONSUMER_CONCURRENCY, DocumentReliable, HandlerContext, Runtime, StartError,
     handler,
@@ -122,6 +123,39 @@ fn run_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
 
+/// Publishes `command` as the message `message_id` to `destination`.
+async fn publish(
+    broker: &InMemoryBroker,
+    destination: &str,
+    message_id: String,
+    command: &impl Serialize,
+) {
+    broker
+        .publish(BrokeredMessage::json(
+            message_id,
+            destination,
+            serde_json::to_string(command).unwrap(),
+        ))
+        .await
+        .unwrap();
+}
+
+/// A runtime on `cosmos` consuming from `broker` with `concurrency`, its relay off.
+async fn consuming(
+    cosmos: CosmosConnection,
+    broker: &InMemoryBroker,
+    concurrency: usize,
+) -> Runtime {
+    Runtime::builder()
+        .cosmos(cosmos)
+        .broker(broker.clone())
+        .without_relay()
+        .consumer_concurrency(concurrency)
+        .start()
+        .await
+        .unwrap()
+}
+
 /// Publishes `steps` (key, seq) of `run` in this order, then starts a runtime consuming them
 /// with `concurrency`, and waits until every one was handled and acked.
 async fn handle_all(run: &str, steps: &[(String, u32)], concurrency: usize) -> Vec<Event> {
@@ -135,23 +169,9 @@ async fn handle_all(run: &str, steps: &[(String, u32)], concurrency: usize) -> V
             key: key.clone(),
             seq: *seq,
         };
-        broker
-            .publish(BrokeredMessage::json(
-                format!("{run}-{key}-{seq}"),
-                destination,
-                serde_json::to_string(&command).unwrap(),
-            ))
-            .await
-            .unwrap();
+        publish(&broker, destination, format!("{run}-{key}-{seq}"), &command).await;
     }
-    let runtime = Runtime::builder()
-        .cosmos(cosmos)
-        .broker(broker.clone())
-        .without_relay()
-        .consumer_concurrency(concurrency)
-        .start()
-        .await
-        .unwrap();
+    let runtime = consuming(cosmos, &broker, concurrency).await;
     eventually(WAIT, POLL, "every step was handled and acked", || {
         let ended = events_of(run).iter().filter(|e| !e.started).count();
         let done = ended == steps.len() && broker.pending_count(destination) == 0;
@@ -253,23 +273,9 @@ async fn shutdown_finishes_deliveries_in_progress_and_returns_those_waiting_for_
             key: key(k),
             seq,
         };
-        broker
-            .publish(BrokeredMessage::json(
-                format!("{}-{seq}", key(k)),
-                destination,
-                serde_json::to_string(&command).unwrap(),
-            ))
-            .await
-            .unwrap();
+        publish(&broker, destination, format!("{}-{seq}", key(k)), &command).await;
     }
-    let runtime = Runtime::builder()
-        .cosmos(cosmos)
-        .broker(broker.clone())
-        .without_relay()
-        .consumer_concurrency(4)
-        .start()
-        .await
-        .unwrap();
+    let runtime = consuming(cosmos, &broker, 4).await;
     eventually(WAIT, POLL, "three deliveries are in progress", || {
         let started = events_of(&run).len();
         async move { started == 3 }

@@ -22,6 +22,20 @@ fn pk(value: &str) -> chatter_runtime::cosmos::PartitionKey {
     partition_key(&[json!(value)]).unwrap()
 }
 
+/// Creates `doc` under the partition-key value `o1`.
+async fn create_in_o1(orders: &ContainerClient, doc: Value) {
+    create_item(orders, pk("o1"), &doc).await.unwrap();
+}
+
+/// Asserts that reading `id` under the partition-key value `key` finds nothing.
+async fn assert_not_found(orders: &ContainerClient, key: &str, id: &str) {
+    assert_eq!(
+        read_item(orders, pk(key), id).await.unwrap(),
+        ReadOutcome::NotFound,
+        "{id} under {key} is not found"
+    );
+}
+
 #[tokio::test]
 async fn container_cache_returns_the_same_handle_and_derives_once_per_pair() {
     let conn = embedded().await;
@@ -133,13 +147,7 @@ async fn provisioning_an_existing_container_with_other_partition_key_paths_fails
 #[tokio::test]
 async fn a_committed_batch_reports_200_and_per_operation_success_codes() {
     let orders = shop_orders().await;
-    create_item(
-        &orders,
-        pk("o1"),
-        &json!({"id": "old", "orderId": "o1", "n": 0}),
-    )
-    .await
-    .unwrap();
+    create_in_o1(&orders, json!({"id": "old", "orderId": "o1", "n": 0})).await;
 
     let outcome = execute_batch(
         &orders,
@@ -162,18 +170,13 @@ async fn a_committed_batch_reports_200_and_per_operation_success_codes() {
 
     let replaced = read_item(&orders, pk("o1"), "old").await.unwrap();
     assert_eq!(replaced.into_document().unwrap()["n"], json!(1));
-    assert_eq!(
-        read_item(&orders, pk("o1"), "a").await.unwrap(),
-        ReadOutcome::NotFound
-    );
+    assert_not_found(&orders, "o1", "a").await;
 }
 
 #[tokio::test]
 async fn a_batch_with_a_duplicate_create_reports_409_on_that_operation_and_rolls_back() {
     let orders = shop_orders().await;
-    create_item(&orders, pk("o1"), &json!({"id": "dup", "orderId": "o1"}))
-        .await
-        .unwrap();
+    create_in_o1(&orders, json!({"id": "dup", "orderId": "o1"})).await;
 
     let outcome = execute_batch(
         &orders,
@@ -196,11 +199,7 @@ async fn a_batch_with_a_duplicate_create_reports_409_on_that_operation_and_rolls
 
     // Atomic: neither the operation before nor the one after the conflict was applied.
     for id in ["before", "after"] {
-        assert_eq!(
-            read_item(&orders, pk("o1"), id).await.unwrap(),
-            ReadOutcome::NotFound,
-            "{id} was rolled back"
-        );
+        assert_not_found(&orders, "o1", id).await;
     }
     let existing = read_item(&orders, pk("o1"), "dup").await.unwrap();
     assert!(existing.into_document().unwrap().get("second").is_none());
@@ -249,22 +248,17 @@ async fn read_item_reports_404_for_a_missing_document_and_200_with_the_raw_docum
     );
 
     // Same id, other partition: 404.
-    assert_eq!(
-        read_item(&orders, pk("o2"), "d").await.unwrap(),
-        ReadOutcome::NotFound
-    );
+    assert_not_found(&orders, "o2", "d").await;
 }
 
 #[tokio::test]
 async fn patch_sets_status_and_ttl_in_one_request() {
     let orders = shop_orders().await;
-    create_item(
+    create_in_o1(
         &orders,
-        pk("o1"),
-        &json!({"id": "outbox:bXNnLTE", "orderId": "o1", "status": "pending"}),
+        json!({"id": "outbox:bXNnLTE", "orderId": "o1", "status": "pending"}),
     )
-    .await
-    .unwrap();
+    .await;
 
     let outcome = patch_item(
         &orders,
@@ -350,13 +344,7 @@ async fn emulator_server_shares_documents_between_independent_connections() {
         .await
         .expect("connects with the emulator's well-known key");
     let orders = provisioned(&writer, "shop", "orders", &["/orderId"]).await;
-    create_item(
-        &orders,
-        pk("o1"),
-        &json!({"id": "shared", "orderId": "o1", "v": 1}),
-    )
-    .await
-    .unwrap();
+    create_in_o1(&orders, json!({"id": "shared", "orderId": "o1", "v": 1})).await;
 
     // A second, independent client (own SDK pipeline, own caches) reads it back over HTTP,
     // dialling `localhost` rather than the advertised `127.0.0.1`.

@@ -65,7 +65,9 @@ async fn start() -> (Runtime, InMemoryBroker, CosmosConnection) {
     (runtime, broker, cosmos)
 }
 
-async fn publish(broker: &InMemoryBroker, message_id: &str, body: Value) {
+/// Publishes `ReserveStock` for `sku`, failing its first `fail_first_attempts` attempts.
+async fn publish(broker: &InMemoryBroker, message_id: &str, sku: &str, fail_first_attempts: usize) {
+    let body = json!({ "sku": sku, "fail_first_attempts": fail_first_attempts });
     broker
         .publish(BrokeredMessage::json(
             message_id,
@@ -104,12 +106,7 @@ fn attempts_of(message_id: &str) -> Vec<bool> {
 #[tokio::test]
 async fn a_failed_attempt_commits_nothing_and_is_redelivered_until_it_succeeds() {
     let (runtime, broker, cosmos) = start().await;
-    publish(
-        &broker,
-        "m-fail-twice",
-        json!({ "sku": "sku-1", "fail_first_attempts": 2 }),
-    )
-    .await;
+    publish(&broker, "m-fail-twice", "sku-1", 2).await;
     settled(&broker).await;
     // Two nacked attempts, then a redelivered one that commits.
     assert_eq!(attempts_of("m-fail-twice"), [false, true, true]);
@@ -135,20 +132,10 @@ async fn a_failed_attempt_commits_nothing_and_is_redelivered_until_it_succeeds()
 #[tokio::test]
 async fn a_duplicate_delivery_is_acknowledged_without_committing_again() {
     let (runtime, broker, cosmos) = start().await;
-    publish(
-        &broker,
-        "m-dup",
-        json!({ "sku": "sku-2", "fail_first_attempts": 0 }),
-    )
-    .await;
+    publish(&broker, "m-dup", "sku-2", 0).await;
     settled(&broker).await;
     let first = read(&cosmos, "sku-2", "reservation-m-dup").await.unwrap();
-    publish(
-        &broker,
-        "m-dup",
-        json!({ "sku": "sku-2", "fail_first_attempts": 0 }),
-    )
-    .await;
+    publish(&broker, "m-dup", "sku-2", 0).await;
     settled(&broker).await;
     // The handler ran twice (at-least-once); the batch committed once.
     assert_eq!(attempts_of("m-dup").len(), 2);
@@ -218,12 +205,7 @@ async fn an_undecodable_body_is_dead_lettered_at_once_with_its_reason() {
 #[tokio::test]
 async fn a_participant_delivery_without_message_id_is_dead_lettered_and_never_handled() {
     let (runtime, broker, cosmos) = start().await;
-    publish(
-        &broker,
-        "  ",
-        json!({ "sku": "sku-3", "fail_first_attempts": 0 }),
-    )
-    .await;
+    publish(&broker, "  ", "sku-3", 0).await;
     let letters = dead_letters(&broker, 1).await;
     let why = letters[0].context[DEAD_LETTER_REASON_CONTEXT_KEY]
         .as_str()
@@ -240,18 +222,8 @@ async fn a_participant_delivery_without_message_id_is_dead_lettered_and_never_ha
 #[tokio::test]
 async fn a_delivery_that_keeps_failing_is_dead_lettered_after_the_default_attempts() {
     let (runtime, broker, cosmos) = start().await;
-    publish(
-        &broker,
-        "m-hopeless",
-        json!({ "sku": "sku-4", "fail_first_attempts": 100 }),
-    )
-    .await;
-    publish(
-        &broker,
-        "m-healthy",
-        json!({ "sku": "sku-5", "fail_first_attempts": 0 }),
-    )
-    .await;
+    publish(&broker, "m-hopeless", "sku-4", 100).await;
+    publish(&broker, "m-healthy", "sku-5", 0).await;
     let letters = dead_letters(&broker, 1).await;
     let letter = &letters[0];
     assert_eq!(letter.message_id, "m-hopeless");

@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, BrokerError, InMemoryBroker, Subscription};
-use chatter_runtime::cosmos::{self, ContainerClient};
+use chatter_runtime::cosmos::ContainerClient;
 use chatter_runtime::registration::PartitionKeyPath;
 use chatter_runtime::testing::DeliverySettings;
 use chatter_runtime::testing::OutboxDocument;
 use chatter_runtime::testing::{Drain, DrainError, DrainReport};
 use chatter_tests::broker::next_delivery;
-use chatter_tests::store::{document, embedded, provisioned};
+use chatter_tests::store::{created, document, embedded, provisioned};
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
@@ -44,11 +44,7 @@ fn message(id: &str) -> BrokeredMessage {
 
 /// Writes `doc` and returns it as the change feed would hand it over.
 async fn stored(c: &ContainerClient, doc: Value) -> Value {
-    let key = cosmos::partition_key(&[doc["tenantId"].clone()]).unwrap();
-    chatter_runtime::testing::create_item(c, key.clone(), &doc)
-        .await
-        .unwrap();
-    read(c, doc["id"].as_str().unwrap(), &doc["tenantId"]).await
+    created(c, &[doc["tenantId"].clone()], &doc).await
 }
 
 async fn read(c: &ContainerClient, id: &str, tenant: &Value) -> Value {
@@ -57,6 +53,18 @@ async fn read(c: &ContainerClient, id: &str, tenant: &Value) -> Value {
 
 fn pending(id: &str, tenant: &str) -> Value {
     OutboxDocument::build(&message(id), PATHS, &[json!(tenant)]).unwrap()
+}
+
+/// A drain of `c` on lease source [`SOURCE`] publishing to `broker`, with the default delivery
+/// settings.
+fn default_drain(broker: impl Broker + 'static, c: &Arc<ContainerClient>) -> Drain {
+    Drain::new(
+        SOURCE,
+        Arc::new(broker),
+        c.clone(),
+        KEY,
+        DeliverySettings::default(),
+    )
 }
 
 async fn next(sub: &mut Subscription) -> BrokeredMessage {
@@ -72,13 +80,7 @@ async fn a_genuine_pending_document_is_published_verbatim_and_stamped_delivered_
     let broker = InMemoryBroker::new();
     let mut sub = broker.subscribe("orders").await.unwrap();
     let doc = stored(&c, pending("msg-42", "tenant-1")).await;
-    let drain = Drain::new(
-        SOURCE,
-        Arc::new(broker.clone()),
-        c.clone(),
-        KEY,
-        DeliverySettings::default(),
-    );
+    let drain = default_drain(broker.clone(), &c);
 
     // R3.20: exactly one publish, one stamp.
     let report = drain
@@ -171,13 +173,7 @@ async fn documents_that_are_not_pending_outbox_documents_are_never_published_or_
     for doc in variants {
         stored_docs.push(stored(&c, doc).await);
     }
-    let drain = Drain::new(
-        SOURCE,
-        Arc::new(broker.clone()),
-        c.clone(),
-        KEY,
-        DeliverySettings::default(),
-    );
+    let drain = default_drain(broker.clone(), &c);
     let report = drain.drain(LEASE, &stored_docs).await.unwrap();
     // R3.21/R3.22: nothing published, nothing patched (app data never mutated).
     assert_eq!(
@@ -228,13 +224,7 @@ async fn a_failed_publish_stamps_nothing_and_fails_the_page() {
     let c = container().await;
     let first = stored(&c, pending("msg-a", "t")).await;
     let second = stored(&c, pending("msg-b", "t")).await;
-    let drain = Drain::new(
-        SOURCE,
-        Arc::new(RefusingBroker),
-        c.clone(),
-        KEY,
-        DeliverySettings::default(),
-    );
+    let drain = default_drain(RefusingBroker, &c);
     // R3.28: the error propagates, the document stays pending, and the page stops there.
     let err = drain
         .drain(LEASE, &[first.clone(), second.clone()])

@@ -14,7 +14,7 @@ use chatter_runtime::cosmos::{self, ContainerClient};
 use chatter_runtime::registration::PartitionKeyPath;
 use chatter_runtime::testing::{DeliverySettings, OutboxDocument};
 use chatter_runtime::testing::{Drain, DrainError, InFlightLimit};
-use chatter_tests::store::{document, embedded, emulator_server, provisioned};
+use chatter_tests::store::{created, document, embedded, emulator_server, provisioned};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
@@ -38,11 +38,7 @@ async fn pending(c: &ContainerClient, message_id: &str) -> Value {
     let tenant = tenant_of(message_id);
     let message = BrokeredMessage::json(message_id, DESTINATION, r#"{"orderId":7}"#);
     let doc = OutboxDocument::build(&message, PATHS, &[json!(tenant)]).unwrap();
-    let key = cosmos::partition_key(&[json!(tenant)]).unwrap();
-    chatter_runtime::testing::create_item(c, key, &doc)
-        .await
-        .unwrap();
-    reread(c, &doc).await
+    created(c, &[json!(tenant)], &doc).await
 }
 
 /// The document as stored now (what a re-read of the change feed hands over).

@@ -18,7 +18,7 @@ use chatter_runtime::testing::{
 };
 use chatter_runtime::testing::{Drain, DrainError, DrainReport};
 use chatter_tests::logs::capture;
-use chatter_tests::store::{document, emulator_server, provisioned};
+use chatter_tests::store::{created, document, emulator_server, provisioned};
 use serde_json::{Value, json};
 use tracing::Level;
 
@@ -249,11 +249,7 @@ impl Fixture {
     }
 
     async fn store(&self, doc: Value) -> Value {
-        let key = cosmos::partition_key(&[doc["tenantId"].clone()]).unwrap();
-        chatter_runtime::testing::create_item(&self.container, key, &doc)
-            .await
-            .unwrap();
-        self.read(&doc).await
+        created(&self.container, &[doc["tenantId"].clone()], &doc).await
     }
 
     async fn read(&self, doc: &Value) -> Value {
@@ -274,6 +270,15 @@ impl Fixture {
 
     fn published(&self) -> usize {
         self.broker.published_count("orders")
+    }
+
+    /// `msg-1` pending in tenant `t`, its stamps refused, and `times` failed confirmations of it
+    /// on lease "0" (see [`Fixture::fail_confirmations`]): the document.
+    async fn failing_confirmations(&self, times: usize) -> Value {
+        let doc = self.pending("msg-1", "t").await;
+        self.refuse_stamps();
+        self.fail_confirmations(&doc, times).await;
+        doc
     }
 }
 
@@ -333,9 +338,7 @@ async fn a_refused_stamp_after_a_publish_is_a_confirmation_failure_carrying_the_
 #[tokio::test]
 async fn five_failed_confirmations_suspend_the_lease_and_the_sixth_page_publishes_nothing() {
     let f = Fixture::new().await;
-    let doc = f.pending("msg-1", "t").await;
-    f.refuse_stamps();
-    f.fail_confirmations(&doc, 5).await;
+    let doc = f.failing_confirmations(5).await;
     let err = f.drain.drain("0", &[doc]).await.unwrap_err();
     assert!(matches!(err, DrainError::Suspended { .. }), "{err}");
     assert_eq!(
@@ -374,9 +377,7 @@ async fn a_suspended_lease_refuses_a_page_of_domain_documents_or_poison_before_l
 #[tokio::test]
 async fn another_lease_keeps_draining_while_one_is_suspended() {
     let f = Fixture::new().await;
-    let doc = f.pending("msg-1", "t").await;
-    f.refuse_stamps();
-    f.fail_confirmations(&doc, 5).await;
+    f.failing_confirmations(5).await;
     let other = f.pending("msg-2", "u").await;
     // Lease "1" publishes and its own refused stamp comes back as itself.
     confirmation_failure(&f.drain, "1", &[other]).await;
@@ -387,9 +388,7 @@ async fn another_lease_keeps_draining_while_one_is_suspended() {
 #[tokio::test]
 async fn a_confirmed_page_between_failures_resets_the_count() {
     let f = Fixture::new().await;
-    let doc = f.pending("msg-1", "t").await;
-    f.refuse_stamps();
-    f.fail_confirmations(&doc, 4).await;
+    let doc = f.failing_confirmations(4).await;
     f.faults().clear();
     let good = f.pending("msg-2", "t").await;
     assert_eq!(f.drain.drain("0", &[good]).await.unwrap().published, 1);
@@ -406,9 +405,7 @@ async fn a_confirmed_page_between_failures_resets_the_count() {
 #[tokio::test]
 async fn four_failures_after_a_confirmed_page_do_not_suspend() {
     let f = Fixture::new().await;
-    let doc = f.pending("msg-1", "t").await;
-    f.refuse_stamps();
-    f.fail_confirmations(&doc, 4).await;
+    let doc = f.failing_confirmations(4).await;
     f.faults().clear();
     let good = f.pending("msg-2", "t").await;
     f.drain.drain("0", &[good]).await.unwrap();
@@ -422,9 +419,7 @@ async fn four_failures_after_a_confirmed_page_do_not_suspend() {
 async fn an_empty_page_or_a_page_of_domain_documents_neither_resets_nor_lifts() {
     for page in [vec![], vec![json!({ "id": "order-1", "tenantId": "t" })]] {
         let f = Fixture::new().await;
-        let doc = f.pending("msg-1", "t").await;
-        f.refuse_stamps();
-        f.fail_confirmations(&doc, 4).await;
+        let doc = f.failing_confirmations(4).await;
         let report = f.drain.drain("0", &page).await.unwrap();
         assert_eq!(report.published, 0);
         confirmation_failure(&f.drain, "0", std::slice::from_ref(&doc)).await;
@@ -436,9 +431,7 @@ async fn an_empty_page_or_a_page_of_domain_documents_neither_resets_nor_lifts() 
 #[tokio::test]
 async fn an_empty_probe_consumes_the_probe_and_the_next_page_is_refused() {
     let f = Fixture::new().await;
-    let doc = f.pending("msg-1", "t").await;
-    f.refuse_stamps();
-    f.fail_confirmations(&doc, 5).await;
+    let doc = f.failing_confirmations(5).await;
     f.clock.advance(SUSPENSION_WINDOW);
     assert_eq!(
         f.drain.drain("0", &[]).await.unwrap(),
@@ -455,9 +448,7 @@ async fn an_empty_probe_consumes_the_probe_and_the_next_page_is_refused() {
 async fn a_probe_whose_stamp_lands_resumes_the_lease_whether_delivered_or_undeliverable() {
     for poison_probe in [false, true] {
         let f = Fixture::new().await;
-        let doc = f.pending("msg-1", "t").await;
-        f.refuse_stamps();
-        f.fail_confirmations(&doc, 5).await;
+        let doc = f.failing_confirmations(5).await;
         f.faults().clear();
         f.clock.advance(SUSPENSION_WINDOW);
         let probe = if poison_probe {
@@ -490,9 +481,7 @@ async fn two_sources_on_the_same_lease_token_have_their_own_gates() {
         &f.container,
         &f.clock,
     );
-    let doc = f.pending("msg-1", "t").await;
-    f.refuse_stamps();
-    f.fail_confirmations(&doc, 4).await;
+    let doc = f.failing_confirmations(4).await;
     f.faults().clear();
     let good = f.pending("msg-2", "t").await;
     b.drain("0", &[good]).await.unwrap();

@@ -10,7 +10,9 @@ use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::{self, CosmosConnection};
 use chatter_runtime::testing::Registry;
 use chatter_runtime::testing::distinct_sources;
-use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, StartError, handler};
+use chatter_runtime::{
+    BoxError, DocumentReliable, HandlerContext, Outcome, Runtime, StartError, handler,
+};
 use chatter_tests::store::{document, embedded, provisioned_with_leases};
 use chatter_tests::wait::eventually;
 use cosmos_change_feed::read_leases;
@@ -35,6 +37,19 @@ async fn create_order(command: CreateOrder, ctx: &mut HandlerContext) -> Result<
         &json!({ "orderId": command.order_id }),
     )?;
     Ok(())
+}
+
+/// Dispatches `CreateOrder` for `order_id` as the message `message_id`.
+async fn create_order_as(runtime: &Runtime, order_id: &str, message_id: &str) -> Outcome {
+    runtime
+        .dispatch(
+            CreateOrder {
+                order_id: order_id.to_owned(),
+            },
+            message_id,
+        )
+        .await
+        .unwrap()
 }
 
 /// Posts a ledger entry; its container is the one the contract tests break.
@@ -204,15 +219,7 @@ async fn the_relay_publishes_each_pending_document_once_and_never_touches_other_
         .await
         .unwrap();
     for i in 0..5 {
-        runtime
-            .dispatch(
-                CreateOrder {
-                    order_id: format!("o-{i}"),
-                },
-                format!("m-{i}"),
-            )
-            .await
-            .unwrap();
+        create_order_as(&runtime, &format!("o-{i}"), &format!("m-{i}")).await;
     }
     let mut seen = Vec::new();
     while seen.len() < 5 {
@@ -272,15 +279,7 @@ async fn request_charges_are_summed_per_command_and_per_relayed_message() {
     assert_eq!(runtime.request_charges().commands, 0);
     assert_eq!(runtime.request_charges().per_command(), None);
     for n in 0..3 {
-        runtime
-            .dispatch(
-                CreateOrder {
-                    order_id: format!("rc-{n}"),
-                },
-                format!("rc-{n}"),
-            )
-            .await
-            .unwrap();
+        create_order_as(&runtime, &format!("rc-{n}"), &format!("rc-{n}")).await;
     }
     eventually(
         Duration::from_secs(30),
@@ -298,15 +297,7 @@ async fn request_charges_are_summed_per_command_and_per_relayed_message() {
     assert!(per_message > 0.0, "{charges:?}");
 
     // A duplicate's rolled-back batch and its confirming read are a command's cost too.
-    let outcome = runtime
-        .dispatch(
-            CreateOrder {
-                order_id: "rc-0".into(),
-            },
-            "rc-0",
-        )
-        .await
-        .unwrap();
+    let outcome = create_order_as(&runtime, "rc-0", "rc-0").await;
     assert_eq!(outcome, chatter_runtime::Outcome::Duplicate);
     let after = runtime.request_charges();
     assert_eq!(after.commands, 4);

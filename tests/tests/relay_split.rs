@@ -13,12 +13,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use azure_data_cosmos::options::ReadFeedRangesOptions;
 use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, BrokerError, InMemoryBroker, Subscription};
 use chatter_runtime::cosmos::ContainerClient;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
 use chatter_tests::broker::Received;
+use chatter_tests::change_feed::feed_range_tokens;
 use chatter_tests::relay::fast_relay;
 use chatter_tests::runtime::writer;
 use chatter_tests::store::{emulator_server, outbox_document, provisioned_with_leases};
@@ -107,19 +107,6 @@ impl Broker for GatedBroker {
     }
 }
 
-/// The lease tokens (`{min}-{max}`) of the container's current feed ranges.
-async fn feed_ranges(orders: &ContainerClient) -> BTreeSet<String> {
-    orders
-        .read_feed_ranges(Some(
-            ReadFeedRangesOptions::default().with_force_refresh(true),
-        ))
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| format!("{}-{}", r.min_inclusive(), r.max_exclusive()))
-        .collect()
-}
-
 async fn place_orders(writer: &Runtime, range: std::ops::Range<usize>) {
     for i in range {
         writer
@@ -158,7 +145,7 @@ async fn undelivered(orders: &ContainerClient, range: std::ops::Range<usize>) ->
 async fn a_split_while_draining_loses_and_skips_no_outbox_message() {
     let (emulator, cosmos) = emulator_server().await;
     let orders = provisioned_with_leases(&cosmos, DB, CONTAINER, &["/orderId"], LEASES).await;
-    let ranges_before = feed_ranges(&orders).await;
+    let ranges_before = feed_range_tokens(&orders).await;
 
     let broker = InMemoryBroker::new();
     let received = Received::on(&broker, EVENTS).await;
@@ -202,7 +189,7 @@ async fn a_split_while_draining_loses_and_skips_no_outbox_message() {
         .store()
         .split_partition(DB, CONTAINER, 0, Duration::from_millis(10));
     eventually(WAIT, POLL, "the split completed", || async {
-        feed_ranges(&orders).await.len() == ranges_before.len() + 1
+        feed_range_tokens(&orders).await.len() == ranges_before.len() + 1
     })
     .await;
     // More documents, written after the split (into the child ranges too).
@@ -228,7 +215,7 @@ async fn a_split_while_draining_loses_and_skips_no_outbox_message() {
     .await;
 
     // The split lease was replaced by its children: the relay drains exactly the new ranges.
-    let ranges_after = feed_ranges(&orders).await;
+    let ranges_after = feed_range_tokens(&orders).await;
     eventually(
         WAIT,
         POLL,

@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::InMemoryBroker;
-use chatter_runtime::cosmos::{self, ContainerClient};
+use chatter_runtime::cosmos::ContainerClient;
 use chatter_runtime::registration::PartitionKeyPath;
 use chatter_runtime::testing::DeliverySettings;
 use chatter_runtime::testing::OutboxDocument;
 use chatter_runtime::testing::{Drain, DrainError, DrainReport};
 use chatter_tests::logs::capture;
-use chatter_tests::store::{document, embedded, emulator_server, provisioned};
+use chatter_tests::store::{created, document, embedded, emulator_server, provisioned};
 use serde_json::{Value, json};
 use tracing::Level;
 
@@ -49,11 +49,7 @@ fn pending(message_id: &str, tenant: &str) -> Value {
 
 /// Writes `doc` as another writer would (no contract at staging) and returns it as stored.
 async fn stored(c: &ContainerClient, doc: Value) -> Value {
-    let key = cosmos::partition_key(&[doc["tenantId"].clone()]).unwrap();
-    chatter_runtime::testing::create_item(c, key, &doc)
-        .await
-        .unwrap();
-    reread(c, &doc).await
+    created(c, &[doc["tenantId"].clone()], &doc).await
 }
 
 async fn reread(c: &ContainerClient, doc: &Value) -> Value {

@@ -16,7 +16,7 @@ use chatter_runtime::testing::{
     DeliverySettings, Drain, ManualClock, OutboxDocument, drain_with_telemetry,
 };
 use chatter_tests::broker::next_delivery;
-use chatter_tests::store::{document, emulator_server, provisioned};
+use chatter_tests::store::{created, document, emulator_server, provisioned};
 use chatter_tests::telemetry::{Metrics, Spans, Value as Measured};
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -132,11 +132,7 @@ impl Fixture {
     }
 
     async fn store(&self, doc: Value) -> Value {
-        let key = cosmos::partition_key(&[doc["tenantId"].clone()]).unwrap();
-        chatter_runtime::testing::create_item(&self.container, key, &doc)
-            .await
-            .unwrap();
-        document(&self.container, &[json!("t")], doc["id"].as_str().unwrap()).await
+        created(&self.container, &[doc["tenantId"].clone()], &doc).await
     }
 
     fn sum(&self, name: &str, attribute: Option<(&str, &str)>) -> f64 {

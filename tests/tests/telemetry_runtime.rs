@@ -5,8 +5,9 @@
 use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, InMemoryBroker};
+use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::{
-    BoxError, BrokeredMessage, DocumentReliable, HandlerContext, Runtime, handler,
+    BoxError, BrokeredMessage, DocumentReliable, HandlerContext, Runtime, RuntimeBuilder, handler,
 };
 use chatter_tests::broker::next_delivery;
 use chatter_tests::relay::fast_relay;
@@ -113,17 +114,24 @@ async fn one_trace_runs_from_the_delivered_command_through_the_outbox_to_the_rel
     runtime.shutdown().await;
 }
 
+/// `shop/orders` and its leases provisioned on `cosmos`, and a runtime on it that only relays
+/// (short timings), metered into `metrics`.
+async fn metered_relay(cosmos: &CosmosConnection, metrics: &Metrics) -> RuntimeBuilder {
+    provisioned_with_leases(cosmos, "shop", "orders", &["/orderId"], "orders-leases").await;
+    Runtime::builder()
+        .cosmos(cosmos.clone())
+        .consume(false)
+        .relay_options(fast_relay(Duration::from_secs(5)))
+        .meter(metrics.meter())
+}
+
 // R8.13: an idle lease's empty reads are batches of size 0, so idle is told from stalled.
 #[tokio::test]
 async fn an_idle_lease_records_empty_reads_as_batches_of_size_zero() {
     let cosmos = embedded().await;
-    provisioned_with_leases(&cosmos, "shop", "orders", &["/orderId"], "orders-leases").await;
     let metrics = Metrics::new();
-    let runtime = Runtime::builder()
-        .cosmos(cosmos)
-        .consume(false)
-        .relay_options(fast_relay(Duration::from_secs(5)))
-        .meter(metrics.meter())
+    let runtime = metered_relay(&cosmos, &metrics)
+        .await
         .without_tracing()
         .start()
         .await
@@ -152,13 +160,9 @@ async fn an_idle_lease_records_empty_reads_as_batches_of_size_zero() {
 #[tokio::test]
 async fn a_change_feed_fault_is_counted_by_source_lease_and_error_type() {
     let (emulator, cosmos) = emulator_server().await;
-    provisioned_with_leases(&cosmos, "shop", "orders", &["/orderId"], "orders-leases").await;
     let metrics = Metrics::new();
-    let runtime = Runtime::builder()
-        .cosmos(cosmos)
-        .consume(false)
-        .relay_options(fast_relay(Duration::from_secs(5)))
-        .meter(metrics.meter())
+    let runtime = metered_relay(&cosmos, &metrics)
+        .await
         .start()
         .await
         .unwrap();

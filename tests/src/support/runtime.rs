@@ -4,7 +4,7 @@
 use chatter_runtime::broker::Broker;
 use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::testing::Registry;
-use chatter_runtime::{DocumentReliable, Runtime};
+use chatter_runtime::{BoxError, DocumentReliable, Runtime};
 
 /// A runtime on `cosmos` and `broker` that only dispatches: it neither consumes nor relays, so
 /// outbox documents it writes stay pending until some other runtime's relay drains them.
@@ -35,4 +35,24 @@ pub fn registry_at<T: DocumentReliable>(destination: &str) -> Registry {
             .filter(|handler| ((handler.command)().type_id)() == type_id),
     )
     .expect("the command and its handler make a valid registry")
+}
+
+/// Dispatches every `(command, message id)` of `commands` through a runtime on `cosmos` that
+/// neither consumes nor relays, then shuts it down: the commands' Outbox Documents stay pending
+/// for a relay started later.
+pub async fn seed<T: DocumentReliable>(
+    cosmos: &CosmosConnection,
+    commands: impl IntoIterator<Item = (T, String)>,
+) -> Result<(), BoxError> {
+    let seeder = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .consume(false)
+        .without_relay()
+        .start()
+        .await?;
+    for (command, message_id) in commands {
+        seeder.dispatch(command, message_id).await?;
+    }
+    seeder.shutdown().await;
+    Ok(())
 }

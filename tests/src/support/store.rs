@@ -72,6 +72,15 @@ pub async fn document(container: &ContainerClient, key: &[Value], id: &str) -> V
         .unwrap_or_else(|| panic!("document {id} exists"))
 }
 
+/// Creates `doc` under the partition-key values `key` (as another writer would: no contract
+/// checked) and returns it as stored, system properties included.
+pub async fn created(container: &ContainerClient, key: &[Value], doc: &Value) -> Value {
+    chatter_runtime::testing::create_item(container, cosmos::partition_key(key).unwrap(), doc)
+        .await
+        .unwrap();
+    document(container, key, doc["id"].as_str().unwrap()).await
+}
+
 /// The outbox document of the message `message_id` under the partition-key values `key`;
 /// panics if it does not exist.
 pub async fn outbox_document(
