@@ -2,15 +2,15 @@
 //! fails after the consumer's delivery timeout and is retried, instead of holding its
 //! partition-key value's lane, and a permit, forever without a word.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
-use chatter_runtime::broker::{Broker, InMemoryBroker};
+use chatter_runtime::broker::InMemoryBroker;
 use chatter_runtime::cosmos::{CosmosConnection, provision};
-use chatter_runtime::{
-    BoxError, BrokeredMessage, DocumentReliable, HandlerContext, Runtime, StartError, handler,
-};
+use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, StartError, handler};
+use chatter_tests::broker::{publish_command, settled};
+use chatter_tests::runtime::{Attempts, consuming};
 use chatter_tests::store::{emulator_server, find_document};
+use chatter_tests::wait::eventually;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -23,15 +23,11 @@ pub struct ShipOrder {
     pub hang_first_attempts: usize,
 }
 
-static ATTEMPTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+static ATTEMPTS: Attempts = Attempts::new();
 
 #[handler]
 async fn ship(command: ShipOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
-    let attempt = {
-        let mut attempts = ATTEMPTS.lock().unwrap();
-        attempts.push(ctx.message_id().to_owned());
-        attempts.iter().filter(|id| *id == ctx.message_id()).count()
-    };
+    let attempt = ATTEMPTS.record(ctx.message_id());
     if attempt <= command.hang_first_attempts {
         std::future::pending::<()>().await;
     }
@@ -39,41 +35,15 @@ async fn ship(command: ShipOrder, ctx: &mut HandlerContext) -> Result<(), BoxErr
     Ok(())
 }
 
-fn attempts_of(message_id: &str) -> usize {
-    ATTEMPTS
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|id| *id == message_id)
-        .count()
-}
-
 async fn start(cosmos: &CosmosConnection, timeout: Duration) -> (Runtime, InMemoryBroker) {
     provision::ensure_container(cosmos, "shop", "shipments", &["/sku"])
         .await
         .unwrap();
-    let broker = InMemoryBroker::new();
-    let runtime = Runtime::builder()
-        .cosmos(cosmos.clone())
-        .without_relay()
-        .broker(broker.clone())
-        .redelivery_delay(Duration::from_millis(10))
-        .delivery_timeout(timeout)
-        .start()
-        .await
-        .unwrap();
-    (runtime, broker)
+    consuming(cosmos, |builder| builder.delivery_timeout(timeout)).await
 }
 
 async fn publish(broker: &InMemoryBroker, message_id: &str, body: Value) {
-    broker
-        .publish(BrokeredMessage::json(
-            message_id,
-            "ShipOrder",
-            body.to_string(),
-        ))
-        .await
-        .unwrap();
+    publish_command(broker, "ShipOrder", message_id, &body).await;
 }
 
 async fn shipment(cosmos: &CosmosConnection, sku: &str, message_id: &str) -> Option<Value> {
@@ -81,14 +51,15 @@ async fn shipment(cosmos: &CosmosConnection, sku: &str, message_id: &str) -> Opt
     find_document(&container, &[json!(sku)], &format!("shipment-{message_id}")).await
 }
 
-async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while !done().await {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{what}"));
+/// Polls `done` every 20 ms for up to 30 s; panics naming `what` if it never holds.
+async fn until<F: Future<Output = bool>>(what: &str, done: impl FnMut() -> F) {
+    eventually(
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        what,
+        done,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -108,16 +79,16 @@ async fn a_handler_that_hangs_fails_its_attempt_at_the_timeout_and_its_key_moves
         json!({ "sku": "sku-1", "hang_first_attempts": 0 }),
     )
     .await;
-    until("the retry commits", async || {
+    until("the retry commits", || async {
         shipment(&cosmos, "sku-1", "m-hangs-once").await.is_some()
     })
     .await;
-    until("the delivery behind it commits", async || {
+    until("the delivery behind it commits", || async {
         shipment(&cosmos, "sku-1", "m-behind").await.is_some()
     })
     .await;
-    assert_eq!(attempts_of("m-hangs-once"), 2);
-    assert_eq!(attempts_of("m-behind"), 1);
+    assert_eq!(ATTEMPTS.of("m-hangs-once"), 2);
+    assert_eq!(ATTEMPTS.of("m-behind"), 1);
     runtime.shutdown().await;
 }
 
@@ -133,19 +104,16 @@ async fn a_batch_the_store_does_not_answer_fails_its_attempt_and_the_retry_commi
         json!({ "sku": "sku-2", "hang_first_attempts": 0 }),
     )
     .await;
-    until("the attempt whose batch hangs is retried", async || {
-        attempts_of("m-store-hangs") >= 2
+    until("the attempt whose batch hangs is retried", || async {
+        ATTEMPTS.of("m-store-hangs") >= 2
     })
     .await;
     emulator.faults().clear();
-    until("a retry commits once the store answers", async || {
+    until("a retry commits once the store answers", || async {
         shipment(&cosmos, "sku-2", "m-store-hangs").await.is_some()
     })
     .await;
-    until("the delivery settles", async || {
-        broker.pending_count("ShipOrder") == 0
-    })
-    .await;
+    settled(&broker, "ShipOrder").await;
     runtime.shutdown().await;
 }
 

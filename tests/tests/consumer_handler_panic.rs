@@ -3,17 +3,17 @@
 //! serving the deliveries behind it. Before, the panic dropped the delivery unsettled, so the
 //! broker handed it straight back and it panicked again without end, never dead-lettered.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::{CosmosConnection, provision};
 use chatter_runtime::{
-    ATTEMPTS_CONTEXT_KEY, BoxError, BrokeredMessage, DEAD_LETTER_REASON_CONTEXT_KEY, DispatchError,
+    ATTEMPTS_CONTEXT_KEY, BoxError, DEAD_LETTER_REASON_CONTEXT_KEY, DispatchError,
     DocumentReliable, HandlerContext, Outcome, PipelineError, Runtime, dead_letter_destination,
     handler,
 };
-use chatter_tests::broker::next_delivery;
+use chatter_tests::broker::{next_delivery, publish_command, settled};
+use chatter_tests::runtime::{Attempts, consuming};
 use chatter_tests::store::find_document;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -28,15 +28,11 @@ pub struct PackOrder {
     pub panic_first_attempts: usize,
 }
 
-static ATTEMPTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+static ATTEMPTS: Attempts = Attempts::new();
 
 #[handler]
 async fn pack(command: PackOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
-    let attempt = {
-        let mut attempts = ATTEMPTS.lock().unwrap();
-        attempts.push(ctx.message_id().to_owned());
-        attempts.iter().filter(|id| *id == ctx.message_id()).count()
-    };
+    let attempt = ATTEMPTS.record(ctx.message_id());
     ctx.upsert(json!({ "id": format!("parcel-{}", ctx.message_id()), "sku": command.sku }))?;
     if attempt <= command.panic_first_attempts {
         panic!(
@@ -47,57 +43,22 @@ async fn pack(command: PackOrder, ctx: &mut HandlerContext) -> Result<(), BoxErr
     Ok(())
 }
 
-fn attempts_of(message_id: &str) -> usize {
-    ATTEMPTS
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|id| *id == message_id)
-        .count()
-}
-
 async fn start() -> (Runtime, InMemoryBroker, CosmosConnection) {
     let cosmos = CosmosConnection::embedded().await.unwrap();
     provision::ensure_container(&cosmos, "shop", "parcels", &["/sku"])
         .await
         .unwrap();
-    let broker = InMemoryBroker::new();
-    let runtime = Runtime::builder()
-        .cosmos(cosmos.clone())
-        .without_relay()
-        .broker(broker.clone())
-        .redelivery_delay(Duration::from_millis(10))
-        .start()
-        .await
-        .unwrap();
+    let (runtime, broker) = consuming(&cosmos, |builder| builder).await;
     (runtime, broker, cosmos)
 }
 
 async fn publish(broker: &InMemoryBroker, message_id: &str, body: Value) {
-    broker
-        .publish(BrokeredMessage::json(
-            message_id,
-            "PackOrder",
-            body.to_string(),
-        ))
-        .await
-        .unwrap();
+    publish_command(broker, "PackOrder", message_id, &body).await;
 }
 
 async fn parcel(cosmos: &CosmosConnection, sku: &str, message_id: &str) -> Option<Value> {
     let container = cosmos.container("shop", "parcels").await.unwrap();
     find_document(&container, &[json!(sku)], &format!("parcel-{message_id}")).await
-}
-
-/// Waits until no delivery of `PackOrder` is queued or unsettled.
-async fn settled(broker: &InMemoryBroker) {
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while broker.pending_count("PackOrder") > 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("every delivery settles");
 }
 
 #[tokio::test]
@@ -127,8 +88,8 @@ async fn a_handler_that_always_panics_is_dead_lettered_after_its_attempts_and_th
         why.contains("panicked") && why.contains("attempt 3 of m-always-panics panics on purpose"),
         "{why}"
     );
-    settled(&broker).await;
-    assert_eq!(attempts_of("m-always-panics"), 3, "tried exactly 3 times");
+    settled(&broker, "PackOrder").await;
+    assert_eq!(ATTEMPTS.of("m-always-panics"), 3, "tried exactly 3 times");
     assert!(
         parcel(&cosmos, "sku-1", "m-always-panics").await.is_none(),
         "a panicking attempt commits nothing"
@@ -147,7 +108,7 @@ async fn a_handler_that_always_panics_is_dead_lettered_after_its_attempts_and_th
         json!({ "sku": "sku-2", "panic_first_attempts": 0 }),
     )
     .await;
-    settled(&broker).await;
+    settled(&broker, "PackOrder").await;
     assert!(parcel(&cosmos, "sku-1", "m-same-key").await.is_some());
     assert!(parcel(&cosmos, "sku-2", "m-other-key").await.is_some());
     let health = runtime.health().await;
@@ -171,8 +132,8 @@ async fn a_handler_that_panics_once_commits_on_its_retry() {
     })
     .await
     .expect("the retry commits");
-    settled(&broker).await;
-    assert_eq!(attempts_of("m-panics-once"), 2);
+    settled(&broker, "PackOrder").await;
+    assert_eq!(ATTEMPTS.of("m-panics-once"), 2);
     runtime.shutdown().await;
 }
 

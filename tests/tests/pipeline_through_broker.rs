@@ -13,7 +13,8 @@ use chatter_runtime::{
     ATTEMPTS_CONTEXT_KEY, BoxError, DEAD_LETTER_REASON_CONTEXT_KEY, DEFAULT_MAX_DELIVERY_ATTEMPTS,
     DocumentReliable, HandlerContext, Runtime, dead_letter_destination, handler,
 };
-use chatter_tests::broker::next_delivery;
+use chatter_tests::broker::{next_delivery, publish_command};
+use chatter_tests::runtime::consuming;
 use chatter_tests::store::find_document;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -53,39 +54,18 @@ async fn start() -> (Runtime, InMemoryBroker, CosmosConnection) {
     provision::ensure_container(&cosmos, "shop", "stock", &["/sku"])
         .await
         .unwrap();
-    let broker = InMemoryBroker::new();
-    let runtime = Runtime::builder()
-        .cosmos(cosmos.clone())
-        .without_relay()
-        .broker(broker.clone())
-        .redelivery_delay(Duration::from_millis(10))
-        .start()
-        .await
-        .unwrap();
+    let (runtime, broker) = consuming(&cosmos, |builder| builder).await;
     (runtime, broker, cosmos)
 }
 
 /// Publishes `ReserveStock` for `sku`, failing its first `fail_first_attempts` attempts.
 async fn publish(broker: &InMemoryBroker, message_id: &str, sku: &str, fail_first_attempts: usize) {
     let body = json!({ "sku": sku, "fail_first_attempts": fail_first_attempts });
-    broker
-        .publish(BrokeredMessage::json(
-            message_id,
-            "ReserveStock",
-            body.to_string(),
-        ))
-        .await
-        .unwrap();
+    publish_command(broker, "ReserveStock", message_id, &body).await;
 }
 
 async fn settled(broker: &InMemoryBroker) {
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while broker.pending_count("ReserveStock") > 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("every delivery settles");
+    chatter_tests::broker::settled(broker, "ReserveStock").await;
 }
 
 async fn read(cosmos: &CosmosConnection, sku: &str, id: &str) -> Option<Value> {

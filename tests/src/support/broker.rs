@@ -4,7 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chatter_runtime::broker::{Broker, Delivery, Subscription};
+use chatter_runtime::BrokeredMessage;
+use chatter_runtime::broker::{Broker, Delivery, InMemoryBroker, Subscription};
 use tokio::time::timeout;
 
 /// Every message id received, with how often it arrived. Clones share the counts.
@@ -87,4 +88,33 @@ pub async fn assert_quiet_for(subscription: &mut Subscription, watched: Duration
     if let Ok(item) = timeout(watched, subscription.next()).await {
         panic!("expected no further delivery, got {item:?}");
     }
+}
+
+/// Publishes a command to `destination` on `broker`: `body` as its JSON, under `message_id`.
+pub async fn publish_command(
+    broker: &InMemoryBroker,
+    destination: &str,
+    message_id: &str,
+    body: &serde_json::Value,
+) {
+    broker
+        .publish(BrokeredMessage::json(
+            message_id,
+            destination,
+            body.to_string(),
+        ))
+        .await
+        .expect("the in-memory broker takes the command");
+}
+
+/// Waits until nothing is queued or unsettled on `destination`: every delivery was settled;
+/// panics after 30 s.
+pub async fn settled(broker: &InMemoryBroker, destination: &str) {
+    timeout(Duration::from_secs(30), async {
+        while broker.pending_count(destination) > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("every delivery on `{destination}` settles within 30 s"));
 }

@@ -1,7 +1,11 @@
 //! Runtimes for tests. Building one here registers nothing: `start` validates the commands and
 //! handlers of the binary that calls it.
 
-use chatter_runtime::broker::Broker;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use chatter_runtime::RuntimeBuilder;
+use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::testing::Registry;
 use chatter_runtime::{BoxError, DocumentReliable, Runtime};
@@ -17,6 +21,23 @@ pub async fn writer(cosmos: &CosmosConnection, broker: impl Broker) -> Runtime {
         .start()
         .await
         .unwrap()
+}
+
+/// A runtime on `cosmos` that consumes every command of the binary from a new in-memory broker
+/// (returned beside it), without the relay, retrying failed deliveries after 10 ms; `configure`
+/// adjusts the builder before it starts.
+pub async fn consuming(
+    cosmos: &CosmosConnection,
+    configure: impl FnOnce(RuntimeBuilder) -> RuntimeBuilder,
+) -> (Runtime, InMemoryBroker) {
+    let broker = InMemoryBroker::new();
+    let builder = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .without_relay()
+        .broker(broker.clone())
+        .redelivery_delay(Duration::from_millis(10));
+    let runtime = configure(builder).start().await.unwrap();
+    (runtime, broker)
 }
 
 /// The registry of `T` alone (with its handler from this binary), consuming `destination`
@@ -55,4 +76,29 @@ pub async fn seed<T: DocumentReliable>(
     }
     seeder.shutdown().await;
     Ok(())
+}
+
+/// The attempts a handler saw, by message id: a `static` its handler records into and the test
+/// reads back.
+#[derive(Debug, Default)]
+pub struct Attempts(Mutex<Vec<String>>);
+
+impl Attempts {
+    /// No attempts yet (for a `static`).
+    pub const fn new() -> Self {
+        Self(Mutex::new(Vec::new()))
+    }
+
+    /// Records one attempt of `message_id`; returns which one it is (1 for the first).
+    pub fn record(&self, message_id: &str) -> usize {
+        let mut attempts = self.0.lock().unwrap();
+        attempts.push(message_id.to_owned());
+        attempts.iter().filter(|id| *id == message_id).count()
+    }
+
+    /// How many attempts of `message_id` were recorded.
+    pub fn of(&self, message_id: &str) -> usize {
+        let attempts = self.0.lock().unwrap();
+        attempts.iter().filter(|id| *id == message_id).count()
+    }
 }
