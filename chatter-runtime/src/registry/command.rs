@@ -83,6 +83,40 @@ impl CommandRegistration {
     }
 }
 
+#[cfg(test)]
+impl CommandRegistration {
+    /// A registration for unit tests: `name` consuming `destination`, in container
+    /// `shop/<container>` with lease container `leases`, keyed by `partition_key`, written at
+    /// `line` of a `commands.rs`.
+    pub(crate) const fn for_tests(
+        name: &'static str,
+        destination: &'static str,
+        type_id: fn() -> TypeId,
+        container: &'static str,
+        partition_key: &'static [PartitionKeyPath],
+        declared_source_identity: Option<SourceIdentityDeclaration>,
+        line: u32,
+    ) -> Self {
+        Self {
+            command_name: name,
+            destination,
+            type_name: || "T",
+            type_id,
+            database: "shop",
+            container,
+            lease: "leases",
+            partition_key,
+            declared_source_identity,
+            max_delivery_attempts: None,
+            location: SourceLocation {
+                module_path: "tests",
+                file: "commands.rs",
+                line,
+            },
+        }
+    }
+}
+
 /// A command type that takes part in the document tier.
 ///
 /// Implemented by `#[derive(DocumentReliable)]`; the derive also registers the command so that

@@ -254,22 +254,11 @@ mod tests {
         declared: Option<SourceIdentityDeclaration>,
         line: u32,
     ) -> CommandRegistration {
-        CommandRegistration {
-            command_name: name,
-            destination,
-            type_name: || "T",
-            type_id,
-            database: "shop",
-            container,
-            lease: "leases",
-            partition_key: &[PartitionKeyPath {
-                path: "/k",
-                pointer: "/k",
-            }],
-            declared_source_identity: declared,
-            max_delivery_attempts: None,
-            location: at(line),
-        }
+        const KEY: &[PartitionKeyPath] = &[PartitionKeyPath {
+            path: "/k",
+            pointer: "/k",
+        }];
+        CommandRegistration::for_tests(name, destination, type_id, container, KEY, declared, line)
     }
 
     fn handler_for(

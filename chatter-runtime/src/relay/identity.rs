@@ -229,7 +229,7 @@ mod tests {
     use std::any::TypeId;
 
     use super::*;
-    use crate::registry::{SourceIdentityDeclaration, SourceLocation};
+    use crate::registry::SourceIdentityDeclaration;
 
     fn declared(monitored: &str, lease: &str) -> SourceIdentity {
         SourceIdentity::Declared {
@@ -409,67 +409,31 @@ mod tests {
         type_id: fn() -> TypeId,
         declared: Option<SourceIdentityDeclaration>,
     ) -> CommandRegistration {
-        CommandRegistration {
-            command_name: name,
-            destination: name,
-            type_name: || "T",
-            type_id,
-            database: "shop",
-            container,
-            lease: "leases",
-            partition_key: &[PartitionKeyPath {
-                path: "/tenantId",
-                pointer: "/tenant_id",
-            }],
-            declared_source_identity: declared,
-            max_delivery_attempts: None,
-            location: SourceLocation {
-                module_path: "tests",
-                file: "commands.rs",
-                line: 1,
-            },
-        }
+        const KEY: &[PartitionKeyPath] = &[PartitionKeyPath {
+            path: "/tenantId",
+            pointer: "/tenant_id",
+        }];
+        CommandRegistration::for_tests(name, name, type_id, container, KEY, declared, 1)
+    }
+
+    const fn declaring(
+        monitored: &'static str,
+        lease: &'static str,
+    ) -> Option<SourceIdentityDeclaration> {
+        Some(SourceIdentityDeclaration { monitored, lease })
     }
 
     static PLAIN_ORDERS_1: CommandRegistration = reg("create", "orders", TypeId::of::<A>, None);
     static PLAIN_ORDERS_2: CommandRegistration = reg("ship", "orders", TypeId::of::<B>, None);
     static PLAIN_INVOICES: CommandRegistration = reg("bill", "invoices", TypeId::of::<C>, None);
-    static DECLARED_X_1: CommandRegistration = reg(
-        "create",
-        "orders",
-        TypeId::of::<A>,
-        Some(SourceIdentityDeclaration {
-            monitored: "x",
-            lease: "y",
-        }),
-    );
-    static DECLARED_X_2: CommandRegistration = reg(
-        "ship",
-        "orders",
-        TypeId::of::<B>,
-        Some(SourceIdentityDeclaration {
-            monitored: "x",
-            lease: "y",
-        }),
-    );
-    static DECLARED_NUL_1: CommandRegistration = reg(
-        "create",
-        "orders",
-        TypeId::of::<A>,
-        Some(SourceIdentityDeclaration {
-            monitored: "a\0b",
-            lease: "c",
-        }),
-    );
-    static DECLARED_NUL_2: CommandRegistration = reg(
-        "ship",
-        "orders",
-        TypeId::of::<B>,
-        Some(SourceIdentityDeclaration {
-            monitored: "a",
-            lease: "b\0c",
-        }),
-    );
+    static DECLARED_X_1: CommandRegistration =
+        reg("create", "orders", TypeId::of::<A>, declaring("x", "y"));
+    static DECLARED_X_2: CommandRegistration =
+        reg("ship", "orders", TypeId::of::<B>, declaring("x", "y"));
+    static DECLARED_NUL_1: CommandRegistration =
+        reg("create", "orders", TypeId::of::<A>, declaring("a\0b", "c"));
+    static DECLARED_NUL_2: CommandRegistration =
+        reg("ship", "orders", TypeId::of::<B>, declaring("a", "b\0c"));
 
     #[test]
     fn registrations_sharing_a_declared_pair_share_one_source() {
