@@ -72,7 +72,8 @@ pub struct EmulatorServer {
 ///
 /// A refused request never reaches the store: the client gets the status with a JSON error body
 /// (`"code":"InjectedFault"`), exactly as a real account answering that status would look on the
-/// wire. Latency delays every request (refused ones too) before it is answered.
+/// wire. Latency delays every request (refused ones too) before it is handled; a late answer
+/// ([`Faults::answer_late`]) is handled at once and only its answer is held back.
 #[derive(Debug, Clone, Default)]
 pub struct Faults(Arc<Mutex<FaultState>>);
 
@@ -80,6 +81,8 @@ pub struct Faults(Arc<Mutex<FaultState>>);
 struct FaultState {
     refusals: Vec<Refusal>,
     latency: Duration,
+    /// Late answers by HTTP method.
+    answer_delays: Vec<(String, Duration)>,
 }
 
 #[derive(Debug)]
@@ -115,15 +118,28 @@ impl Faults {
         self.state().latency = latency;
     }
 
-    /// Ends every refusal and the latency.
+    /// Handles every request with HTTP `method` (case-insensitive) at once but holds its answer
+    /// back for `delay` (`Duration::ZERO` for none), replacing an earlier delay of that method:
+    /// the store has done the work and the client hears of it late or not at all, as when an
+    /// answer is lost on the way.
+    pub fn answer_late(&self, method: &str, delay: Duration) {
+        let method = method.to_ascii_uppercase();
+        let mut state = self.state();
+        state.answer_delays.retain(|(m, _)| *m != method);
+        state.answer_delays.push((method, delay));
+    }
+
+    /// Ends every refusal, the latency and late answers.
     pub fn clear(&self) {
         let mut state = self.state();
         state.refusals.clear();
         state.latency = Duration::ZERO;
+        state.answer_delays.clear();
     }
 
-    /// The latency to add and the status to refuse `method` with, if any.
-    fn decide(&self, method: &str) -> (Duration, Option<u16>) {
+    /// The latency to add, the status to refuse `method` with (if any) and the delay of the
+    /// answer.
+    fn decide(&self, method: &str) -> (Duration, Option<u16>, Duration) {
         let now = Instant::now();
         let mut state = self.state();
         state.refusals.retain(|r| r.until > now);
@@ -132,7 +148,12 @@ impl Faults {
             .iter()
             .find(|r| r.method.eq_ignore_ascii_case(method))
             .map(|r| r.status);
-        (state.latency, status)
+        let answer_delay = state
+            .answer_delays
+            .iter()
+            .find(|(m, _)| m.eq_ignore_ascii_case(method))
+            .map_or(Duration::ZERO, |(_, delay)| *delay);
+        (state.latency, status, answer_delay)
     }
 }
 
@@ -229,7 +250,7 @@ impl EmulatorServer {
                     let emulator = Arc::clone(&emulator);
                     let endpoint = endpoint.clone();
                     counts.record(request.method().as_str());
-                    let (latency, refusal) = faults.decide(request.method().as_str());
+                    let (latency, refusal, answer_delay) = faults.decide(request.method().as_str());
                     async move {
                         if !latency.is_zero() {
                             tokio::time::sleep(latency).await;
@@ -242,6 +263,9 @@ impl EmulatorServer {
                             ),
                             None => handle(&emulator, &endpoint, request).await,
                         };
+                        if !answer_delay.is_zero() {
+                            tokio::time::sleep(answer_delay).await;
+                        }
                         Ok::<_, Infallible>(response)
                     }
                 });
@@ -482,21 +506,24 @@ mod tests {
     }
 
     #[test]
-    fn a_refusal_applies_to_its_method_for_its_period_only() {
+    fn refusals_and_late_answers_apply_to_their_method_and_a_refusal_for_its_period_only() {
+        let none = Duration::ZERO;
         let faults = Faults::default();
-        assert_eq!(faults.decide("PATCH"), (Duration::ZERO, None));
+        assert_eq!(faults.decide("PATCH"), (none, None, none));
         faults.refuse("patch", 403, Duration::from_secs(60));
         faults.set_latency(Duration::from_millis(5));
+        faults.answer_late("patch", Duration::from_millis(7));
+        let late = Duration::from_millis(7);
         assert_eq!(
             faults.decide("PATCH"),
-            (Duration::from_millis(5), Some(403))
+            (Duration::from_millis(5), Some(403), late)
         );
-        assert_eq!(faults.decide("GET"), (Duration::from_millis(5), None));
+        assert_eq!(faults.decide("GET"), (Duration::from_millis(5), None, none));
         faults.refuse("PATCH", 503, Duration::ZERO);
         assert_eq!(faults.decide("PATCH").1, None, "an elapsed refusal ends");
         faults.refuse("PUT", 429, Duration::from_secs(60));
         faults.clear();
-        assert_eq!(faults.decide("PUT"), (Duration::ZERO, None));
+        assert_eq!(faults.decide("PUT"), (none, None, none));
     }
 
     #[test]

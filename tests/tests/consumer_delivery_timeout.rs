@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use chatter_runtime::broker::InMemoryBroker;
 use chatter_runtime::cosmos::{CosmosConnection, provision};
-use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, StartError, handler};
+use chatter_runtime::{
+    BoxError, DocumentReliable, HandlerContext, Runtime, StartError, dead_letter_destination,
+    handler,
+};
 use chatter_tests::broker::{publish_command, settled};
 use chatter_tests::runtime::{Attempts, consuming};
 use chatter_tests::store::{emulator_server, find_document};
@@ -35,8 +38,29 @@ async fn ship(command: ShipOrder, ctx: &mut HandlerContext) -> Result<(), BoxErr
     Ok(())
 }
 
+/// Charges a card; it has a single attempt, so a failed one is dead-lettered at once.
+#[derive(Debug, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "shop", container = "charges", lease = "charges-leases")]
+#[partition_key(path = "/card")]
+#[chatter(max_delivery_attempts = 1)]
+pub struct ChargeCard {
+    pub card: String,
+}
+
+static CHARGES: Attempts = Attempts::new();
+
+#[handler]
+async fn charge(command: ChargeCard, ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    CHARGES.record(ctx.message_id());
+    ctx.upsert(json!({ "id": format!("charge-{}", ctx.message_id()), "card": command.card }))?;
+    Ok(())
+}
+
 async fn start(cosmos: &CosmosConnection, timeout: Duration) -> (Runtime, InMemoryBroker) {
     provision::ensure_container(cosmos, "shop", "shipments", &["/sku"])
+        .await
+        .unwrap();
+    provision::ensure_container(cosmos, "shop", "charges", &["/card"])
         .await
         .unwrap();
     consuming(cosmos, |builder| builder.delivery_timeout(timeout)).await
@@ -65,7 +89,7 @@ async fn until<F: Future<Output = bool>>(what: &str, done: impl FnMut() -> F) {
 #[tokio::test]
 async fn a_handler_that_hangs_fails_its_attempt_at_the_timeout_and_its_key_moves_on() {
     let cosmos = CosmosConnection::embedded().await.unwrap();
-    let (runtime, broker) = start(&cosmos, Duration::from_millis(300)).await;
+    let (runtime, broker) = start(&cosmos, Duration::from_secs(2)).await;
     publish(
         &broker,
         "m-hangs-once",
@@ -114,6 +138,42 @@ async fn a_batch_the_store_does_not_answer_fails_its_attempt_and_the_retry_commi
     })
     .await;
     settled(&broker, "ShipOrder").await;
+    runtime.shutdown().await;
+}
+
+// An attempt that timed out may have committed. On its last attempt the consumer asks the
+// inbox marker before dead-lettering: a batch the store committed but answered too late is
+// acknowledged as handled, not dead-lettered.
+#[tokio::test]
+async fn a_last_attempt_that_committed_but_heard_so_too_late_is_acknowledged_not_dead_lettered() {
+    let (emulator, cosmos) = emulator_server().await;
+    let (runtime, broker) = start(&cosmos, Duration::from_secs(1)).await;
+    // Batches (POST) commit at once, but their answers come 60 s late; reads answer at once.
+    emulator
+        .faults()
+        .answer_late("POST", Duration::from_secs(60));
+    publish_command(
+        &broker,
+        "ChargeCard",
+        "m-charged",
+        &json!({ "card": "c-1" }),
+    )
+    .await;
+    settled(&broker, "ChargeCard").await;
+    emulator.faults().clear();
+    assert_eq!(CHARGES.of("m-charged"), 1, "one attempt");
+    let container = cosmos.container("shop", "charges").await.unwrap();
+    assert!(
+        find_document(&container, &[json!("c-1")], "charge-m-charged")
+            .await
+            .is_some(),
+        "the attempt committed"
+    );
+    assert_eq!(
+        broker.pending_count(&dead_letter_destination("ChargeCard")),
+        0,
+        "a committed delivery is not dead-lettered"
+    );
     runtime.shutdown().await;
 }
 

@@ -143,6 +143,13 @@ impl PipelineError {
         }
     }
 
+    /// Whether the attempt may have committed although it failed: it timed out, or a Cosmos
+    /// call failed without an answer that says the batch did not commit. Only the inbox marker
+    /// can tell.
+    pub(crate) fn may_have_committed(&self) -> bool {
+        matches!(self, Self::TimedOut { .. } | Self::Cosmos { .. })
+    }
+
     /// Whether this delivery can never succeed, however often it is tried: its body does not
     /// decode into the command (or is not JSON), it has no message id, or no inbox marker can be built for its
     /// message id. The consumer dead-letters such a delivery at once; every other failure is

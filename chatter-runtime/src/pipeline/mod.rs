@@ -198,6 +198,35 @@ impl Pipeline {
         }
     }
 
+    /// Whether an attempt of `message_id` committed: its inbox marker exists. `None` when no
+    /// marker could guard it (the body has no partition key, the id makes no marker) or the read
+    /// failed, within `timeout`.
+    pub(crate) async fn committed(
+        &self,
+        command: &RegisteredCommand,
+        body: &Value,
+        message_id: &str,
+        timeout: std::time::Duration,
+    ) -> Option<bool> {
+        let registration = command.registration;
+        let partition_key = registration.resolve_partition_key(body)?;
+        let marker_id = document::inbox_id(message_id).ok()?;
+        let key = partition_key::sdk_key(&partition_key).ok()?;
+        let read = async {
+            let container = self
+                .cosmos
+                .container(registration.database, registration.container)
+                .await?;
+            store::read_item(&container, key, &marker_id).await
+        };
+        match store::bounded("read_item", timeout, read).await.ok()? {
+            ReadOutcome::Found { document, .. } => {
+                Some(document::is_genuine_inbox_marker(&document, message_id))
+            }
+            ReadOutcome::NotFound => Some(false),
+        }
+    }
+
     async fn pass_through(
         &self,
         command: &RegisteredCommand,

@@ -300,7 +300,7 @@ impl Consumer {
             // Boxed: the pipeline's future (the SDK's batch call inside) is large, and this
             // future is the task spawned per delivery, which spawning copies whole.
             Ok(body) => {
-                let attempt = Box::pin(
+                let handling = Box::pin(
                     self.pipeline
                         .handle(&self.command, body, &message_id, redelivered)
                         .with_context(trace.clone()),
@@ -308,7 +308,7 @@ impl Consumer {
                 // A hung handler or store call fails the attempt instead of holding its key's
                 // lane (and a permit) forever. A batch that committed meanwhile is confirmed a
                 // duplicate on the retry.
-                match tokio::time::timeout(self.delivery_timeout, attempt).await {
+                match tokio::time::timeout(self.delivery_timeout, handling).await {
                     Ok(result) => result,
                     Err(_) => Err(PipelineError::TimedOut {
                         command: name,
@@ -347,7 +347,13 @@ impl Consumer {
                     .registration
                     .max_delivery_attempts
                     .unwrap_or(DEFAULT_MAX_DELIVERY_ATTEMPTS);
-                if attempt >= max {
+                if attempt >= max && error.may_have_committed() && self.committed(&delivery).await {
+                    // The last attempt committed but did not hear so in time: it was handled.
+                    tracing::info!(command = name, message_id, attempt, error = %ErrorChain(&error), "chatter delivery committed although its attempt failed; acknowledged as handled");
+                    if let Err(error) = delivery.ack().await {
+                        tracing::error!(command = name, message_id, error = %ErrorChain(&error), "chatter consumer: ack failed; the broker will redeliver");
+                    }
+                } else if attempt >= max {
                     let reason = format!(
                         "it failed on each of its {attempt} delivery attempts; the last: {}",
                         ErrorChain(&error)
@@ -359,6 +365,19 @@ impl Consumer {
                 }
             }
         }
+    }
+
+    /// Whether an attempt of `delivery` committed (its inbox marker exists); `false` when that
+    /// cannot be told.
+    async fn committed(&self, delivery: &Delivery) -> bool {
+        let Ok(body) = serde_json::from_str::<Value>(&delivery.message.body) else {
+            return false;
+        };
+        let message_id = &delivery.message.message_id;
+        self.pipeline
+            .committed(&self.command, &body, message_id, self.delivery_timeout)
+            .await
+            == Some(true)
     }
 
     /// Publishes the next attempt, then acks this one; if that publish fails, nacks instead
@@ -431,7 +450,8 @@ impl Consumer {
 }
 
 /// One partition-key value's queue, drained by one worker; dropped unsettled (and its lane
-/// removed) if the worker ends before the queue is empty: on shutdown, or if a handler panicked.
+/// removed) if the worker ends before the queue is empty: on shutdown, or if the worker itself
+/// panicked (a handler's panic is caught as a failed attempt and does not end it).
 struct Lane {
     lanes: Lanes,
     key: String,
