@@ -30,7 +30,7 @@ struct Settings {
     latency: Duration,
 }
 
-/// Why the command line was refused; each carries the argument as given.
+/// Why the command line was refused: each carries the argument, flag or value it refuses.
 #[derive(Debug, PartialEq, Eq)]
 enum ArgsError {
     /// Not a flag this command knows.

@@ -4,8 +4,10 @@
 use std::time::Duration;
 
 use chatter_runtime::cosmos::provision;
+use chatter_runtime::error::RelayError;
 use chatter_runtime::{
-    BoxError, DocumentReliable, ErrorChain, HandlerContext, RelayOptions, Runtime, handler,
+    BoxError, DocumentReliable, ErrorChain, HandlerContext, RelayOptions, Runtime, StartError,
+    handler,
 };
 use chatter_tests::store::emulator_server;
 use serde::{Deserialize, Serialize};
@@ -66,5 +68,27 @@ async fn a_contract_check_the_store_does_not_answer_fails_the_start_within_the_s
         chain.contains("could not read the properties of monitored container 'ledger'")
             && chain.contains("read_container timed out after 500ms"),
         "{chain}"
+    );
+}
+
+// Relay options that cannot work are refused before any container is checked with them: a zero
+// store timeout is an invalid option, not a container that timed out.
+#[tokio::test]
+async fn relay_options_that_cannot_work_are_refused_before_any_container_is_checked() {
+    let (_emulator, cosmos) = emulator_server().await;
+    provision::ensure_container(&cosmos, "shop", "ledger", &["/account"])
+        .await
+        .unwrap();
+    let refused = Runtime::builder()
+        .cosmos(cosmos)
+        .relay_options(RelayOptions::default().store_timeout(Duration::ZERO))
+        .start()
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(StartError::Relay(RelayError::InvalidOptions(_)))
+        ),
+        "{refused:?}"
     );
 }

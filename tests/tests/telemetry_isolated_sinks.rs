@@ -6,6 +6,7 @@
 //! every instrument panics on each measurement: no real meter fails on demand.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chatter_runtime::BrokeredMessage;
@@ -13,11 +14,11 @@ use chatter_runtime::broker::InMemoryBroker;
 use chatter_runtime::cosmos;
 use chatter_runtime::registration::PartitionKeyPath;
 use chatter_runtime::testing::{
-    DeliverySettings, Drain, ManualClock, OutboxDocument, drain_with_telemetry,
-    record_every_instrument, upsert_item,
+    CONFIRMATION_FAILURE_THRESHOLD, DeliverySettings, Drain, ManualClock, OutboxDocument,
+    drain_with_telemetry, record_every_instrument,
 };
 use chatter_tests::logs;
-use chatter_tests::store::{document, emulator_server, provisioned};
+use chatter_tests::store::{created, document, emulator_server, provisioned};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{
     Counter, Gauge, Histogram, HistogramBuilder, InstrumentBuilder, InstrumentProvider, Meter,
@@ -32,11 +33,15 @@ const KEY: &[PartitionKeyPath] = &[PartitionKeyPath {
     pointer: "/tenantId",
 }];
 
+/// How many measurements the panicking instruments were asked for: proof the drain did record.
+static MEASUREMENTS: AtomicUsize = AtomicUsize::new(0);
+
 /// An instrument that panics on every measurement.
 struct Panicking;
 
 impl<T> SyncInstrument<T> for Panicking {
     fn measure(&self, _measurement: T, _attributes: &[KeyValue]) {
+        MEASUREMENTS.fetch_add(1, Ordering::SeqCst);
         panic!("this meter panics on every measurement");
     }
 }
@@ -86,11 +91,7 @@ async fn a_meter_that_panics_leaves_the_drain_publishing_stamping_and_logging() 
     );
     let stored = |doc: Value| {
         let container = container.clone();
-        async move {
-            let key = cosmos::partition_key(&[json!("t")]).unwrap();
-            upsert_item(&container, key, &doc).await.unwrap();
-            document(&container, &[json!("t")], doc["id"].as_str().unwrap()).await
-        }
+        async move { created(&container, &[json!("t")], &doc).await }
     };
     let pending = |message_id: &str| {
         let message = BrokeredMessage::json(message_id, "orders", r#"{"orderId":7}"#);
@@ -99,6 +100,8 @@ async fn a_meter_that_panics_leaves_the_drain_publishing_stamping_and_logging() 
 
     // Every emit site, called directly: none lets the panic out.
     record_every_instrument(&drain, "0", &pending("msg-direct"));
+    let direct = MEASUREMENTS.load(Ordering::SeqCst);
+    assert!(direct > 0, "the emit sites measured on the panicking meter");
 
     // A good document is published and stamped delivered.
     let good = stored(pending("msg-good")).await;
@@ -129,7 +132,7 @@ async fn a_meter_that_panics_leaves_the_drain_publishing_stamping_and_logging() 
     emulator
         .faults()
         .refuse("PATCH", 403, Duration::from_secs(3600));
-    for _ in 0..5 {
+    for _ in 0..CONFIRMATION_FAILURE_THRESHOLD {
         assert!(
             drain
                 .drain("lease-7", std::slice::from_ref(&refused))
@@ -144,5 +147,9 @@ async fn a_meter_that_panics_leaves_the_drain_publishing_stamping_and_logging() 
         1,
         "{:?}",
         logs.entries()
+    );
+    assert!(
+        MEASUREMENTS.load(Ordering::SeqCst) > direct,
+        "the drains recorded on the panicking meter too"
     );
 }

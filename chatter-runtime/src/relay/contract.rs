@@ -140,10 +140,10 @@ fn join_violations(violations: &[MonitoredContainerViolation]) -> String {
 /// Every monitored container that failed the start-time check, in source order.
 ///
 /// Its message is each container's [`MonitoredContainerError`] message, one per line (joined with
-/// `"\n"`), so a single failing container reads exactly as the .NET module's text. Its
-/// [`source`](std::error::Error::source) is the store error of the first container that could
-/// not be read (why: missing, forbidden, timed out), if one could not; the others' are in
-/// [`errors`](Self::errors).
+/// `"\n"`), so a single failing container reads exactly as the .NET module's text. When that
+/// one container could not be read, its store error (missing, forbidden, timed out) is the
+/// [`source`](std::error::Error::source); with several, each one's cause is in
+/// [`errors`](Self::errors), so no cause is printed under another container's line.
 #[derive(Debug)]
 pub struct MonitoredContainersError {
     /// One error per failing container (never empty).
@@ -164,12 +164,12 @@ impl fmt::Display for MonitoredContainersError {
 
 impl std::error::Error for MonitoredContainersError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.errors.iter().find_map(|error| match error {
-            MonitoredContainerError::Unreadable { source, .. } => {
+        match self.errors.as_slice() {
+            [MonitoredContainerError::Unreadable { source, .. }] => {
                 Some(source.as_ref() as &(dyn std::error::Error + 'static))
             }
-            MonitoredContainerError::Violated { .. } => None,
-        })
+            _ => None,
+        }
     }
 }
 

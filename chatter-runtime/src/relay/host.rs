@@ -44,20 +44,7 @@ impl RelayHost {
         charges: &Arc<RequestMeter>,
         telemetry: &Telemetry,
     ) -> Result<Self, RelayError> {
-        options.delivery.validate()?;
-        options
-            .processor
-            .validate()
-            .map_err(RelayError::InvalidOptions)?;
-        if options.publish_timeout.is_zero() {
-            return Err(RelayError::ZeroPublishTimeout);
-        }
-        if options.max_in_flight == 0 {
-            return Err(RelayError::ZeroMaxInFlight);
-        }
-        if options.backlog_interval.is_zero() {
-            return Err(RelayError::ZeroBacklogInterval);
-        }
+        options.validate()?;
         contract::verify_all(cosmos, sources, options.processor.store_timeout).await?;
 
         let instance = identity::instance_name();

@@ -11,7 +11,7 @@
 //! | `options.rs` | [`RelayOptions`] |
 //! | `host.rs` | the relay host: verifies every container, then starts one processor per source |
 //! | `backlog.rs` | the per-lease backlog estimate behind the `chatter.messaging.outbox.backlog` gauge |
-//! | `diagnostics.rs` | the always-on logs |
+//! | `diagnostics.rs` | the always-on logs, counted when metrics are on, and the faults' `error.type` names |
 //! | `error.rs` | why the relay did not start, and why a page failed |
 mod backlog;
 pub(crate) mod contract;

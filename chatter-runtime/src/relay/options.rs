@@ -6,6 +6,7 @@ use cosmos_change_feed::ChangeFeedProcessorOptions;
 
 use super::delivery::DeliverySettings;
 use super::drain::{DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_IN_FLIGHT};
+use super::error::RelayError;
 
 /// Settings of the change-feed relay, passed to
 /// [`RuntimeBuilder::relay_options`](crate::RuntimeBuilder::relay_options).
@@ -52,6 +53,26 @@ impl Default for RelayOptions {
 }
 
 impl RelayOptions {
+    /// Refuses settings that cannot work together, before anything connects.
+    // Called once per start: the size of the public error does not matter here.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn validate(&self) -> Result<(), RelayError> {
+        self.delivery.validate()?;
+        self.processor
+            .validate()
+            .map_err(RelayError::InvalidOptions)?;
+        if self.publish_timeout.is_zero() {
+            return Err(RelayError::ZeroPublishTimeout);
+        }
+        if self.max_in_flight == 0 {
+            return Err(RelayError::ZeroMaxInFlight);
+        }
+        if self.backlog_interval.is_zero() {
+            return Err(RelayError::ZeroBacklogInterval);
+        }
+        Ok(())
+    }
+
     /// How long a lease waits after a read that found nothing new (or after an error) before
     /// reading its feed range again. Default **1 s**: most of the write-to-publish delay a quiet
     /// container sees, at one cheap read (a 304) per lease per interval. A page with documents

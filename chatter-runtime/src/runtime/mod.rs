@@ -139,8 +139,12 @@ impl RuntimeBuilder {
     /// committing (default [`DEFAULT_DELIVERY_TIMEOUT`], 5 minutes). An attempt that takes
     /// longer (a handler that hangs, a store that does not answer) fails with
     /// [`PipelineError::TimedOut`](crate::PipelineError::TimedOut), logged at `error`, and is
-    /// retried like any failure; its partition-key value's later deliveries wait at most this
-    /// long behind it. [`Runtime::dispatch`] is not bounded: its caller awaits it.
+    /// retried like any failure, so its partition-key value's later deliveries are not held
+    /// behind it for long. The handler's future is dropped where it waits: a handler that calls
+    /// other services should not leave half-done work behind at an `.await` (its staged writes
+    /// and messages are discarded with it). An attempt that timed out may still have committed:
+    /// the retry finds its inbox marker, and a last attempt asks the marker before it is
+    /// dead-lettered. [`Runtime::dispatch`] is not bounded: its caller awaits it.
     ///
     /// [`start`](Self::start) refuses zero with [`StartError::ZeroDeliveryTimeout`].
     pub fn delivery_timeout(mut self, timeout: Duration) -> Self {
@@ -201,8 +205,11 @@ impl RuntimeBuilder {
     ///
     /// Every registration problem is reported in one [`StartError::Registry`]; a missing container
     /// fails the start ([`StartError::Container`]): chatter never creates containers. A
-    /// [consumer concurrency](Self::consumer_concurrency) out of range fails it before anything
-    /// connects ([`StartError::ConsumerConcurrency`]).
+    /// [consumer concurrency](Self::consumer_concurrency) out of range, a zero
+    /// [delivery timeout](Self::delivery_timeout) and [relay options](Self::relay_options) that
+    /// cannot work fail it before anything connects ([`StartError::ConsumerConcurrency`],
+    /// [`StartError::ZeroDeliveryTimeout`], [`StartError::Relay`]). Each container check is
+    /// bounded by the relay's `store_timeout` (30 s without the relay).
     pub async fn start(self) -> Result<Runtime, StartError> {
         let concurrency = u16::try_from(self.consumer_concurrency)
             .ok()
@@ -212,6 +219,9 @@ impl RuntimeBuilder {
             })?;
         if self.delivery_timeout.is_zero() {
             return Err(StartError::ZeroDeliveryTimeout);
+        }
+        if let Some(options) = &self.relay {
+            options.validate()?;
         }
         let registry = match self.registry {
             Some(registry) => registry,
@@ -412,7 +422,9 @@ impl Runtime {
     }
 
     /// Handles `command` in process under the caller-supplied message id, through the same batch
-    /// lifecycle as a brokered delivery.
+    /// lifecycle as a brokered delivery. A handler that panics returns
+    /// [`PipelineError::HandlerPanicked`](crate::PipelineError::HandlerPanicked) instead of
+    /// unwinding into the caller. No delivery timeout applies: the caller awaits it.
     pub async fn dispatch<T: DocumentReliable>(
         &self,
         command: T,
@@ -494,8 +506,10 @@ impl Runtime {
             .unwrap_or_default()
     }
 
-    /// Stops consuming and waits for deliveries in progress to settle, then stops the relay:
-    /// pages in flight finish and leases are released for other instances.
+    /// Stops consuming and waits for deliveries in progress to settle (each at most its
+    /// [delivery timeout](RuntimeBuilder::delivery_timeout); one that runs out counts as a
+    /// failed attempt and is republished), then stops the relay: pages in flight finish and
+    /// leases are released for other instances.
     ///
     /// Deliveries a consumer holds that have not started (waiting behind another delivery of
     /// their partition-key value) are returned to the broker unsettled, which delivers them
