@@ -64,6 +64,7 @@ use std::time::{Duration, Instant};
 
 use azure_data_cosmos::TransactionalBatch;
 use chatter_runtime::BrokeredMessage;
+use chatter_runtime::broker::InMemoryBroker;
 use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection, provision};
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
 use chatter_tests::callgrind::{self, Invocation};
@@ -151,12 +152,7 @@ struct Bench {
 async fn setup() -> Result<Bench, BoxError> {
     let cosmos = CosmosConnection::embedded().await?;
     provision::ensure_container(&cosmos, "bench", "orders", &["/orderId"]).await?;
-    let runtime = Runtime::builder()
-        .cosmos(cosmos.clone())
-        .consume(false)
-        .without_relay()
-        .start()
-        .await?;
+    let runtime = chatter_tests::runtime::writer(&cosmos, InMemoryBroker::new()).await;
     let container = cosmos.container("bench", "orders").await?;
     Ok(Bench { runtime, container })
 }

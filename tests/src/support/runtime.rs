@@ -65,12 +65,7 @@ pub async fn seed<T: DocumentReliable>(
     cosmos: &CosmosConnection,
     commands: impl IntoIterator<Item = (T, String)>,
 ) -> Result<(), BoxError> {
-    let seeder = Runtime::builder()
-        .cosmos(cosmos.clone())
-        .consume(false)
-        .without_relay()
-        .start()
-        .await?;
+    let seeder = writer(cosmos, InMemoryBroker::new()).await;
     for (command, message_id) in commands {
         seeder.dispatch(command, message_id).await?;
     }
