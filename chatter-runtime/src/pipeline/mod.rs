@@ -22,7 +22,9 @@ use crate::atomic_write::{AtomicWriteHandle, HandlerContext};
 use crate::broker::Broker;
 use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::store::{self, BatchOperation};
-use crate::cosmos::{CosmosConnection, CosmosStoreError, ReadOutcome};
+use crate::cosmos::{
+    ContainerClient, CosmosConnection, CosmosStoreError, PartitionKey, ReadOutcome,
+};
 use crate::document;
 use crate::partition_key;
 use crate::registry::RegisteredCommand;
@@ -168,16 +170,11 @@ impl Pipeline {
             return Err(failed("Cosmos rejected the batch".to_owned()));
         }
         // A candidate duplicate: confirm against the conflicting document itself.
-        let confirmed = store::read_item_charged(&container, key, &marker_id)
+        match self
+            .read_marker(&container, key, &marker_id, message_id)
             .await
-            .map(|(read, request_charge)| {
-                self.charges.command_extra(request_charge);
-                read
-            });
-        match confirmed {
-            Ok(ReadOutcome::Found { document, .. })
-                if document::is_genuine_inbox_marker(&document, message_id) =>
-            {
+        {
+            Ok(Marker::Genuine) => {
                 tracing::debug!(
                     command = name,
                     message_id,
@@ -185,10 +182,10 @@ impl Pipeline {
                 );
                 Ok(Outcome::Duplicate)
             }
-            Ok(ReadOutcome::Found { .. }) => Err(failed(format!(
+            Ok(Marker::Foreign) => Err(failed(format!(
                 "the inbox marker conflicted with document '{marker_id}', which is not the inbox marker of this message id"
             ))),
-            Ok(ReadOutcome::NotFound) => Err(failed(format!(
+            Ok(Marker::Missing) => Err(failed(format!(
                 "the inbox marker conflicted but document '{marker_id}' could not be read back (404)"
             ))),
             Err(e) => Err(failed_because(
@@ -196,6 +193,28 @@ impl Pipeline {
                 Some(e),
             )),
         }
+    }
+
+    /// Point-reads document `marker_id` (its charge counted to the command) and tells whether
+    /// it is `message_id`'s inbox marker.
+    async fn read_marker(
+        &self,
+        container: &ContainerClient,
+        key: PartitionKey,
+        marker_id: &str,
+        message_id: &str,
+    ) -> Result<Marker, CosmosStoreError> {
+        let (read, request_charge) = store::read_item_charged(container, key, marker_id).await?;
+        self.charges.command_extra(request_charge);
+        Ok(match read {
+            ReadOutcome::Found { document, .. }
+                if document::is_genuine_inbox_marker(&document, message_id) =>
+            {
+                Marker::Genuine
+            }
+            ReadOutcome::Found { .. } => Marker::Foreign,
+            ReadOutcome::NotFound => Marker::Missing,
+        })
     }
 
     /// Whether an attempt of `message_id` committed: its inbox marker exists. `None` when no
@@ -217,14 +236,11 @@ impl Pipeline {
                 .cosmos
                 .container(registration.database, registration.container)
                 .await?;
-            store::read_item(&container, key, &marker_id).await
+            self.read_marker(&container, key, &marker_id, message_id)
+                .await
         };
-        match store::bounded("read_item", timeout, read).await.ok()? {
-            ReadOutcome::Found { document, .. } => {
-                Some(document::is_genuine_inbox_marker(&document, message_id))
-            }
-            ReadOutcome::NotFound => Some(false),
-        }
+        let marker = store::bounded("read_item", timeout, read).await.ok()?;
+        Some(marker == Marker::Genuine)
     }
 
     async fn pass_through(
@@ -253,6 +269,17 @@ impl Pipeline {
         }
         Ok(Outcome::HandledAtLeastOnce)
     }
+}
+
+/// What a point-read of an inbox marker's id found.
+#[derive(Debug, PartialEq, Eq)]
+enum Marker {
+    /// The inbox marker of the message id: an attempt of it committed.
+    Genuine,
+    /// Another document under the marker's id.
+    Foreign,
+    /// Nothing.
+    Missing,
 }
 
 /// Runs the handler (decoding the command first). A panic in either is caught and returned as
