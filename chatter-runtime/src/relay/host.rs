@@ -35,7 +35,9 @@ pub(crate) struct RelayHost {
 }
 
 impl RelayHost {
-    /// Verifies every monitored container, then starts one processor per source.
+    /// Verifies every monitored container, then starts one processor per source. `options`
+    /// were validated by [`RuntimeBuilder::start`](crate::RuntimeBuilder::start), before it
+    /// checked any container with their store timeout.
     pub(crate) async fn start(
         cosmos: &CosmosConnection,
         broker: Arc<dyn Broker>,
@@ -44,7 +46,6 @@ impl RelayHost {
         charges: &Arc<RequestMeter>,
         telemetry: &Telemetry,
     ) -> Result<Self, RelayError> {
-        options.validate()?;
         contract::verify_all(cosmos, sources, options.processor.store_timeout).await?;
 
         let instance = identity::instance_name();
