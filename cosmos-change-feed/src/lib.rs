@@ -168,6 +168,7 @@ impl ChangeFeedProcessor {
             options: ChangeFeedProcessorOptions::default(),
             faults: None,
             empty_reads: None,
+            released: None,
         }
     }
 }
@@ -181,6 +182,7 @@ pub struct ChangeFeedProcessorBuilder {
     options: ChangeFeedProcessorOptions,
     faults: Option<fault::FaultHandler>,
     empty_reads: Option<worker::EmptyReadHandler>,
+    released: Option<worker::LeaseHandler>,
 }
 
 impl std::fmt::Debug for ChangeFeedProcessorBuilder {
@@ -214,6 +216,16 @@ impl ChangeFeedProcessorBuilder {
     /// panic in `handler` is contained.
     pub fn on_empty_read(mut self, handler: impl Fn(&str) + Send + Sync + 'static) -> Self {
         self.empty_reads = Some(Arc::new(handler));
+        self
+    }
+
+    /// Tells `handler` the lease token of every lease this instance stops polling: lost to
+    /// another instance, given up after renewals failed for almost the expiry, split into its
+    /// children, or released at shutdown. Called after its last page has finished, so per-lease
+    /// state kept beside the processor can be dropped (a lease that comes back starts afresh). A
+    /// panic in `handler` is contained.
+    pub fn on_lease_released(mut self, handler: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        self.released = Some(Arc::new(handler));
         self
     }
 
@@ -276,6 +288,7 @@ impl ChangeFeedProcessorBuilder {
                 .faults
                 .unwrap_or_else(|| fault::log_fault(processor.clone())),
             empty_reads: self.empty_reads,
+            released: self.released,
         };
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();

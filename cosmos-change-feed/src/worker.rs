@@ -181,10 +181,15 @@ pub(crate) struct WorkerContext {
     pub(crate) faults: FaultHandler,
     /// Told about every empty read, if anyone asked.
     pub(crate) empty_reads: Option<EmptyReadHandler>,
+    /// Told about every lease this instance stops polling, if anyone asked.
+    pub(crate) released: Option<LeaseHandler>,
 }
 
 /// Told the lease token of every read that found nothing new.
 pub(crate) type EmptyReadHandler = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Told the lease token of every lease this instance stops polling.
+pub(crate) type LeaseHandler = Arc<dyn Fn(&str) + Send + Sync>;
 
 impl WorkerContext {
     /// Reports `fault` to the fault handler; a handler that panics is contained here.
@@ -242,6 +247,9 @@ pub(crate) async fn poll(ctx: WorkerContext, slot: Arc<LeaseSlot>) {
     lock_owned(&ctx.owned).insert(slot.lease_token.clone(), LeaseProgress::default());
     let position = poll_until_stopped(&ctx, &slot).await;
     lock_owned(&ctx.owned).remove(&slot.lease_token);
+    if let Some(released) = &ctx.released {
+        let _ = std::panic::catch_unwind(AssertUnwindSafe(|| released(&slot.lease_token)));
+    }
     slot.poller_done.cancel();
     if slot.reason() == StopReason::Shutdown {
         release(&ctx, &slot, position).await;

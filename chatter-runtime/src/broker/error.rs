@@ -8,7 +8,8 @@ pub type TransportError = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BrokerError {
-    /// The destination cannot name a queue on this broker (empty, or too long for AMQP).
+    /// The destination cannot name a queue on this broker (empty, or too long for AMQP): a
+    /// protocol limit no broker setting can lift.
     #[error("invalid destination `{destination}`: {reason}")]
     InvalidDestination {
         /// The destination as given.
@@ -27,8 +28,8 @@ pub enum BrokerError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The broker did not take responsibility for the message (publisher confirm was a nack, or
-    /// the message was returned as unroutable): it was not published and may be retried.
+    /// The broker did not take responsibility for the message (the publisher confirm was a
+    /// nack): it was not published and may be retried.
     #[error("the broker refused message `{message_id}` for `{destination}`: {reason}")]
     Rejected {
         /// The message's `MessageId`.
@@ -37,6 +38,20 @@ pub enum BrokerError {
         destination: String,
         /// What the broker answered.
         reason: String,
+    },
+    /// The broker refuses the destination or the message because of how it is set up (a
+    /// permission, a queue declared with other arguments, a message-size limit, no route):
+    /// nothing was published. An operator can change that setting, after which the same message
+    /// is taken, so this is never a verdict on the message: the relay keeps the document pending
+    /// and publishes it once the broker takes it.
+    #[error("the broker refuses `{destination}`: {reply}; {fix}", fix = refusal.fix())]
+    Refused {
+        /// The message's `Destination`.
+        destination: String,
+        /// What kind of setting refuses it.
+        refusal: Refusal,
+        /// The broker's own reply, e.g. `406 PRECONDITION_FAILED - inequivalent arg 'durable'`.
+        reply: String,
     },
     /// A delivery could not be read back as a Brokered Message (e.g. a body that is not UTF-8,
     /// published by a foreign client). It was moved as it is to `<destination>.dead-letter`
@@ -95,6 +110,7 @@ impl BrokerError {
             Self::InvalidDestination { .. } => "chatter_runtime::BrokerError::InvalidDestination",
             Self::InvalidMessage { .. } => "chatter_runtime::BrokerError::InvalidMessage",
             Self::Rejected { .. } => "chatter_runtime::BrokerError::Rejected",
+            Self::Refused { .. } => "chatter_runtime::BrokerError::Refused",
             Self::Undecodable { .. } => "chatter_runtime::BrokerError::Undecodable",
             Self::SettlementLost { .. } => "chatter_runtime::BrokerError::SettlementLost",
             Self::Timeout { .. } => "chatter_runtime::BrokerError::Timeout",
@@ -102,13 +118,15 @@ impl BrokerError {
         }
     }
 
-    /// Whether the broker will refuse this message every time, whatever the state of the broker
-    /// or the connection: [`InvalidDestination`](Self::InvalidDestination) and
-    /// [`InvalidMessage`](Self::InvalidMessage), verdicts on the message's own fields.
+    /// Whether the broker will refuse this message every time, whatever the state of the broker,
+    /// its settings or the connection: [`InvalidDestination`](Self::InvalidDestination) and
+    /// [`InvalidMessage`](Self::InvalidMessage), verdicts on the message's own fields against
+    /// the protocol's limits.
     ///
     /// The relay stamps a pending Outbox Document whose publish fails permanently
     /// `undeliverable` instead of retrying it forever; every other error (a lost connection, a
-    /// publisher-confirm nack, a timeout) is transient and the document is published again.
+    /// publisher-confirm nack, a timeout, a [refusal](Self::Refused) an operator can lift) is
+    /// not, and the document is published again.
     pub fn is_permanent(&self) -> bool {
         matches!(
             self,
@@ -116,11 +134,68 @@ impl BrokerError {
         )
     }
 
+    /// The setting that refuses the message, when the broker [refused](Self::Refused) it.
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            Self::Refused { refusal, .. } => Some(*refusal),
+            _ => None,
+        }
+    }
+
     /// A [`BrokerError::Transport`] for `operation`.
     pub fn transport(operation: impl Into<String>, source: impl Into<TransportError>) -> Self {
         Self::Transport {
             operation: operation.into(),
             source: source.into(),
+        }
+    }
+}
+
+/// What kind of broker setting [refuses](BrokerError::Refused) a destination or a message; each
+/// names the fix an operator applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The broker's user may not declare or write to the destination (AMQP 403
+    /// `ACCESS_REFUSED`).
+    AccessRefused,
+    /// The destination exists with other settings than the ones it is declared with, e.g. a
+    /// queue another service declared non-durable (AMQP 406 `PRECONDITION_FAILED` on
+    /// `queue.declare`).
+    ConflictingDeclaration,
+    /// The destination is held exclusively by another connection (AMQP 405 `RESOURCE_LOCKED`).
+    Locked,
+    /// The message is larger than the broker is configured to take (AMQP 406
+    /// `PRECONDITION_FAILED` on `basic.publish`).
+    TooLarge,
+    /// The broker has no route to the destination (the message was returned as unroutable).
+    Unroutable,
+}
+
+impl Refusal {
+    /// What an operator changes so the broker takes the message.
+    pub fn fix(self) -> &'static str {
+        match self {
+            Self::AccessRefused => {
+                "grant the broker user the configure and write permissions on the destination \
+                 (RabbitMQ: `rabbitmqctl set_permissions`)"
+            }
+            Self::ConflictingDeclaration => {
+                "the destination exists with other settings than chatter declares (a durable \
+                 queue without arguments): delete it or declare it so, and the waiting messages \
+                 are published"
+            }
+            Self::Locked => {
+                "another connection holds the destination exclusively: close that connection or \
+                 make the queue non-exclusive"
+            }
+            Self::TooLarge => {
+                "the message is larger than the broker's configured maximum: raise the limit \
+                 (RabbitMQ: `max_message_size`)"
+            }
+            Self::Unroutable => {
+                "the broker has no route to the destination: declare the queue or bind it"
+            }
         }
     }
 }

@@ -30,7 +30,7 @@ use futures::Stream;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
-pub use error::{BrokerError, TransportError};
+pub use error::{BrokerError, Refusal, TransportError};
 pub use in_memory::InMemoryBroker;
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq::{

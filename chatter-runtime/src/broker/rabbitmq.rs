@@ -30,7 +30,7 @@ use lapin::{Acker, BasicProperties, Channel, Confirmation, Connection, Connectio
 use serde_json::{Map, Value};
 use tokio::runtime::Handle;
 
-use super::{Broker, BrokerError, Delivery, Liveness, Settle, Subscription};
+use super::{Broker, BrokerError, Delivery, Liveness, Refusal, Settle, Subscription};
 use crate::backoff;
 use crate::error_chain::ErrorChain;
 use crate::message::BrokeredMessage;
@@ -55,7 +55,11 @@ const DEFAULT_PREFETCH: u16 = 1;
 /// - [`publish`](Broker::publish) declares the destination's durable queue (once per connection),
 ///   publishes with `mandatory` set and waits for the publisher confirm: a nack is
 ///   [`BrokerError::Rejected`]; a message returned as unroutable (its queue was deleted since)
-///   is published once more after declaring the queue again, then is `Rejected` too.
+///   is published once more after declaring the queue again, then is
+///   [`BrokerError::Refused`]. A server that refuses the queue or the message because of its
+///   settings (403 access refused, 405 locked, 406 a queue declared with other arguments or a
+///   message over the configured size) is [`BrokerError::Refused`] too: never permanent, as
+///   an operator can lift it.
 /// - [`subscribe`](Broker::subscribe) opens a channel of its own with a prefetch of
 ///   [`prefetch`](Self::with_prefetch) (1 by default; [`Broker::subscribe_with_prefetch`] sets
 ///   it per subscription, as the runtime's consumers do) and consumes with manual ack;
@@ -444,7 +448,11 @@ impl Inner {
             mandatory: true,
             immediate: false,
         };
-        let operation = || format!("basic.publish `{message_id}`");
+        let publish_error = |error: lapin::Error| {
+            refusal(destination, AmqpMethod::Publish, &error).unwrap_or_else(|| {
+                BrokerError::transport(format!("basic.publish `{message_id}`"), error)
+            })
+        };
         let rejected = |reason: String| BrokerError::Rejected {
             message_id: message_id.to_owned(),
             destination: destination.to_owned(),
@@ -467,9 +475,9 @@ impl Inner {
                     properties.clone(),
                 )
                 .await
-                .map_err(|e| BrokerError::transport(operation(), e))?
+                .map_err(&publish_error)?
                 .await
-                .map_err(|e| BrokerError::transport(operation(), e))?;
+                .map_err(&publish_error)?;
             return match confirmation {
                 Confirmation::Ack(None) => Ok(()),
                 Confirmation::Ack(Some(returned)) => {
@@ -477,10 +485,11 @@ impl Inner {
                     if attempt < 2 {
                         continue;
                     }
-                    Err(rejected(format!(
-                        "returned as unroutable ({} {})",
-                        returned.reply_code, returned.reply_text
-                    )))
+                    Err(BrokerError::Refused {
+                        destination: destination.to_owned(),
+                        refusal: Refusal::Unroutable,
+                        reply: format!("{} {}", returned.reply_code, returned.reply_text),
+                    })
                 }
                 Confirmation::Nack(_) => Err(rejected("the publisher confirm was a nack".into())),
                 Confirmation::NotRequested => Err(rejected(
@@ -733,19 +742,40 @@ impl Broker for RabbitMqBroker {
     }
 }
 
-/// A failed `queue.declare`: the server's refusal of the queue itself (403 access refused, 406
-/// a queue of that name with other arguments) is permanent; anything else is a transport error.
+/// A failed `queue.declare`: a refusal when the server refused the queue because of how it is
+/// set up (see [`refusal`]); anything else is a transport error.
 fn declare_error(destination: &str, error: lapin::Error) -> BrokerError {
-    if let lapin::ErrorKind::ProtocolError(amqp) = error.kind() {
-        let code = amqp.kind().get_id();
-        if code == 403 || code == 406 {
-            return BrokerError::InvalidDestination {
-                destination: destination.to_owned(),
-                reason: format!("RabbitMQ refuses to declare the queue ({code}): {amqp}"),
-            };
-        }
-    }
-    BrokerError::transport(format!("queue.declare `{destination}`"), error)
+    refusal(destination, AmqpMethod::Declare, &error)
+        .unwrap_or_else(|| BrokerError::transport(format!("queue.declare `{destination}`"), error))
+}
+
+/// The AMQP method a server refusal answered.
+#[derive(Debug, Clone, Copy)]
+enum AmqpMethod {
+    Declare,
+    Publish,
+}
+
+/// The server's refusal in `error`, when it closed the channel with a reply that a broker
+/// setting decides: 403 access refused, 405 an exclusive queue of another connection, 406 a
+/// queue declared with other arguments (on `queue.declare`) or a message over the configured
+/// size (on `basic.publish`). These are never permanent: an operator lifts them.
+fn refusal(destination: &str, method: AmqpMethod, error: &lapin::Error) -> Option<BrokerError> {
+    let lapin::ErrorKind::ProtocolError(amqp) = error.kind() else {
+        return None;
+    };
+    let refusal = match (amqp.kind().get_id(), method) {
+        (403, _) => Refusal::AccessRefused,
+        (405, _) => Refusal::Locked,
+        (406, AmqpMethod::Declare) => Refusal::ConflictingDeclaration,
+        (406, AmqpMethod::Publish) => Refusal::TooLarge,
+        _ => return None,
+    };
+    Some(BrokerError::Refused {
+        destination: destination.to_owned(),
+        refusal,
+        reply: amqp.to_string(),
+    })
 }
 
 /// `destination` as an AMQP queue name: non-blank, at most 255 bytes (a short string), and not

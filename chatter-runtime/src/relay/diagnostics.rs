@@ -77,12 +77,45 @@ pub(crate) fn drain_resumed(source_identity: &str, lease_token: &str) {
     });
 }
 
+/// The broker refuses a pending document of `lease_token` because of one of its settings: the
+/// lease is blocked (its pages fail, nothing is stamped) until an operator changes it. Logged
+/// once, when the block starts; `error` names the destination, the broker's reply and the fix.
+pub(crate) fn refused(
+    source_identity: &str,
+    lease_token: &str,
+    error: &(dyn std::error::Error + 'static),
+) {
+    guarded(|| {
+        tracing::error!(
+            source_identity,
+            lease_token,
+            error,
+            "The Cosmos Outbox Relay cannot publish the pending Outbox Documents of lease \
+             {lease_token}: the broker refuses them because of how it is set up, not because of \
+             the documents. They stay pending, nothing is marked undeliverable, and they are \
+             published as soon as the broker takes them; the error says what to change."
+        );
+    });
+}
+
+/// The broker took a page of a lease it had refused: the lease drains again.
+pub(crate) fn refusal_lifted(source_identity: &str, lease_token: &str) {
+    guarded(|| {
+        tracing::info!(
+            source_identity,
+            lease_token,
+            "The Cosmos Outbox Relay publishes lease {lease_token} again: the broker takes its \
+             documents."
+        );
+    });
+}
+
 /// The change feed of `lease_token` faulted: a read, a page that failed, or a checkpoint
 /// that could not be written. The lease does not advance until the fault clears.
 ///
-/// Every fault is counted. A page refused because its lease is suspended is logged at debug
-/// only: that is the suspension working, logged at Error when it opened and visible in health,
-/// and an Error on every refused poll would flood.
+/// Every fault is counted. A page refused because its lease is suspended, or failed because the
+/// broker refuses a document, is logged at debug only: each was logged at Error when it started
+/// and is visible in health, and an Error on every poll would flood.
 pub(crate) fn change_feed_fault(
     metrics: Option<&SourceMetrics>,
     source_identity: &str,
@@ -92,15 +125,30 @@ pub(crate) fn change_feed_fault(
     if let Some(metrics) = metrics {
         metrics.failure(lease_token, error_type(error));
     }
-    if let Some(DrainError::Suspended { .. }) = error.downcast_ref::<DrainError>() {
-        guarded(|| {
-            tracing::debug!(
-                source_identity,
-                lease_token,
-                "page refused: the lease is suspended"
-            );
-        });
-        return;
+    match error.downcast_ref::<DrainError>() {
+        Some(DrainError::Suspended { .. }) => {
+            guarded(|| {
+                tracing::debug!(
+                    source_identity,
+                    lease_token,
+                    "page refused: the lease is suspended"
+                );
+            });
+            return;
+        }
+        // Logged at Error when the refusal started (`refused`), and shown in health.
+        Some(DrainError::Refused { .. }) => {
+            guarded(|| {
+                tracing::debug!(
+                    source_identity,
+                    lease_token,
+                    error,
+                    "page failed: the broker still refuses a document"
+                );
+            });
+            return;
+        }
+        _ => {}
     }
     guarded(|| {
         tracing::error!(

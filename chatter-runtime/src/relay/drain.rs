@@ -7,14 +7,20 @@
 //! 1. Only genuine pending Outbox Documents pass the pending gate; everything else (the handler's
 //!    own documents, inbox markers, delivered documents, the relay's own stamps coming back) is
 //!    skipped.
-//! 2. The [Outbox Document Contract](crate::document::outbox_contract) verifies it. A document
-//!    whose own fields prove it can never be published, or that the broker will refuse every time
-//!    ([`BrokerError::is_permanent`]), is stamped `undeliverable` (one op, no ttl), then logged at
-//!    Error, and the page goes on past it.
+//! 2. Its drain lag is recorded (admitted), then the
+//!    [Outbox Document Contract](crate::document::outbox_contract) verifies it. A document whose
+//!    own fields prove it can never be published, or break a protocol limit no broker setting
+//!    lifts ([`BrokerError::is_permanent`], e.g. an AMQP queue name over 255 bytes), is stamped
+//!    `undeliverable` (one op, no ttl), then logged at Error, and the page goes on past it.
 //! 3. Otherwise it is published, and only after the broker confirmed stamped delivered with a TTL
 //!    in one patch. A failed publish stamps nothing and fails the page, so the change-feed
-//!    processor does not checkpoint past it: at-least-once, never lost. A failed stamp after a
-//!    publish is a Confirmation Failure, counted by the gate.
+//!    processor does not checkpoint past it: at-least-once, never lost. A broker that refuses
+//!    the document because of a setting ([`BrokerError::Refused`]: a permission, a queue
+//!    declared with other arguments, a size limit, no route) fails the page the same way and
+//!    blocks the lease (logged at Error once, shown in health) until a page drains again: the
+//!    document is never given up for a setting an operator can fix. A failed stamp after a
+//!    publish is a Confirmation Failure, counted by the gate, and so is a page cancelled by the
+//!    processor's handler timeout after it published.
 //!
 //! **Order and concurrency.** The page's pending documents are grouped by partition-key value
 //! (a logical partition). Within a group they are published and stamped one after another, in
@@ -27,13 +33,18 @@
 //! gate skips what was already stamped. So two events of one logical partition reach the broker
 //! in the order they were written; events of different partitions may interleave.
 //!
+//! While a lease is failing (it has failed confirmations, the page is its suspension's probe,
+//! or the broker refuses one of its documents) its pages are drained one document at a time
+//! instead, stopping at the first failure, so a failing page publishes one document, not one
+//! per group: the suspension's bound holds however wide the page.
+//!
 //! Every stamp that lands mints a [`ConfirmationReceipt`]; the page's receipts are presented to
 //! the gate once, after the whole page, and a failed page counts as one Confirmation Failure when
 //! any of its groups failed to confirm.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -42,7 +53,7 @@ use tokio::sync::Semaphore;
 use super::delivery::DeliverySettings;
 use super::diagnostics;
 use super::error::DrainError;
-use super::suspension::{ConfirmationReceipt, DrainGate};
+use super::suspension::{Admission, ConfirmationReceipt, DrainGate};
 use crate::broker::{Broker, BrokerError};
 use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::{self, ContainerClient, CosmosStoreError};
@@ -145,6 +156,42 @@ struct GroupOutcome {
     report: DrainReport,
     receipt: Option<ConfirmationReceipt>,
     error: Option<DrainError>,
+}
+
+/// One page being drained: what its groups share, and the guard that counts the page as a
+/// Confirmation Failure when it is dropped unfinished (cancelled by the processor's handler
+/// timeout) after publishing messages whose stamps had not landed: each of them is published
+/// again, exactly as after a refused stamp.
+struct PageInFlight<'a> {
+    gate: &'a DrainGate,
+    lease_token: &'a str,
+    /// Set by the first failing group: the others start no new document.
+    stop: AtomicBool,
+    /// Documents the broker confirmed whose stamp has not landed (yet).
+    unconfirmed: AtomicUsize,
+    finished: bool,
+}
+
+impl PageInFlight<'_> {
+    /// The page ran to its end; what it did is recorded by the drain itself.
+    fn finish(mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for PageInFlight<'_> {
+    fn drop(&mut self) {
+        let unconfirmed = self.unconfirmed.load(Ordering::Acquire);
+        if self.finished || unconfirmed == 0 {
+            return;
+        }
+        let cancelled = DrainError::Cancelled {
+            lease_token: self.lease_token.to_owned(),
+            unconfirmed,
+        };
+        self.gate
+            .record_confirmation_failure(self.lease_token, &cancelled);
+    }
 }
 
 /// Drains the pages of one monitored container, for one change-feed processor.
@@ -264,9 +311,10 @@ impl Drain {
         &self.gate
     }
 
-    /// Drains one page of `lease_token`: its partition-key groups concurrently, each in order;
-    /// fails when any group failed, after every document in flight has finished, so nothing
-    /// of a failed page is checkpointed.
+    /// Drains one page of `lease_token`: its partition-key groups concurrently, each in order
+    /// (one document at a time while the lease is failing, see [`Admission`]); fails when any
+    /// group failed, after every document in flight has finished, so nothing of a failed page
+    /// is checkpointed.
     pub async fn drain(
         &self,
         lease_token: &str,
@@ -276,19 +324,38 @@ impl Drain {
         if let Some(metrics) = &self.metrics {
             metrics.batch(lease_token, documents.len());
         }
-        if !self.gate.permit_drain(lease_token) {
+        let admission = self.gate.admit(lease_token);
+        if admission == Admission::Refused {
             return Err(DrainError::Suspended {
                 lease_token: lease_token.to_owned(),
             });
         }
         let (groups, skipped) = self.groups(documents);
-        let stop = AtomicBool::new(false);
-        let outcomes = futures::future::join_all(
-            groups
-                .iter()
-                .map(|group| self.drain_group(lease_token, group, &stop)),
-        )
-        .await;
+        // Counts a page cancelled (by the processor's handler timeout) after it published.
+        let page = PageInFlight {
+            gate: &self.gate,
+            lease_token,
+            stop: AtomicBool::new(false),
+            unconfirmed: AtomicUsize::new(0),
+            finished: false,
+        };
+        let outcomes = match admission {
+            Admission::OneAtATime => {
+                let mut outcomes = Vec::with_capacity(groups.len());
+                for group in &groups {
+                    outcomes.push(self.drain_group(&page, group).await);
+                    if page.stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                }
+                outcomes
+            }
+            _ => {
+                futures::future::join_all(groups.iter().map(|group| self.drain_group(&page, group)))
+                    .await
+            }
+        };
+        page.finish();
         let mut report = DrainReport {
             skipped,
             ..DrainReport::default()
@@ -309,15 +376,16 @@ impl Drain {
             return Ok(report);
         };
         let rest: Vec<DrainError> = failures.collect();
+        let all = || std::iter::once(&first).chain(&rest);
         // One Confirmation Failure per failed page, however many of its groups failed to confirm.
-        if let Some(source) = std::iter::once(&first)
-            .chain(&rest)
-            .find_map(|error| match error {
-                DrainError::Confirmation { source, .. } => Some(source),
-                _ => None,
-            })
-        {
+        if let Some(source) = all().find_map(|error| match error {
+            DrainError::Confirmation { source, .. } => Some(source),
+            _ => None,
+        }) {
             self.gate.record_confirmation_failure(lease_token, source);
+        }
+        if let Some(refused) = all().find(|error| matches!(error, DrainError::Refused { .. })) {
+            self.gate.record_refusal(lease_token, refused);
         }
         // The first failure fails the page (and is logged with it); the others are logged here.
         for other in &rest {
@@ -356,26 +424,21 @@ impl Drain {
     }
 
     /// Publishes and stamps one group's documents one after another, each holding an in-flight
-    /// permit; stops at its first failure, or before its next document once `stop` is set by
-    /// another group's failure.
-    async fn drain_group(
-        &self,
-        lease_token: &str,
-        group: &[Pending<'_>],
-        stop: &AtomicBool,
-    ) -> GroupOutcome {
+    /// permit; stops at its first failure, or before its next document once another group's
+    /// failure stopped the page.
+    async fn drain_group(&self, page: &PageInFlight<'_>, group: &[Pending<'_>]) -> GroupOutcome {
         let mut outcome = GroupOutcome::default();
         for pending in group {
-            if stop.load(Ordering::Acquire) {
+            if page.stop.load(Ordering::Acquire) {
                 break;
             }
             // The semaphore is never closed; without a permit the document would still be
             // drained, so an `Err` cannot lose anything.
             let _permit = self.in_flight.0.acquire().await.ok();
-            if stop.load(Ordering::Acquire) {
+            if page.stop.load(Ordering::Acquire) {
                 break;
             }
-            match self.process(lease_token, pending).await {
+            match self.process(page, pending).await {
                 Ok(Processed::Published(minted)) => {
                     outcome.report.published += 1;
                     outcome.receipt = Some(minted);
@@ -385,7 +448,7 @@ impl Drain {
                     outcome.receipt = Some(minted);
                 }
                 Err(error) => {
-                    stop.store(true, Ordering::Release);
+                    page.stop.store(true, Ordering::Release);
                     outcome.error = Some(error);
                     break;
                 }
@@ -397,10 +460,16 @@ impl Drain {
     /// Verifies, publishes and stamps one pending document.
     async fn process(
         &self,
-        lease_token: &str,
+        page: &PageInFlight<'_>,
         pending: &Pending<'_>,
     ) -> Result<Processed, DrainError> {
+        let lease_token = page.lease_token;
         let Pending { doc, id, key } = pending;
+        // Admitted past the pending gate: its age is taken now, before the contract, so an
+        // undeliverable document and a publish that fails still report it.
+        if let Some(metrics) = &self.metrics {
+            metrics.lag(doc);
+        }
         let mut message = match outbox_contract::verify(doc) {
             Ok(verified) => verified.into_message(),
             Err(violations) => {
@@ -408,10 +477,6 @@ impl Drain {
                 return self.give_up(lease_token, key, id, &reason).await;
             }
         };
-        // Admitted: its age is taken now, so a publish that fails still reports it.
-        if let Some(metrics) = &self.metrics {
-            metrics.lag(doc);
-        }
         let message_id = message.message_id.clone();
         let destination = message.destination.clone();
         let span = self.tracer.as_ref().map(|tracer| {
@@ -446,12 +511,21 @@ impl Drain {
                     metrics.document(DrainOutcome::Admitted);
                 }
             }
+            // Only a protocol limit on the document's own fields: no broker setting lifts it.
             Err(refusal) if refusal.is_permanent() => {
                 let reason = UndeliverableReason::BrokerRefusal {
                     message_id,
                     refusal: Arc::new(refusal),
                 };
                 return self.give_up(lease_token, key, id, &reason).await;
+            }
+            // A setting an operator changes: the document waits for it, pending.
+            Err(source) if source.refusal().is_some() => {
+                return Err(DrainError::Refused {
+                    message_id,
+                    destination,
+                    source,
+                });
             }
             Err(source) => {
                 return Err(DrainError::Publish {
@@ -465,6 +539,7 @@ impl Drain {
             &self.settings.delivered_status,
             self.settings.delivered_ttl_seconds,
         );
+        page.unconfirmed.fetch_add(1, Ordering::AcqRel);
         let receipt =
             self.patch(key, id, &stamp)
                 .await
@@ -472,6 +547,7 @@ impl Drain {
                     message_id: message_id.clone(),
                     source,
                 })?;
+        page.unconfirmed.fetch_sub(1, Ordering::AcqRel);
         tracing::debug!(
             message_id,
             destination,

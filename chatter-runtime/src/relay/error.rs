@@ -25,6 +25,21 @@ pub enum RelayError {
     /// [`RelayOptions::backlog_interval`] is zero: the estimates would run back to back.
     #[error("invalid relay options: `backlog_interval` must be greater than zero")]
     ZeroBacklogInterval,
+    /// [`RelayOptions::handler_timeout`] is not greater than one document's publish and stamp
+    /// ([`RelayOptions::publish_timeout`] plus [`RelayOptions::store_timeout`]): a slow stamp
+    /// would have its page cancelled after the publish, and the message published again.
+    #[error(
+        "invalid relay options: `handler_timeout` ({handler_timeout:?}) must be greater than \
+         `publish_timeout` ({publish_timeout:?}) plus `store_timeout` ({store_timeout:?})"
+    )]
+    HandlerTimeoutTooShort {
+        /// The page bound.
+        handler_timeout: std::time::Duration,
+        /// The publish bound.
+        publish_timeout: std::time::Duration,
+        /// The store-call bound.
+        store_timeout: std::time::Duration,
+    },
     /// The delivery settings are invalid.
     #[error(transparent)]
     Delivery(#[from] DeliverySettingsError),
@@ -86,6 +101,22 @@ pub enum DrainError {
         #[source]
         source: BrokerError,
     },
+    /// The broker refuses the document because of one of its settings (a permission, a
+    /// conflicting queue, a size limit, no route): nothing was published or stamped, the
+    /// document stays pending, and the lease is blocked until the setting is changed.
+    #[error(
+        "the broker refuses outbox message '{message_id}' for `{destination}` because of how it \
+         is set up; it stays pending and is published once the broker takes it"
+    )]
+    Refused {
+        /// The message id.
+        message_id: String,
+        /// The destination.
+        destination: String,
+        /// The broker's refusal: its reply and the fix.
+        #[source]
+        source: BrokerError,
+    },
     /// Published, but the delivered stamp failed (a Confirmation Failure): it will be published
     /// again (consumers dedup), until the gate suspends the lease.
     #[error(
@@ -97,6 +128,19 @@ pub enum DrainError {
         /// The store error.
         #[source]
         source: CosmosStoreError,
+    },
+    /// The page was cancelled (its handler timeout elapsed) after publishing messages that were
+    /// not marked delivered: a Confirmation Failure, as each will be published again. Never
+    /// returned (the page's future is gone); it is the cause the gate counts.
+    #[error(
+        "the page of lease '{lease_token}' was cancelled after publishing {unconfirmed} \
+         message(s) that were not marked delivered; they are published again"
+    )]
+    Cancelled {
+        /// The lease.
+        lease_token: String,
+        /// Messages the broker confirmed whose stamp had not landed.
+        unconfirmed: usize,
     },
     /// An undeliverable document could not be stamped; nothing was published, so this is no
     /// Confirmation Failure.
@@ -116,7 +160,9 @@ impl DrainError {
         match self {
             Self::Suspended { .. } => "chatter_runtime::DrainError::Suspended",
             Self::Publish { .. } => "chatter_runtime::DrainError::Publish",
+            Self::Refused { .. } => "chatter_runtime::DrainError::Refused",
             Self::Confirmation { .. } => "chatter_runtime::DrainError::Confirmation",
+            Self::Cancelled { .. } => "chatter_runtime::DrainError::Cancelled",
             Self::UndeliverableStamp { .. } => "chatter_runtime::DrainError::UndeliverableStamp",
         }
     }

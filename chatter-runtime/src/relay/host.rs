@@ -105,11 +105,13 @@ impl RelayHost {
         for (processor, gate, backlogs) in &self.processors {
             for status in processor.lease_statuses() {
                 let suspended = gate.is_suspended(&status.lease_token);
+                let blocked = gate.blocked(&status.lease_token);
                 let backlog = backlogs.of(&status.lease_token);
                 statuses.push(LeaseState {
                     processor: processor.processor_name().to_owned(),
                     status,
                     suspended,
+                    blocked,
                     backlog,
                 });
             }
@@ -117,12 +119,16 @@ impl RelayHost {
         statuses
     }
 
-    /// The leases under a Drain Suspension now, per processor (only processors with one).
+    /// The leases this instance owns that are under a Drain Suspension now, per processor (only
+    /// processors with one).
     pub(crate) fn suspended_leases(&self) -> Vec<(String, Vec<String>)> {
         self.processors
             .iter()
             .filter_map(|(p, gate, _)| {
-                let suspended = gate.suspended_leases();
+                let owned = p.owned_leases();
+                let mut suspended = gate.suspended_leases();
+                // A lease released a moment ago may still be forgotten by its gate.
+                suspended.retain(|lease| owned.contains(lease));
                 (!suspended.is_empty()).then(|| (p.processor_name().to_owned(), suspended))
             })
             .collect()
@@ -202,6 +208,7 @@ async fn start_one(
     let processor_name = source.processor_name.clone();
     let label = format!("{}/{}", source.database, source.container);
     let fault_source = processor_name.clone();
+    let released_gate = Arc::clone(&gate);
     let processor =
         ChangeFeedProcessor::builder(&source.processor_name, instance, monitored, leases)
             .options(options.processor.clone())
@@ -213,6 +220,9 @@ async fn start_one(
                     fault.error,
                 );
             })
+            // Suspension and refusal state belongs to the owner: a lease that leaves this
+            // instance is forgotten, and one that comes back starts with a clean record.
+            .on_lease_released(move |lease_token: &str| released_gate.forget(lease_token))
             // An empty read is lease progress too: counted as a batch of 0, so an idle lease
             // is told apart from a stalled one.
             .on_empty_read(move |lease_token: &str| {
@@ -265,6 +275,7 @@ pub(crate) struct LeaseState {
     pub(crate) processor: String,
     pub(crate) status: LeaseStatus,
     pub(crate) suspended: bool,
+    pub(crate) blocked: Option<String>,
     pub(crate) backlog: Option<u64>,
 }
 

@@ -70,6 +70,18 @@ impl RelayOptions {
         if self.backlog_interval.is_zero() {
             return Err(RelayError::ZeroBacklogInterval);
         }
+        // A page cancelled between a publish and its stamp publishes that message again; with a
+        // bound no longer than one publish and one stamp, every slow stamp would do so.
+        let needed = self
+            .publish_timeout
+            .saturating_add(self.processor.store_timeout);
+        if self.processor.handler_timeout <= needed {
+            return Err(RelayError::HandlerTimeoutTooShort {
+                handler_timeout: self.processor.handler_timeout,
+                publish_timeout: self.publish_timeout,
+                store_timeout: self.processor.store_timeout,
+            });
+        }
         Ok(())
     }
 
@@ -128,8 +140,10 @@ impl RelayOptions {
         self
     }
 
-    /// The bound of draining one page; past it the page is cancelled and read again.
-    /// Default **5 min**.
+    /// The bound of draining one page; past it the page is cancelled and read again (a page
+    /// cancelled after it published counts as a Confirmation Failure, as its messages are
+    /// published again). Default **5 min**; must be greater than `publish_timeout` plus
+    /// `store_timeout`, one document's publish and stamp.
     pub fn handler_timeout(mut self, timeout: Duration) -> Self {
         self.processor.handler_timeout = timeout;
         self

@@ -87,12 +87,35 @@ impl MonotonicClock for ManualClock {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConfirmationReceipt;
 
-/// One lease's confirmation record.
-#[derive(Debug, Clone, Copy)]
+/// One lease's record: its confirmations, and whether the broker refuses its documents.
+#[derive(Debug, Clone, Default)]
 struct LeaseDrainState {
     consecutive_failures: u32,
     /// When the suspension was opened or last re-armed; `None` while not suspended.
     suspended_at: Option<Duration>,
+    /// Why the broker refuses a document of this lease, while its pages fail on that refusal.
+    blocked: Option<String>,
+}
+
+impl LeaseDrainState {
+    /// Whether the record says nothing any more (and is dropped).
+    fn is_clear(&self) -> bool {
+        self.consecutive_failures == 0 && self.suspended_at.is_none() && self.blocked.is_none()
+    }
+}
+
+/// How a page of a lease may be drained ([`DrainGate::admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Not at all: the lease is suspended and its probe is not due.
+    Refused,
+    /// Its partition-key groups concurrently: the lease is doing well.
+    Concurrent,
+    /// One document at a time, stopping at the first failure: the lease has failed
+    /// confirmations, this page is its probe, or the broker refuses one of its documents. A
+    /// failing page then publishes at most one document, so the suspension's bound (one
+    /// publish per failed page, one per probe window) holds however wide the page is.
+    OneAtATime,
 }
 
 /// The Drain Suspension gate of one change-feed processor.
@@ -144,23 +167,28 @@ impl DrainGate {
         self.leases.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether a page of `lease_token` may be drained now. A suspended lease is refused until
-    /// the window elapsed; then this call re-arms the window and lets exactly this page through
-    /// as the probe.
+    /// Whether a page of `lease_token` may be drained now ([`admit`](Self::admit) does not
+    /// refuse it).
     pub fn permit_drain(&self, lease_token: &str) -> bool {
+        self.admit(lease_token) != Admission::Refused
+    }
+
+    /// How a page of `lease_token` may be drained now. A suspended lease is refused until the
+    /// window elapsed; then this call re-arms the window and lets exactly this page through as
+    /// the probe, one document at a time.
+    pub fn admit(&self, lease_token: &str) -> Admission {
         let mut leases = self.leases();
         let Some(state) = leases.get_mut(lease_token) else {
-            return true;
+            return Admission::Concurrent;
         };
-        let Some(suspended_at) = state.suspended_at else {
-            return true;
-        };
-        let now = self.clock.now();
-        if now.saturating_sub(suspended_at) < SUSPENSION_WINDOW {
-            return false;
+        if let Some(suspended_at) = state.suspended_at {
+            let now = self.clock.now();
+            if now.saturating_sub(suspended_at) < SUSPENSION_WINDOW {
+                return Admission::Refused;
+            }
+            state.suspended_at = Some(now);
         }
-        state.suspended_at = Some(now);
-        true
+        Admission::OneAtATime
     }
 
     /// Counts one Confirmation Failure of `lease_token`. The failure that reaches the threshold
@@ -173,12 +201,7 @@ impl DrainGate {
         let now = self.clock.now();
         let opened = {
             let mut leases = self.leases();
-            let state = leases
-                .entry(lease_token.to_owned())
-                .or_insert(LeaseDrainState {
-                    consecutive_failures: 0,
-                    suspended_at: None,
-                });
+            let state = leases.entry(lease_token.to_owned()).or_default();
             state.consecutive_failures = state.consecutive_failures.saturating_add(1);
             if state.consecutive_failures < CONFIRMATION_FAILURE_THRESHOLD {
                 None
@@ -199,20 +222,67 @@ impl DrainGate {
         }
     }
 
-    /// Presents a page's combined receipt. `None` (the page confirmed nothing) changes nothing;
-    /// a receipt forgets the lease's record, and a lease that was suspended resumes (logged).
+    /// Presents the combined receipt of a page that drained. `None` (the page confirmed
+    /// nothing) leaves the confirmation record as it is; a receipt forgets it, and a lease that
+    /// was suspended resumes (logged). Either way the broker took the page's documents, so a
+    /// refusal that blocked the lease is over (logged).
     pub fn record_confirmation_success(
         &self,
         lease_token: &str,
         receipt: Option<ConfirmationReceipt>,
     ) {
-        if receipt.is_none() {
-            return;
-        }
-        let removed = self.leases().remove(lease_token);
-        if removed.is_some_and(|state| state.suspended_at.is_some()) {
+        let (resumed, unblocked) = {
+            let mut leases = self.leases();
+            let Some(state) = leases.get_mut(lease_token) else {
+                return;
+            };
+            let unblocked = state.blocked.take();
+            let mut resumed = false;
+            if receipt.is_some() {
+                resumed = state.suspended_at.is_some();
+                state.consecutive_failures = 0;
+                state.suspended_at = None;
+            }
+            if state.is_clear() {
+                leases.remove(lease_token);
+            }
+            (resumed, unblocked)
+        };
+        if resumed {
             diagnostics::drain_resumed(&self.source_identity, lease_token);
         }
+        if unblocked.is_some() {
+            diagnostics::refusal_lifted(&self.source_identity, lease_token);
+        }
+    }
+
+    /// Records that a page of `lease_token` failed because the broker refuses one of its
+    /// documents for `reason` (a setting an operator changes). The first refusal of a lease is
+    /// logged at Error with `error`; the lease shows as blocked until a page drains again.
+    pub fn record_refusal(&self, lease_token: &str, error: &(dyn std::error::Error + 'static)) {
+        let reason = crate::error_chain::ErrorChain(error).to_string();
+        let started = {
+            let mut leases = self.leases();
+            let state = leases.entry(lease_token.to_owned()).or_default();
+            state.blocked.replace(reason).is_none()
+        };
+        if started {
+            diagnostics::refused(&self.source_identity, lease_token, error);
+        }
+    }
+
+    /// Forgets everything about `lease_token`: this instance no longer owns it. A lease that
+    /// comes back starts with a clean record, so a suspension it opens again is logged and
+    /// counted again.
+    pub fn forget(&self, lease_token: &str) {
+        self.leases().remove(lease_token);
+    }
+
+    /// Why the broker refuses a document of `lease_token`, while the lease is blocked on that.
+    pub fn blocked(&self, lease_token: &str) -> Option<String> {
+        self.leases()
+            .get(lease_token)
+            .and_then(|state| state.blocked.clone())
     }
 
     /// Whether `lease_token` is suspended now (including while its probe is out).

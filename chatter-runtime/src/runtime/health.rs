@@ -47,6 +47,11 @@ pub struct LeaseHealth {
     pub last_error: Option<String>,
     /// Whether it is under a Drain Suspension (its confirmations kept failing).
     pub suspended: bool,
+    /// Why the broker refuses one of its pending documents, while it does: the lease is blocked
+    /// on a broker setting (a permission, a conflicting queue, a size limit, no route). The
+    /// reason names the destination, the broker's reply and the fix; the documents stay
+    /// pending and are published once it is fixed, without a restart.
+    pub blocked: Option<String>,
     /// The pending Outbox Documents after its checkpoint, as last estimated (every
     /// [`RelayOptions::backlog_interval`](crate::RelayOptions::backlog_interval)); `None` with
     /// metrics off or before the first estimate.
@@ -65,7 +70,7 @@ pub struct Health {
 
 impl Health {
     /// Whether everything makes progress: every consumer is subscribed and no owned lease is
-    /// failing or suspended. A readiness probe answers 503 while this is `false`; every
+    /// failing, suspended or blocked. A readiness probe answers 503 while this is `false`; every
     /// `false` has been logged at Error with its cause.
     pub fn is_healthy(&self) -> bool {
         self.consumers
@@ -74,7 +79,7 @@ impl Health {
             && self
                 .leases
                 .iter()
-                .all(|l| l.last_error.is_none() && !l.suspended)
+                .all(|l| l.last_error.is_none() && !l.suspended && l.blocked.is_none())
     }
 }
 

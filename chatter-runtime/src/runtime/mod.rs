@@ -480,6 +480,7 @@ impl Runtime {
                 last_checkpoint_age: state.status.last_checkpoint_age,
                 last_error: state.status.last_error,
                 suspended: state.suspended,
+                blocked: state.blocked,
                 backlog: state.backlog,
             })
             .collect();
@@ -494,8 +495,9 @@ impl Runtime {
         self.inner.charges.snapshot()
     }
 
-    /// The leases under a Drain Suspension now (their confirmations kept failing, so their pages
-    /// are refused until a probe confirms), per processor; empty when none is.
+    /// The leases this instance owns that are under a Drain Suspension now (their
+    /// confirmations kept failing, so their pages are refused until a probe confirms), per
+    /// processor; empty when none is.
     pub async fn relay_suspended_leases(&self) -> Vec<(String, Vec<String>)> {
         self.inner
             .relay
