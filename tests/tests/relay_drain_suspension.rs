@@ -542,3 +542,126 @@ async fn failed_undeliverable_stamps_never_count_towards_a_suspension() {
     assert!(!f.drain.gate().is_suspended("0"));
     assert_eq!(f.published(), 0);
 }
+
+// ---- the bound holds for any page: a failing lease drains one document at a time ----
+
+/// Drains `docs` on lease "0" once, expecting a failure; how many messages it published.
+async fn publishes_of_a_failing_page(f: &Fixture, docs: &[Value]) -> usize {
+    let before = f.published();
+    f.drain.drain("0", docs).await.unwrap_err();
+    f.published() - before
+}
+
+#[tokio::test]
+async fn a_page_of_100_keys_whose_stamps_are_refused_publishes_one_document_per_page_once_failing()
+{
+    let f = Fixture::new().await;
+    let mut docs = Vec::new();
+    for n in 0..100 {
+        docs.push(f.pending(&format!("msg-{n}"), &format!("t-{n}")).await);
+    }
+    f.refuse_stamps();
+    // The first failure cannot be foreseen: the documents in flight when it comes (up to the
+    // in-flight limit, 32) were published concurrently.
+    let first = publishes_of_a_failing_page(&f, &docs).await;
+    assert!((1..=32).contains(&first), "{first}");
+    // From then on the lease is failing: each page publishes one document and fails on it.
+    for page in 2..=CONFIRMATION_FAILURE_THRESHOLD {
+        assert_eq!(
+            publishes_of_a_failing_page(&f, &docs).await,
+            1,
+            "page {page}"
+        );
+    }
+    assert!(f.drain.gate().is_suspended("0"));
+    assert_eq!(publishes_of_a_failing_page(&f, &docs).await, 0, "suspended");
+    // Every probe window: one probe, one publish.
+    for _ in 0..3 {
+        f.clock.advance(SUSPENSION_WINDOW);
+        assert_eq!(publishes_of_a_failing_page(&f, &docs).await, 1, "the probe");
+        assert_eq!(publishes_of_a_failing_page(&f, &docs).await, 0);
+    }
+    for doc in &docs {
+        assert_eq!(f.read(doc).await["status"], "pending");
+    }
+}
+
+#[tokio::test]
+async fn a_probe_whose_stamp_lands_drains_the_rest_of_the_page_and_resumes_concurrency() {
+    let f = Fixture::new().await;
+    let mut docs = Vec::new();
+    for n in 0..10 {
+        docs.push(f.pending(&format!("msg-{n}"), &format!("t-{n}")).await);
+    }
+    f.refuse_stamps();
+    for _ in 0..CONFIRMATION_FAILURE_THRESHOLD {
+        publishes_of_a_failing_page(&f, &docs).await;
+    }
+    f.faults().clear();
+    f.clock.advance(SUSPENSION_WINDOW);
+    let report = f.drain.drain("0", &docs).await.unwrap();
+    assert_eq!(report.published, 10);
+    assert!(!f.drain.gate().is_suspended("0"));
+    for doc in &docs {
+        assert_eq!(f.read(doc).await["status"], "delivered");
+    }
+}
+
+// ---- a page cancelled after it published still counts ----
+
+#[tokio::test]
+async fn a_page_cancelled_by_the_handler_timeout_after_publishing_is_a_confirmation_failure() {
+    let f = Fixture::new().await;
+    let doc = f.pending("msg-1", "t").await;
+    // The stamp is applied but its answer never comes within the page's bound, as a store that
+    // hangs does: the processor's handler timeout cancels the page after the publish.
+    f.faults().answer_late("PATCH", Duration::from_secs(60));
+    for n in 1..=CONFIRMATION_FAILURE_THRESHOLD {
+        let page = f.drain.drain("0", std::slice::from_ref(&doc));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), page)
+                .await
+                .is_err(),
+            "page {n} is cancelled"
+        );
+    }
+    assert!(
+        f.drain.gate().is_suspended("0"),
+        "five cancelled pages that published are five Confirmation Failures"
+    );
+    assert_eq!(f.published(), 5);
+    let err = f.drain.drain("0", &[doc]).await.unwrap_err();
+    assert!(matches!(err, DrainError::Suspended { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn a_page_cancelled_before_it_published_counts_nothing() {
+    let f = Fixture::new().await;
+    let doc = f.pending("msg-1", "t").await;
+    for _ in 0..CONFIRMATION_FAILURE_THRESHOLD {
+        // Dropped before its first poll: nothing was published.
+        drop(f.drain.drain("0", std::slice::from_ref(&doc)));
+    }
+    assert!(!f.drain.gate().is_suspended("0"));
+    assert_eq!(f.drain.drain("0", &[doc]).await.unwrap().published, 1);
+}
+
+// ---- suspension state follows lease ownership ----
+
+#[test]
+fn a_forgotten_lease_that_fails_again_logs_and_counts_its_suspension_again() {
+    let (logs, _guard) = capture();
+    let (gate, _) = gate();
+    fail(&gate, "lease-7", 5);
+    assert!(gate.is_suspended("lease-7"));
+    // The lease left this instance (lost, released, split).
+    gate.forget("lease-7");
+    assert!(gate.suspended_leases().is_empty());
+    assert!(gate.permit_drain("lease-7"));
+    // It came back and fails again: a fresh count, a new suspension, a new report.
+    fail(&gate, "lease-7", 4);
+    assert!(!gate.is_suspended("lease-7"));
+    fail(&gate, "lease-7", 1);
+    assert!(gate.is_suspended("lease-7"));
+    assert_eq!(logs.at(Level::ERROR).len(), 2, "reported at each opening");
+}

@@ -92,3 +92,44 @@ async fn relay_options_that_cannot_work_are_refused_before_any_container_is_chec
         "{refused:?}"
     );
 }
+
+// A page cancelled between a publish and its stamp publishes that message again: a page bound
+// not above one publish and one stamp is refused, naming all three.
+#[tokio::test]
+async fn a_handler_timeout_not_above_publish_and_store_timeouts_is_refused() {
+    let (_emulator, cosmos) = emulator_server().await;
+    provision::ensure_container(&cosmos, "shop", "ledger", &["/account"])
+        .await
+        .unwrap();
+    let second = Duration::from_secs(1);
+    for handler_timeout in [second, 40 * second, 60 * second] {
+        let refused = Runtime::builder()
+            .cosmos(cosmos.clone())
+            .relay_options(
+                RelayOptions::default()
+                    .publish_timeout(30 * second)
+                    .store_timeout(30 * second)
+                    .handler_timeout(handler_timeout),
+            )
+            .start()
+            .await;
+        let Err(error) = refused else {
+            panic!("{handler_timeout:?} was accepted");
+        };
+        assert!(
+            matches!(
+                error,
+                StartError::Relay(RelayError::HandlerTimeoutTooShort { .. })
+            ),
+            "{error:?}"
+        );
+        let chain = ErrorChain(&error).to_string();
+        assert!(
+            chain.contains(&format!(
+                "`handler_timeout` ({handler_timeout:?}) must be greater than `publish_timeout` \
+                 (30s) plus `store_timeout` (30s)"
+            )),
+            "{chain}"
+        );
+    }
+}

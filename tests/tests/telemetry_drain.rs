@@ -311,6 +311,25 @@ async fn an_undeliverable_document_is_counted_without_attributes_or_outcome() {
     );
 }
 
+// R8.02 (the catalog's order): the lag is recorded for every admitted document before the
+// contract is verified, so an undeliverable document reports its age too.
+#[tokio::test]
+async fn an_undeliverable_document_records_its_drain_lag_at_admission() {
+    let f = Fixture::new().await;
+    let mut poison = f.pending("msg-poison", None).await;
+    poison["MessageBody"] = json!(7);
+    poison["_ts"] = json!(now_seconds() - 120);
+    let report = f.drain().drain("0", &[poison]).await.unwrap();
+    assert_eq!(report.undeliverable, 1);
+    let lag = f.metrics.of(LAG);
+    assert_eq!(lag.len(), 1, "{lag:?}");
+    let Measured::Histogram { count, sum, .. } = &lag[0].value else {
+        panic!("{lag:?}")
+    };
+    assert_eq!(*count, 1);
+    assert!((119.0..=150.0).contains(sum), "lag {sum}");
+}
+
 // R6.13, R8.15, R8.20, R8.22: five failed confirmations open one suspension, counted once;
 // a refused page of the suspended lease still counts as a batch.
 #[tokio::test]
