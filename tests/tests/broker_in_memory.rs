@@ -223,3 +223,43 @@ async fn an_empty_destination_is_an_error_not_a_panic() {
         "{error}"
     );
 }
+
+// Deliveries returned together (a consumer's key lane dropped at shutdown returns them in
+// order, each pushed back as it drops) come back in the order they were published.
+#[tokio::test]
+async fn deliveries_returned_together_come_back_in_publish_order() {
+    let broker = InMemoryBroker::new();
+    let mut subscription = broker.subscribe("orders").await.unwrap();
+    for n in 1..=5 {
+        broker
+            .publish(message(&format!("d{n}"), "orders"))
+            .await
+            .unwrap();
+    }
+    let d1 = next(&mut subscription).await;
+    let mut held = Vec::new();
+    for _ in 2..=4 {
+        held.push(next(&mut subscription).await);
+    }
+    // d2, d3, d4 returned in that order (and d1 after them, nacked), d5 not yet taken.
+    for delivery in held {
+        drop(delivery);
+    }
+    d1.nack().await.unwrap();
+    let mut again = Vec::new();
+    for _ in 1..=5 {
+        let delivery = next(&mut subscription).await;
+        again.push((delivery.message.message_id.clone(), delivery.redelivered));
+        delivery.ack().await.unwrap();
+    }
+    assert_eq!(
+        again,
+        [
+            ("d1".to_owned(), true),
+            ("d2".to_owned(), true),
+            ("d3".to_owned(), true),
+            ("d4".to_owned(), true),
+            ("d5".to_owned(), false),
+        ]
+    );
+}

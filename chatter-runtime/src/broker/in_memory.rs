@@ -17,8 +17,10 @@ use crate::message::BrokeredMessage;
 /// - [`publish`](Broker::publish) enqueues and returns at once; a message published before anyone
 ///   subscribed waits for the first subscriber.
 /// - Each message goes to one subscription of its destination; it stays pending until acked.
-/// - [`Delivery::nack`], or dropping the delivery unsettled, puts the message back at the head of
-///   its queue, and its next delivery has `redelivered == true`.
+/// - [`Delivery::nack`], or dropping the delivery unsettled, puts the message back in its queue
+///   where it was published, ahead of every message published after it, and its next delivery
+///   has `redelivered == true`: several deliveries returned at once come back in the order they
+///   were published, whatever order they were returned in (as RabbitMQ requeues).
 ///
 /// Clones share the same queues. Nothing survives the process.
 #[derive(Clone, Default)]
@@ -43,6 +45,9 @@ struct Queue {
 }
 
 struct Queued {
+    /// Its place in the queue: the publish count when it was published. `ready` is kept in
+    /// this order, so a requeued message goes back where it was.
+    sequence: usize,
     message: BrokeredMessage,
     redelivered: bool,
 }
@@ -102,16 +107,28 @@ impl Shared {
         queue(&mut queues, destination).signal.clone()
     }
 
-    fn enqueue(&self, destination: &str, item: Queued, front: bool) {
+    /// Publishes `message` at the back of its queue.
+    fn publish(&self, message: BrokeredMessage) {
+        let mut queues = self.lock();
+        let queue = queue(&mut queues, &message.destination);
+        let sequence = queue.published;
+        queue.published += 1;
+        queue.ready.push_back(Queued {
+            sequence,
+            message,
+            redelivered: false,
+        });
+        queue.signal.notify_one();
+    }
+
+    /// Returns an unsettled delivery to its place in the queue (by its publish sequence).
+    fn requeue(&self, destination: &str, mut item: Queued) {
         let mut queues = self.lock();
         let queue = queue(&mut queues, destination);
-        if front {
-            queue.unsettled = queue.unsettled.saturating_sub(1);
-            queue.ready.push_front(item);
-        } else {
-            queue.published += 1;
-            queue.ready.push_back(item);
-        }
+        queue.unsettled = queue.unsettled.saturating_sub(1);
+        item.redelivered = true;
+        let at = queue.ready.partition_point(|ready| ready.sequence < item.sequence);
+        queue.ready.insert(at, item);
         queue.signal.notify_one();
     }
 
@@ -159,12 +176,7 @@ impl Broker for InMemoryBroker {
 
     fn publish(&self, message: BrokeredMessage) -> BoxFuture<'_, Result<(), BrokerError>> {
         let result = check_destination(&message.destination).map(|()| {
-            let destination = message.destination.clone();
-            let item = Queued {
-                message,
-                redelivered: false,
-            };
-            self.shared.enqueue(&destination, item, false);
+            self.shared.publish(message);
         });
         future::ready(result).boxed()
     }
@@ -194,6 +206,7 @@ impl Broker for InMemoryBroker {
                     let settle = InMemorySettle {
                         shared: shared.clone(),
                         destination: destination.clone(),
+                        sequence: item.sequence,
                         message: item.message.clone(),
                     };
                     let delivery = Delivery::new(item.message, item.redelivered, Box::new(settle));
@@ -213,16 +226,18 @@ impl Broker for InMemoryBroker {
 struct InMemorySettle {
     shared: Arc<Shared>,
     destination: String,
+    sequence: usize,
     message: BrokeredMessage,
 }
 
 impl InMemorySettle {
     fn requeue(self) {
         let item = Queued {
+            sequence: self.sequence,
             message: self.message,
             redelivered: true,
         };
-        self.shared.enqueue(&self.destination, item, true);
+        self.shared.requeue(&self.destination, item);
     }
 }
 
