@@ -9,3 +9,9 @@ pub(crate) use cosmos_change_feed::Backoff;
 pub(crate) fn reconnect() -> Backoff {
     Backoff::new(Duration::from_millis(100), Duration::from_secs(5))
 }
+
+/// The schedule of asking a store again whether an inbox marker exists: 100 ms doubling to 2 s
+/// (a throttled or unavailable store answers within seconds).
+pub(crate) fn marker_read() -> Backoff {
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(2))
+}

@@ -21,13 +21,13 @@
 //! ([`ReadOutcome`](crate::cosmos::ReadOutcome): found or not found) stays exhaustive too.
 
 pub use crate::atomic_write::StageError;
-pub use crate::broker::{BrokerError, TransportError};
+pub use crate::broker::{BrokerError, Refusal, TransportError};
 pub use crate::cosmos::CosmosStoreError;
 pub use crate::document::DocumentError;
 pub use crate::document::outbox_contract::{ContractViolation, ContractViolations};
 pub use crate::error_chain::ErrorChain;
 pub use crate::partition_key::PartitionKeyError;
-pub use crate::pipeline::PipelineError;
+pub use crate::pipeline::{BatchFailure, PipelineError};
 pub use crate::registry::{RegistrationProblem, RegistryError};
 pub use crate::relay::contract::{
     MonitoredContainerError, MonitoredContainerViolation, MonitoredContainersError,

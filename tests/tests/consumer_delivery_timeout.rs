@@ -177,6 +177,35 @@ async fn a_last_attempt_that_committed_but_heard_so_too_late_is_acknowledged_not
     runtime.shutdown().await;
 }
 
+// A redelivered duplicate on its last attempt: the batch conflicts on the inbox marker and the
+// read that would confirm it fails (the store answers 503 for a while). That attempt may have
+// committed before: the consumer asks the marker again, with backoff, and acknowledges it
+// instead of dead-lettering a handled command.
+#[tokio::test]
+async fn a_last_attempt_whose_duplicate_confirmation_fails_asks_the_marker_again_not_dead_lettered()
+{
+    let (emulator, cosmos) = emulator_server().await;
+    let (runtime, broker) = start(&cosmos, Duration::from_secs(20)).await;
+    let body = json!({ "card": "c-2" });
+    publish_command(&broker, "ChargeCard", "m-twice", &body).await;
+    settled(&broker, "ChargeCard").await;
+    // Every read is refused with a real 503 for 4 s; batches still answer (409 on the marker).
+    emulator.faults().refuse("GET", 503, Duration::from_secs(4));
+    publish_command(&broker, "ChargeCard", "m-twice", &body).await;
+    settled(&broker, "ChargeCard").await;
+    assert_eq!(
+        CHARGES.of("m-twice"),
+        2,
+        "the duplicate ran its one attempt"
+    );
+    assert_eq!(
+        broker.pending_count(&dead_letter_destination("ChargeCard")),
+        0,
+        "a handled command is not dead-lettered"
+    );
+    runtime.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_zero_delivery_timeout_is_refused_at_start() {
     let cosmos = CosmosConnection::embedded().await.unwrap();

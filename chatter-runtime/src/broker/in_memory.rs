@@ -127,7 +127,9 @@ impl Shared {
         let queue = queue(&mut queues, destination);
         queue.unsettled = queue.unsettled.saturating_sub(1);
         item.redelivered = true;
-        let at = queue.ready.partition_point(|ready| ready.sequence < item.sequence);
+        let at = queue
+            .ready
+            .partition_point(|ready| ready.sequence < item.sequence);
         queue.ready.insert(at, item);
         queue.signal.notify_one();
     }

@@ -95,7 +95,7 @@ pub enum PipelineError {
         /// The message id.
         message_id: String,
         /// What went wrong.
-        reason: String,
+        reason: BatchFailure,
         /// The batch's HTTP status.
         status: u16,
         /// Per-operation status codes, op 0 being the inbox marker.
@@ -143,11 +143,20 @@ impl PipelineError {
         }
     }
 
-    /// Whether the attempt may have committed although it failed: it timed out, or a Cosmos
-    /// call failed without an answer that says the batch did not commit. Only the inbox marker
-    /// can tell.
+    /// Whether the attempt may have committed although it failed: it timed out, a Cosmos call
+    /// failed without an answer that says the batch did not commit, or the inbox marker
+    /// conflicted and reading it back failed (an earlier attempt may have committed). Only the
+    /// inbox marker can tell.
     pub(crate) fn may_have_committed(&self) -> bool {
-        matches!(self, Self::TimedOut { .. } | Self::Cosmos { .. })
+        matches!(
+            self,
+            Self::TimedOut { .. }
+                | Self::Cosmos { .. }
+                | Self::BatchFailed {
+                    reason: BatchFailure::ConfirmationFailed,
+                    ..
+                }
+        )
     }
 
     /// Whether this delivery can never succeed, however often it is tried: its body does not
@@ -163,4 +172,32 @@ impl PipelineError {
                 | Self::Marker { .. }
         )
     }
+}
+
+/// Why a batch did not commit ([`PipelineError::BatchFailed`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BatchFailure {
+    /// Cosmos rejected an operation other than the inbox marker (its per-operation status
+    /// codes say which).
+    #[error("Cosmos rejected the batch")]
+    Rejected,
+    /// The inbox marker conflicted with a document that is not this message id's inbox marker.
+    #[error(
+        "the inbox marker conflicted with document '{marker_id}', which is not the inbox marker of this message id"
+    )]
+    ForeignMarker {
+        /// The marker's id.
+        marker_id: String,
+    },
+    /// The inbox marker conflicted, but reading the conflicting document back found nothing.
+    #[error("the inbox marker conflicted but document '{marker_id}' could not be read back (404)")]
+    MarkerMissing {
+        /// The marker's id.
+        marker_id: String,
+    },
+    /// The inbox marker conflicted and reading it back failed (e.g. throttled or unavailable):
+    /// an earlier attempt may have committed.
+    #[error("the inbox marker conflicted and confirming it failed")]
+    ConfirmationFailed,
 }

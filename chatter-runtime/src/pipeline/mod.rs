@@ -8,7 +8,7 @@
 
 mod error;
 
-pub use error::PipelineError;
+pub use error::{BatchFailure, PipelineError};
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
@@ -19,6 +19,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::atomic_write::{AtomicWriteHandle, HandlerContext};
+use crate::backoff;
 use crate::broker::Broker;
 use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::store::{self, BatchOperation};
@@ -157,7 +158,7 @@ impl Pipeline {
 
         let statuses = outcome.status_codes();
         let failed_because =
-            |reason: String, source: Option<CosmosStoreError>| PipelineError::BatchFailed {
+            |reason: BatchFailure, source: Option<CosmosStoreError>| PipelineError::BatchFailed {
                 command: name,
                 message_id: message_id.to_owned(),
                 reason,
@@ -165,9 +166,9 @@ impl Pipeline {
                 operation_statuses: statuses.clone(),
                 source,
             };
-        let failed = |reason: String| failed_because(reason, None);
+        let failed = |reason: BatchFailure| failed_because(reason, None);
         if statuses.first() != Some(&409) {
-            return Err(failed("Cosmos rejected the batch".to_owned()));
+            return Err(failed(BatchFailure::Rejected));
         }
         // A candidate duplicate: confirm against the conflicting document itself.
         match self
@@ -182,16 +183,9 @@ impl Pipeline {
                 );
                 Ok(Outcome::Duplicate)
             }
-            Ok(Marker::Foreign) => Err(failed(format!(
-                "the inbox marker conflicted with document '{marker_id}', which is not the inbox marker of this message id"
-            ))),
-            Ok(Marker::Missing) => Err(failed(format!(
-                "the inbox marker conflicted but document '{marker_id}' could not be read back (404)"
-            ))),
-            Err(e) => Err(failed_because(
-                "the inbox marker conflicted and confirming it failed".to_owned(),
-                Some(e),
-            )),
+            Ok(Marker::Foreign) => Err(failed(BatchFailure::ForeignMarker { marker_id })),
+            Ok(Marker::Missing) => Err(failed(BatchFailure::MarkerMissing { marker_id })),
+            Err(e) => Err(failed_because(BatchFailure::ConfirmationFailed, Some(e))),
         }
     }
 
@@ -217,9 +211,10 @@ impl Pipeline {
         })
     }
 
-    /// Whether an attempt of `message_id` committed: its inbox marker exists. `None` when no
-    /// marker could guard it (the body has no partition key, the id makes no marker) or the read
-    /// failed, within `timeout`.
+    /// Whether an attempt of `message_id` committed: its inbox marker exists. A read that fails
+    /// (throttled, unavailable, timed out) is tried again with backoff until `timeout` has
+    /// passed. `None` when no marker could guard it (the body has no partition key, the id makes
+    /// no marker) or no read succeeded within `timeout`.
     pub(crate) async fn committed(
         &self,
         command: &RegisteredCommand,
@@ -231,16 +226,31 @@ impl Pipeline {
         let partition_key = registration.resolve_partition_key(body)?;
         let marker_id = document::inbox_id(message_id).ok()?;
         let key = partition_key::sdk_key(&partition_key).ok()?;
-        let read = async {
-            let container = self
-                .cosmos
-                .container(registration.database, registration.container)
-                .await?;
-            self.read_marker(&container, key, &marker_id, message_id)
-                .await
-        };
-        let marker = store::bounded("read_item", timeout, read).await.ok()?;
-        Some(marker == Marker::Genuine)
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut backoff = backoff::marker_read();
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let read = async {
+                let container = self
+                    .cosmos
+                    .container(registration.database, registration.container)
+                    .await?;
+                self.read_marker(&container, key.clone(), &marker_id, message_id)
+                    .await
+            };
+            match store::bounded("read_item", left, read).await {
+                Ok(marker) => return Some(marker == Marker::Genuine),
+                Err(error) => {
+                    let delay = backoff.next_delay();
+                    if tokio::time::Instant::now() + delay >= deadline {
+                        tracing::warn!(command = registration.command_name, message_id, error = %crate::error_chain::ErrorChain(&error), "chatter could not read the inbox marker to tell whether the delivery committed");
+                        return None;
+                    }
+                    tracing::debug!(command = registration.command_name, message_id, error = %crate::error_chain::ErrorChain(&error), "reading the inbox marker failed; asking again");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
     }
 
     async fn pass_through(
