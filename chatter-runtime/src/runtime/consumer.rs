@@ -39,7 +39,7 @@ use tokio_util::task::TaskTracker;
 
 use super::health::ConsumerStatus;
 use crate::backoff;
-use crate::broker::{Broker, Delivery, Subscription, dead_letter_destination};
+use crate::broker::{Broker, BrokerError, Delivery, Subscription, dead_letter_destination};
 use crate::error_chain::ErrorChain;
 use crate::message::BrokeredMessage;
 use crate::partition_key;
@@ -76,6 +76,8 @@ pub(super) struct Consumer {
     pub(super) redelivery_delay: Duration,
     /// How long one attempt (decode, handler, batch, duplicate confirmation) may take.
     pub(super) delivery_timeout: Duration,
+    /// How long publishing a retry copy or a dead letter may take.
+    pub(super) publish_timeout: Duration,
     pub(super) status: ConsumerStatus,
     /// Deliveries handled at once, and the prefetch asked of the broker (at least 1).
     pub(super) concurrency: u16,
@@ -267,11 +269,19 @@ impl Consumer {
         let destination = self.command.registration.destination;
         let mut backoff = backoff::reconnect();
         loop {
-            match self
+            let subscribing = self
                 .broker
-                .subscribe_with_prefetch(destination, self.concurrency)
+                .subscribe_with_prefetch(destination, self.concurrency);
+            let subscribed = tokio::time::timeout(self.publish_timeout, subscribing)
                 .await
-            {
+                .unwrap_or_else(|_| {
+                    Err(BrokerError::Timeout {
+                        operation: format!("subscribe to `{destination}`"),
+                        after: self.publish_timeout,
+                        source: None,
+                    })
+                });
+            match subscribed {
                 Ok(subscription) => return Some(subscription),
                 Err(error) => {
                     tracing::debug!(destination, error = %ErrorChain(&error), "chatter consumer: subscribing failed; retrying");
@@ -286,12 +296,24 @@ impl Consumer {
         }
     }
 
-    /// Handles one delivery whose body parsed as `body`: acks it, retries it with its attempt
-    /// count, or dead-letters it.
+    /// Handles one delivery whose body parsed as `body`: runs its attempt, then acks it,
+    /// retries it with its attempt count, or dead-letters it.
     async fn handle(&self, delivery: Delivery, body: Result<Value, serde_json::Error>) {
-        let name = self.command.registration.command_name;
-        let message_id = delivery.message.message_id.clone();
         let attempt = attempt_of(&delivery.message);
+        let result = self.attempt(&delivery, attempt, body).await;
+        self.settle(delivery, attempt, result).await;
+    }
+
+    /// Runs one attempt of `delivery` through the pipeline, under its `process` span, bounded by
+    /// the delivery timeout.
+    async fn attempt(
+        &self,
+        delivery: &Delivery,
+        attempt: u32,
+        body: Result<Value, serde_json::Error>,
+    ) -> Result<Outcome, PipelineError> {
+        let name = self.command.registration.command_name;
+        let message_id = delivery.message.message_id.as_str();
         let redelivered = delivery.redelivered || attempt > 1;
         // The handler runs in the delivery's trace: `ctx.send` persists it with the outbox.
         let trace =
@@ -302,7 +324,7 @@ impl Consumer {
             Ok(body) => {
                 let handling = Box::pin(
                     self.pipeline
-                        .handle(&self.command, body, &message_id, redelivered)
+                        .handle(&self.command, body, message_id, redelivered)
                         .with_context(trace.clone()),
                 );
                 // A hung handler or store call fails the attempt instead of holding its key's
@@ -312,14 +334,14 @@ impl Consumer {
                     Ok(result) => result,
                     Err(_) => Err(PipelineError::TimedOut {
                         command: name,
-                        message_id: message_id.clone(),
+                        message_id: message_id.to_owned(),
                         after: self.delivery_timeout,
                     }),
                 }
             }
             Err(source) => Err(PipelineError::NotJson {
                 command: name,
-                message_id: message_id.clone(),
+                message_id: message_id.to_owned(),
                 source,
             }),
         };
@@ -330,12 +352,22 @@ impl Consumer {
                 .map(|error| (error.type_name(), ErrorChain(error).to_string()));
             trace_context::end(&trace, failure);
         }
+        result
+    }
+
+    /// Settles `delivery` after its attempt number `attempt` ended with `result`.
+    async fn settle(
+        &self,
+        delivery: Delivery,
+        attempt: u32,
+        result: Result<Outcome, PipelineError>,
+    ) {
+        let name = self.command.registration.command_name;
+        let message_id = delivery.message.message_id.clone();
         match result {
             Ok(outcome) => {
                 log_outcome(name, &message_id, outcome);
-                if let Err(error) = delivery.ack().await {
-                    tracing::error!(command = name, message_id, error = %ErrorChain(&error), "chatter consumer: ack failed; the broker will redeliver");
-                }
+                self.ack(delivery, "ack").await;
             }
             Err(error) if error.is_permanent() => {
                 let reason = ErrorChain(&error).to_string();
@@ -350,9 +382,7 @@ impl Consumer {
                 if attempt >= max && error.may_have_committed() && self.committed(&delivery).await {
                     // The last attempt committed but did not hear so in time: it was handled.
                     tracing::info!(command = name, message_id, attempt, error = %ErrorChain(&error), "chatter delivery committed although its attempt failed; acknowledged as handled");
-                    if let Err(error) = delivery.ack().await {
-                        tracing::error!(command = name, message_id, error = %ErrorChain(&error), "chatter consumer: ack failed; the broker will redeliver");
-                    }
+                    self.ack(delivery, "ack").await;
                 } else if attempt >= max {
                     let reason = format!(
                         "it failed on each of its {attempt} delivery attempts; the last: {}",
@@ -392,18 +422,12 @@ impl Consumer {
         let mut next = delivery.message.clone();
         next.context
             .insert(ATTEMPTS_CONTEXT_KEY.to_owned(), Value::from(attempt + 1));
-        match self.broker.publish(next).await {
-            Ok(()) => {
-                if let Err(error) = delivery.ack().await {
-                    // The original comes back too: one extra delivery, nothing lost.
-                    tracing::error!(command = name, message_id, error = %ErrorChain(&error), "chatter consumer: ack after requeue failed");
-                }
-            }
+        match self.publish(next).await {
+            // If this ack is lost, the original comes back too: one extra delivery, nothing lost.
+            Ok(()) => self.ack(delivery, "ack after requeue").await,
             Err(error) => {
                 tracing::error!(command = name, message_id, error = %ErrorChain(&error), "chatter consumer: could not requeue the next attempt; returning the delivery to the broker");
-                if let Err(error) = delivery.nack().await {
-                    tracing::error!(command = name, message_id, error = %ErrorChain(&error), "chatter consumer: nack failed");
-                }
+                self.nack(delivery).await;
             }
         }
     }
@@ -424,7 +448,7 @@ impl Consumer {
             .insert(ATTEMPTS_CONTEXT_KEY.to_owned(), Value::from(attempt));
         let message_id = delivery.message.message_id.clone();
         let dead_letters = letter.destination.clone();
-        match self.broker.publish(letter).await {
+        match self.publish(letter).await {
             Ok(()) => {
                 tracing::error!(
                     command = name,
@@ -434,18 +458,56 @@ impl Consumer {
                     reason,
                     "chatter dead-lettered a delivery"
                 );
-                if let Err(error) = delivery.ack().await {
-                    tracing::error!(command = name, message_id, error = %ErrorChain(&error), "chatter consumer: ack after dead-lettering failed");
-                }
+                self.ack(delivery, "ack after dead-lettering").await;
             }
             Err(error) => {
                 tracing::error!(command = name, message_id, error = %ErrorChain(&error), reason, "chatter consumer: could not dead-letter the delivery; returning it to the broker");
                 tokio::time::sleep(self.redelivery_delay).await;
-                if let Err(error) = delivery.nack().await {
-                    tracing::error!(command = name, message_id, error = %ErrorChain(&error), "chatter consumer: nack failed");
-                }
+                self.nack(delivery).await;
             }
         }
+    }
+
+    /// Publishes a retry copy or a dead letter, bounded by the publish timeout whatever the
+    /// [`Broker`] implementation does, so a broker that never answers cannot hold the
+    /// delivery's lane and permit.
+    async fn publish(&self, message: BrokeredMessage) -> Result<(), BrokerError> {
+        let operation = format!(
+            "publish `{}` to `{}`",
+            message.message_id, message.destination
+        );
+        tokio::time::timeout(self.publish_timeout, self.broker.publish(message))
+            .await
+            .unwrap_or_else(|_| {
+                Err(BrokerError::Timeout {
+                    operation,
+                    after: self.publish_timeout,
+                    source: None,
+                })
+            })
+    }
+
+    /// Acks `delivery`; a failed ack is logged (`what` names the step): the broker delivers it
+    /// again, and the inbox marker makes that a duplicate.
+    async fn ack(&self, delivery: Delivery, what: &str) {
+        let message_id = delivery.message.message_id.clone();
+        if let Err(error) = delivery.ack().await {
+            self.settlement_failed(&message_id, what, &error);
+        }
+    }
+
+    /// Nacks `delivery`; a failed nack is logged: the broker delivers it again all the same once
+    /// its channel is gone.
+    async fn nack(&self, delivery: Delivery) {
+        let message_id = delivery.message.message_id.clone();
+        if let Err(error) = delivery.nack().await {
+            self.settlement_failed(&message_id, "nack", &error);
+        }
+    }
+
+    fn settlement_failed(&self, message_id: &str, what: &str, error: &BrokerError) {
+        let name = self.command.registration.command_name;
+        tracing::error!(command = name, message_id, error = %ErrorChain(error), "chatter consumer: {what} failed; the broker will deliver the message again");
     }
 }
 

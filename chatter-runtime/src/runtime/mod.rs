@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::broker::{Broker, InMemoryBroker};
+use crate::broker::{Broker, BrokerError, InMemoryBroker};
 use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::{CosmosConnection, RequestCharges};
 use crate::pipeline::{Outcome, Pipeline};
@@ -233,10 +233,12 @@ impl RuntimeBuilder {
         };
         // Start-time store calls are bounded like the relay's: a store that does not answer
         // fails the start instead of hanging it.
-        let store_timeout = self.relay.as_ref().map_or_else(
-            || RelayOptions::default().processor.store_timeout,
-            |options| options.processor.store_timeout,
-        );
+        let defaults = RelayOptions::default();
+        let options = self.relay.as_ref().unwrap_or(&defaults);
+        let store_timeout = options.processor.store_timeout;
+        // Every broker wait of the consumers (subscribing, retry copies, dead letters) is
+        // bounded like the relay's publishes.
+        let publish_timeout = options.publish_timeout;
         for command in registry.commands() {
             let r = command.registration;
             cosmos
@@ -309,10 +311,17 @@ impl RuntimeBuilder {
             }
             for command in registry.commands() {
                 let destination = command.registration.destination;
-                let subscription = match broker
-                    .subscribe_with_prefetch(destination, concurrency)
+                let subscribing = broker.subscribe_with_prefetch(destination, concurrency);
+                let subscribed = tokio::time::timeout(publish_timeout, subscribing)
                     .await
-                {
+                    .unwrap_or_else(|_| {
+                        Err(BrokerError::Timeout {
+                            operation: format!("subscribe to `{destination}`"),
+                            after: publish_timeout,
+                            source: None,
+                        })
+                    });
+                let subscription = match subscribed {
                     Ok(subscription) => subscription,
                     Err(source) => {
                         // Leave nothing running behind a failed start.
@@ -338,6 +347,7 @@ impl RuntimeBuilder {
                     cancel: cancel.clone(),
                     redelivery_delay: self.redelivery_delay,
                     delivery_timeout: self.delivery_timeout,
+                    publish_timeout,
                     status,
                     concurrency,
                     tracer: telemetry.tracer.clone(),
