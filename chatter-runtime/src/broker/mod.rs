@@ -141,6 +141,12 @@ pub trait Settle: Send + Sync + 'static {
     /// The delivery was dropped unsettled (synchronously, from `Drop`): the broker must deliver it
     /// again, as for [`nack`](Settle::nack).
     fn abandon(self: Box<Self>);
+    /// Whether the delivery can no longer be settled because the broker already took it back
+    /// (its channel closed, so the server requeued it and delivers it again). The default:
+    /// never.
+    fn is_stale(&self) -> bool {
+        false
+    }
 }
 
 /// One delivery of a message from a [`Subscription`], to be settled with [`ack`](Self::ack) or
@@ -162,6 +168,20 @@ impl Delivery {
             redelivered,
             settle: Some(settle),
         }
+    }
+
+    /// Whether the broker already took this delivery back (e.g. RabbitMQ requeued it when its
+    /// channel closed) and delivers the message again: handling this copy would handle the
+    /// message twice, and settling it cannot work. The consumers drop such a delivery unhandled
+    /// ([`discard`](Self::discard)).
+    pub fn is_stale(&self) -> bool {
+        self.settle.as_ref().is_some_and(|settle| settle.is_stale())
+    }
+
+    /// Drops a [stale](Self::is_stale) delivery without settling it: the broker already took it
+    /// back. (Dropping it would send a settlement that can only fail.)
+    pub fn discard(mut self) {
+        self.settle = None;
     }
 
     /// The message was handled: remove it from the broker.

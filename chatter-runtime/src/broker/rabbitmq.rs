@@ -688,7 +688,7 @@ impl Consuming {
                     message_id: message.message_id.clone(),
                     acker: delivery.acker,
                     handle: self.handle.clone(),
-                    _channel: channel,
+                    channel,
                     _inner: Arc::clone(&self.inner),
                 };
                 Ok(Delivery::new(
@@ -924,7 +924,8 @@ struct AmqpSettle {
     acker: Acker,
     /// Where `abandon` sends its `basic.nack` from.
     handle: Option<Handle>,
-    _channel: Channel,
+    /// The channel it came on; a delivery whose channel closed was requeued by the server.
+    channel: Channel,
     _inner: Arc<Inner>,
 }
 
@@ -971,6 +972,10 @@ impl Settle for AmqpSettle {
 
     fn nack(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {
         (*self).nack().boxed()
+    }
+
+    fn is_stale(&self) -> bool {
+        !self.channel.status().connected()
     }
 
     fn abandon(self: Box<Self>) {

@@ -299,6 +299,13 @@ impl Consumer {
     /// Handles one delivery whose body parsed as `body`: runs its attempt, then acks it,
     /// retries it with its attempt count, or dead-letters it.
     async fn handle(&self, delivery: Delivery, body: Result<Value, serde_json::Error>) {
+        // Prefetched before a channel loss and waiting in a key lane since: the server already
+        // requeued it and delivers it again, so this copy is neither handled nor retried.
+        if delivery.is_stale() {
+            tracing::debug!(command = self.command.registration.command_name, message_id = %delivery.message.message_id, "chatter consumer: dropped a delivery whose channel closed; the broker delivers it again");
+            delivery.discard();
+            return;
+        }
         let attempt = attempt_of(&delivery.message);
         let result = self.attempt(&delivery, attempt, body).await;
         self.settle(delivery, attempt, result).await;
