@@ -34,7 +34,8 @@ pub use error::{BrokerError, Refusal, TransportError};
 pub use in_memory::InMemoryBroker;
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq::{
-    CONTEXT_HEADER, DEAD_LETTER_REASON_HEADER, DEFAULT_PUBLISH_TIMEOUT, RabbitMqBroker,
+    CONTEXT_HEADER, DEAD_LETTER_REASON_HEADER, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PUBLISH_TIMEOUT,
+    RabbitMqBroker,
 };
 
 use crate::message::BrokeredMessage;

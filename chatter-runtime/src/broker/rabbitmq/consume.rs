@@ -1,0 +1,326 @@
+//! Consuming: a subscription that resumes after every outage, and how its deliveries are
+//! settled.
+
+/// How long a delivery that could not be dead-lettered waits before it is returned to its queue.
+const UNDELIVERABLE_REQUEUE_DELAY: Duration = Duration::from_secs(1);
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use lapin::message::Delivery as AmqpDelivery;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::types::{FieldTable, ShortString};
+use lapin::{Acker, Channel};
+use tokio::runtime::Handle;
+
+use super::codec::{decode, queue_name};
+use super::connection::Inner;
+use crate::backoff;
+use crate::broker::{
+    BrokerError, Delivery, Liveness, Settle, Subscription, dead_letter_destination,
+};
+use crate::error_chain::ErrorChain;
+
+impl Inner {
+    /// A consumer on `destination` on a new channel of a live connection. Opening it is bounded
+    /// by the connect timeout: a connection that looks up but does not answer is dropped and
+    /// the next attempt dials again.
+    async fn consume(
+        &self,
+        destination: &str,
+        prefetch: u16,
+    ) -> Result<(Channel, lapin::Consumer), BrokerError> {
+        let queue = queue_name(destination)?;
+        let connection = self.connection().await?;
+        let timeout = self.connect_timeout();
+        let opening = self.consume_on(&connection, destination, queue, prefetch);
+        match tokio::time::timeout(timeout, opening).await {
+            Ok(Err(error @ BrokerError::Transport { .. })) => {
+                if !connection.status().connected() {
+                    self.invalidate(&connection);
+                }
+                Err(error)
+            }
+            Ok(opened) => opened,
+            Err(_) => {
+                self.invalidate(&connection);
+                Err(BrokerError::Timeout {
+                    operation: format!("consume `{destination}`"),
+                    after: timeout,
+                    source: None,
+                })
+            }
+        }
+    }
+
+    async fn consume_on(
+        &self,
+        connection: &lapin::Connection,
+        destination: &str,
+        queue: ShortString,
+        prefetch: u16,
+    ) -> Result<(Channel, lapin::Consumer), BrokerError> {
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| BrokerError::transport("channel.open", e))?;
+        channel
+            .basic_qos(prefetch, BasicQosOptions::default())
+            .await
+            .map_err(|e| BrokerError::transport("basic.qos", e))?;
+        // Declared on every (re)subscription: the queue may have been deleted by another client
+        // since, and consuming a missing queue fails with 404 forever.
+        self.forget(destination);
+        self.declare(&channel, destination, queue.clone()).await?;
+        let consumer = channel
+            .basic_consume(
+                queue,
+                ShortString::default(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| BrokerError::transport(format!("basic.consume `{destination}`"), e))?;
+        Ok((channel, consumer))
+    }
+
+    /// Consumes `destination` for as long as the broker is open: after the connection or the
+    /// channel is lost, consumes again on a new channel once the broker is reachable.
+    pub(super) async fn subscribe(
+        self: Arc<Self>,
+        destination: &str,
+        prefetch: u16,
+    ) -> Result<Subscription, BrokerError> {
+        queue_name(destination)?;
+        // The first consumer is made now, so a broker that refuses it fails the subscribe.
+        let first = self.consume(destination, prefetch).await?;
+        let liveness = Liveness::default();
+        let state = Consuming {
+            inner: self,
+            destination: destination.to_owned(),
+            prefetch,
+            current: Some(first),
+            handle: Handle::try_current().ok(),
+            liveness: liveness.clone(),
+        };
+        let deliveries = futures::stream::unfold(state, |mut state| async move {
+            let item = state.next().await?;
+            Some((item, state))
+        });
+        Ok(Subscription::with_liveness(
+            destination,
+            deliveries.boxed(),
+            liveness,
+        ))
+    }
+}
+
+/// The state of one subscription's stream.
+struct Consuming {
+    inner: Arc<Inner>,
+    destination: String,
+    prefetch: u16,
+    current: Option<(Channel, lapin::Consumer)>,
+    handle: Option<Handle>,
+    liveness: Liveness,
+}
+
+impl Consuming {
+    /// The next delivery (or undecodable item); `None` only once the broker was closed.
+    async fn next(&mut self) -> Option<Result<Delivery, BrokerError>> {
+        let mut backoff = backoff::reconnect();
+        let mut lost = false;
+        loop {
+            if self.inner.closed.load(Ordering::SeqCst) {
+                return None;
+            }
+            let Some((channel, consumer)) = self.current.as_mut() else {
+                match self.inner.consume(&self.destination, self.prefetch).await {
+                    Ok(consuming) => {
+                        tracing::info!(destination = %self.destination, "RabbitMQ subscription resumed");
+                        self.liveness.set_live(true);
+                        self.current = Some(consuming);
+                        backoff.reset();
+                    }
+                    Err(error) => {
+                        tracing::debug!(destination = %self.destination, error = %ErrorChain(&error), "RabbitMQ subscription not resumed yet");
+                        tokio::time::sleep(backoff.next_delay()).await;
+                    }
+                }
+                continue;
+            };
+            match consumer.next().await {
+                Some(Ok(delivery)) => {
+                    let channel = channel.clone();
+                    return Some(self.deliver(channel, delivery).await);
+                }
+                ended => {
+                    if self.inner.closed.load(Ordering::SeqCst) {
+                        return None;
+                    }
+                    if !lost {
+                        let error = match ended {
+                            Some(Err(e)) => ErrorChain(&e).to_string(),
+                            _ => "the server ended the consumer".to_owned(),
+                        };
+                        tracing::error!(destination = %self.destination, %error, "RabbitMQ subscription lost; it resumes once the broker is reachable");
+                        lost = true;
+                    }
+                    self.liveness.set_live(false);
+                    self.current = None;
+                }
+            }
+        }
+    }
+
+    async fn deliver(
+        &self,
+        channel: Channel,
+        delivery: AmqpDelivery,
+    ) -> Result<Delivery, BrokerError> {
+        match decode(&self.destination, &delivery) {
+            Ok(message) => {
+                let settle = AmqpSettle {
+                    message_id: message.message_id.clone(),
+                    acker: delivery.acker,
+                    handle: self.handle.clone(),
+                    channel,
+                    _inner: Arc::clone(&self.inner),
+                };
+                Ok(Delivery::new(
+                    message,
+                    delivery.redelivered,
+                    Box::new(settle),
+                ))
+            }
+            Err(reason) => {
+                Err(
+                    dead_letter_undecodable(&self.inner, &self.destination, &delivery, reason)
+                        .await,
+                )
+            }
+        }
+    }
+}
+
+/// Moves a delivery that is not a Brokered Message to `<destination>.dead-letter` as it is
+/// (body and properties verbatim, plus a `chatter-dead-letter-reason` header), then acks it;
+/// requeueing would hand it back forever. If the dead letter cannot be published it is returned
+/// to the queue instead, so nothing is dropped.
+async fn dead_letter_undecodable(
+    inner: &Inner,
+    destination: &str,
+    delivery: &AmqpDelivery,
+    reason: String,
+) -> BrokerError {
+    let message_id = delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .map_or_else(|| "<none>".to_owned(), |id| id.as_str().to_owned());
+    let dead_letters = dead_letter_destination(destination);
+    match inner.publish_raw(&dead_letters, delivery, &reason).await {
+        Ok(()) => {
+            tracing::error!(%destination, %message_id, %reason, %dead_letters, "dead-lettered a delivery that is not a Brokered Message");
+            if let Err(e) = delivery.acker.ack(BasicAckOptions::default()).await {
+                // The channel is gone: the server requeues it, and it is dead-lettered again.
+                tracing::warn!(%destination, %message_id, error = %ErrorChain(&e), "could not ack the dead-lettered delivery");
+            }
+        }
+        Err(error) => {
+            tracing::error!(%destination, %message_id, %reason, error = %ErrorChain(&error), "could not dead-letter a delivery that is not a Brokered Message; returning it to the queue");
+            // Not at once: it comes straight back, and a dead-letter path that is down for a
+            // while must not turn into a hot loop.
+            tokio::time::sleep(UNDELIVERABLE_REQUEUE_DELAY).await;
+            let options = BasicNackOptions {
+                multiple: false,
+                requeue: true,
+            };
+            if let Err(e) = delivery.acker.nack(options).await {
+                tracing::warn!(%destination, %message_id, error = %ErrorChain(&e), "could not return the delivery");
+            }
+        }
+    }
+    BrokerError::Undecodable {
+        destination: destination.to_owned(),
+        message_id,
+        reason,
+    }
+}
+
+/// Settles one RabbitMQ delivery; keeps its channel (and connection) open until then.
+struct AmqpSettle {
+    message_id: String,
+    acker: Acker,
+    /// Where `abandon` sends its `basic.nack` from.
+    handle: Option<Handle>,
+    /// The channel it came on; a delivery whose channel closed was requeued by the server.
+    channel: Channel,
+    _inner: Arc<Inner>,
+}
+
+impl AmqpSettle {
+    async fn nack(self) -> Result<(), BrokerError> {
+        let options = BasicNackOptions {
+            multiple: false,
+            requeue: true,
+        };
+        let sent =
+            self.acker.nack(options).await.map_err(|e| {
+                BrokerError::transport(format!("basic.nack `{}`", self.message_id), e)
+            })?;
+        if !sent {
+            return Err(BrokerError::SettlementLost {
+                message_id: self.message_id,
+                settlement: "nack",
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Settle for AmqpSettle {
+    fn ack(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {
+        async move {
+            let sent = self
+                .acker
+                .ack(BasicAckOptions::default())
+                .await
+                .map_err(|e| {
+                    BrokerError::transport(format!("basic.ack `{}`", self.message_id), e)
+                })?;
+            if !sent {
+                return Err(BrokerError::SettlementLost {
+                    message_id: self.message_id,
+                    settlement: "ack",
+                });
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn nack(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {
+        (*self).nack().boxed()
+    }
+
+    fn is_stale(&self) -> bool {
+        !self.channel.status().connected()
+    }
+
+    fn abandon(self: Box<Self>) {
+        // Without a runtime to send the nack from, dropping the channel (with `self`) still has
+        // the server requeue the message once the channel closes.
+        if let Some(handle) = self.handle.clone() {
+            handle.spawn(async move {
+                let message_id = self.message_id.clone();
+                if let Err(e) = (*self).nack().await {
+                    tracing::warn!(%message_id, error = %ErrorChain(&e), "nack of an abandoned delivery failed; the server requeues it when the channel closes");
+                }
+            });
+        }
+    }
+}

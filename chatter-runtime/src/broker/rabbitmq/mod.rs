@@ -1,0 +1,275 @@
+//! RabbitMQ through `lapin` (feature `rabbitmq`).
+//!
+//! Mapping of a [`BrokeredMessage`] onto AMQP 0-9-1:
+//!
+//! | Brokered Message | AMQP |
+//! | --- | --- |
+//! | `destination` | a durable queue of that name, published to through the default exchange |
+//! | `message_id` | the `message-id` property |
+//! | `content_type` | the `content-type` property (left unset when empty) |
+//! | `body` | the body, UTF-8 |
+//! | `context` | the [`CONTEXT_HEADER`] header: the context as one JSON object in a long string, so that every JSON value (nested objects, `null`, big numbers) comes back exactly as it went |
+//!
+//! Messages are persistent (`delivery-mode` 2).
+//!
+//! | file | what |
+//! | --- | --- |
+//! | `connection.rs` | the shared connection, its bounded reconnects, the publishing channel |
+//! | `publish.rs` | declaring a queue, publishing with confirms, the server's refusals |
+//! | `consume.rs` | subscriptions that resume after outages, settling deliveries, dead-lettering what is no Brokered Message |
+//! | `codec.rs` | a Brokered Message as AMQP properties and headers, and back |
+
+mod codec;
+mod connection;
+mod consume;
+mod publish;
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use lapin::options::QueueDeleteOptions;
+use lapin::types::ShortString;
+use tokio::runtime::Handle;
+
+pub use codec::{CONTEXT_HEADER, DEAD_LETTER_REASON_HEADER};
+
+use super::{Broker, BrokerError, Subscription};
+use crate::backoff;
+use crate::error_chain::ErrorChain;
+use crate::message::BrokeredMessage;
+use codec::{properties, queue_name};
+use connection::{Inner, open, redact};
+
+/// How many unacked deliveries one subscription holds by default.
+const DEFAULT_PREFETCH: u16 = 1;
+
+/// A [`Broker`] on RabbitMQ: publisher confirms, durable queues, persistent messages, manual ack.
+///
+/// - [`publish`](Broker::publish) declares the destination's durable queue (once per connection),
+///   publishes with `mandatory` set and waits for the publisher confirm: a nack is
+///   [`BrokerError::Rejected`]; a message returned as unroutable (its queue was deleted since)
+///   is published once more after declaring the queue again, then is
+///   [`BrokerError::Refused`]. A server that refuses the queue or the message because of its
+///   settings (403 access refused, 405 locked, 406 a queue declared with other arguments or a
+///   message over the configured size) is [`BrokerError::Refused`] too: never permanent, as
+///   an operator can lift it.
+/// - [`subscribe`](Broker::subscribe) opens a channel of its own with a prefetch of
+///   [`prefetch`](Self::with_prefetch) (1 by default; [`Broker::subscribe_with_prefetch`] sets
+///   it per subscription, as the runtime's consumers do) and consumes with manual ack;
+///   [`Delivery::nack`] and dropping a delivery unsettled are `basic.nack` with `requeue`, and
+///   [`Delivery::redelivered`] is the AMQP `redelivered` flag.
+///
+/// **Recovery.** The broker reconnects by itself after a broker restart or a dropped connection,
+/// with exponential backoff (logged at Error when the outage starts, at Info when it ends):
+///
+/// - a publish waits for the connection to come back, bounded by the
+///   [publish timeout](Self::with_publish_timeout) (default 30 s), then fails with
+///   [`BrokerError::Timeout`];
+/// - a subscription consumes again after recovery on a new channel, without the caller
+///   subscribing again; its stream never ends while the broker is open;
+/// - a delivery unacked at the drop is requeued by the server and delivered again (marked
+///   redelivered); settling the old one fails with [`BrokerError::SettlementLost`], so no
+///   message is ever acked on a channel it was not delivered on.
+///
+/// (lapin's own `enable_auto_recover` was not used: it gives up after a fixed number of
+/// attempts, and replaying consumers on a recovered channel would settle old delivery tags on
+/// the new channel. Here each delivery settles only on the channel it came from.)
+///
+/// Clones share one connection.
+#[derive(Clone)]
+pub struct RabbitMqBroker {
+    inner: Arc<Inner>,
+    prefetch: u16,
+}
+
+/// The default bound of one publish, reconnection included.
+pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The default bound of one connection attempt: TCP and the AMQP handshake.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl RabbitMqBroker {
+    /// Connect to `uri`, e.g. `amqp://guest:guest@127.0.0.1:5672/%2f` (plain AMQP: this build has
+    /// no TLS backend). Must be called within a Tokio runtime, which then runs the connection.
+    ///
+    /// The first connection must succeed (a wrong address or credentials fail here, and a
+    /// server that does not answer within [`DEFAULT_CONNECT_TIMEOUT`]); later losses are
+    /// recovered from.
+    pub async fn connect(uri: &str) -> Result<Self, BrokerError> {
+        if Handle::try_current().is_err() {
+            return Err(BrokerError::transport(
+                "connect",
+                "RabbitMqBroker::connect must be called within a Tokio runtime",
+            ));
+        }
+        let connection = open(uri, DEFAULT_CONNECT_TIMEOUT).await?;
+        Ok(Self {
+            inner: Arc::new(Inner::new(
+                uri.to_owned(),
+                connection,
+                DEFAULT_PUBLISH_TIMEOUT,
+                DEFAULT_CONNECT_TIMEOUT,
+            )),
+            prefetch: DEFAULT_PREFETCH,
+        })
+    }
+
+    /// [`connect`](Self::connect), retried with backoff while the broker is unreachable, for up
+    /// to `give_up_after`: for a process that may start while the broker restarts. The first
+    /// failure is logged at Error; the last one is returned.
+    pub async fn connect_retrying(uri: &str, give_up_after: Duration) -> Result<Self, BrokerError> {
+        let deadline = tokio::time::Instant::now() + give_up_after;
+        let mut backoff = backoff::reconnect();
+        let mut attempts = 0u32;
+        loop {
+            match Self::connect(uri).await {
+                Ok(broker) => {
+                    if attempts > 0 {
+                        tracing::info!(uri = %redact(uri), attempts, "RabbitMQ reachable; connected");
+                    }
+                    return Ok(broker);
+                }
+                Err(error) => {
+                    let delay = backoff.next_delay();
+                    if tokio::time::Instant::now() + delay > deadline {
+                        return Err(error);
+                    }
+                    if attempts == 0 {
+                        tracing::error!(uri = %redact(uri), error = %ErrorChain(&error), "RabbitMQ unreachable; retrying the connection with backoff");
+                    }
+                    attempts += 1;
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    /// The same broker, whose new subscriptions hold up to `prefetch` unacked deliveries each
+    /// (AMQP `basic.qos`; 0 means no limit). The default, 1, gives each message to whichever
+    /// competing consumer is free.
+    pub fn with_prefetch(mut self, prefetch: u16) -> Self {
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// Bounds every publish (waiting for a lost connection, the publish and its confirm) by
+    /// `timeout` (default [`DEFAULT_PUBLISH_TIMEOUT`]), for every clone of this broker. Closing
+    /// and deleting a queue are bounded by it too.
+    pub fn with_publish_timeout(self, timeout: Duration) -> Self {
+        self.inner.set_publish_timeout(timeout);
+        self
+    }
+
+    /// Bounds every connection attempt (TCP and the AMQP handshake) of a reconnect by `timeout`
+    /// (default [`DEFAULT_CONNECT_TIMEOUT`]), for every clone of this broker: a server that
+    /// accepts the connection and never answers is dialled again after it.
+    pub fn with_connect_timeout(self, timeout: Duration) -> Self {
+        self.inner.set_connect_timeout(timeout);
+        self
+    }
+
+    /// Whether the connection is up now (`false` while it is being re-established).
+    pub fn is_connected(&self) -> bool {
+        self.inner.current().is_some()
+    }
+
+    /// Close the connection (shared by all clones) gracefully; nothing reconnects afterwards and
+    /// subscriptions end. Deliveries not settled by then are requeued by the server and
+    /// delivered again; settling them afterwards fails with [`BrokerError::SettlementLost`] or
+    /// [`BrokerError::Transport`].
+    pub async fn close(&self) -> Result<(), BrokerError> {
+        self.inner.closed.store(true, Ordering::SeqCst);
+        let Some(connection) = self.inner.take() else {
+            return Ok(());
+        };
+        let closing = async {
+            connection
+                .close(200, ShortString::from("OK"))
+                .await
+                .map_err(|e| BrokerError::transport("connection.close", e))
+        };
+        self.bounded("connection.close", closing).await
+    }
+
+    /// Delete `destination`'s queue and the messages in it; returns how many messages it held.
+    pub async fn delete_queue(&self, destination: &str) -> Result<u32, BrokerError> {
+        let queue = queue_name(destination)?;
+        let operation = format!("queue.delete `{destination}`");
+        let count = self
+            .bounded(&operation, async {
+                let channel = self.inner.publisher().await?;
+                channel
+                    .queue_delete(queue, QueueDeleteOptions::default())
+                    .await
+                    .map_err(|e| BrokerError::transport(operation.clone(), e))
+            })
+            .await?;
+        self.inner.forget(destination);
+        Ok(count)
+    }
+
+    /// `call`, bounded by the publish timeout.
+    async fn bounded<T>(
+        &self,
+        operation: &str,
+        call: impl Future<Output = Result<T, BrokerError>>,
+    ) -> Result<T, BrokerError> {
+        let timeout = self.inner.publish_timeout();
+        match tokio::time::timeout(timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(BrokerError::Timeout {
+                operation: operation.to_owned(),
+                after: timeout,
+                source: None,
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for RabbitMqBroker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitMqBroker")
+            .field("uri", &redact(&self.inner.uri))
+            .field("prefetch", &self.prefetch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Broker for RabbitMqBroker {
+    fn messaging_system(&self) -> &'static str {
+        "rabbitmq"
+    }
+
+    fn publish(&self, message: BrokeredMessage) -> BoxFuture<'_, Result<(), BrokerError>> {
+        self.inner.publish(message).boxed()
+    }
+
+    fn subscribe<'a>(
+        &'a self,
+        destination: &'a str,
+    ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
+        self.inner
+            .clone()
+            .subscribe(destination, self.prefetch)
+            .boxed()
+    }
+
+    /// Overrides [`with_prefetch`](Self::with_prefetch) for this subscription: its channel's
+    /// `basic.qos` is `prefetch` (0 means no limit), kept across recoveries.
+    fn subscribe_with_prefetch<'a>(
+        &'a self,
+        destination: &'a str,
+        prefetch: u16,
+    ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
+        self.inner.clone().subscribe(destination, prefetch).boxed()
+    }
+
+    fn check(&self, message: &BrokeredMessage) -> Result<(), BrokerError> {
+        queue_name(&message.destination)?;
+        properties(message).map(|_| ())
+    }
+}

@@ -1,0 +1,251 @@
+//! Publishing: declaring the destination's queue, the publish and its confirm, and the
+//! server's refusals.
+
+use lapin::message::Delivery as AmqpDelivery;
+use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation};
+
+use super::codec::{DEAD_LETTER_REASON_HEADER, PERSISTENT, properties, queue_name};
+use super::connection::Inner;
+use crate::backoff;
+use crate::broker::{BrokerError, Refusal};
+use crate::error_chain::ErrorChain;
+use crate::message::BrokeredMessage;
+
+impl Inner {
+    /// Declares `destination`'s durable queue on `channel`, once per connection.
+    pub(super) async fn declare(
+        &self,
+        channel: &Channel,
+        destination: &str,
+        queue: ShortString,
+    ) -> Result<(), BrokerError> {
+        if self.is_declared(destination) {
+            return Ok(());
+        }
+        let options = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        channel
+            .queue_declare(queue, options, FieldTable::default())
+            .await
+            .map_err(|e| declare_error(destination, e))?;
+        self.declared(destination);
+        Ok(())
+    }
+
+    /// Publishes `message`, retrying transport failures on a new connection until the publish
+    /// timeout.
+    pub(super) async fn publish(&self, message: BrokeredMessage) -> Result<(), BrokerError> {
+        let queue = queue_name(&message.destination)?;
+        let properties = properties(&message)?;
+        let timeout = self.publish_timeout();
+        let operation = format!(
+            "publish `{}` to `{}`",
+            message.message_id, message.destination
+        );
+        let mut last_error = None;
+        let attempts = async {
+            // A transport failure (the connection dropped before or during the publish) is
+            // retried on a new connection until the bound: the broker never confirmed, so at
+            // worst the message is stored twice, which consumers deduplicate.
+            let mut backoff = backoff::reconnect();
+            loop {
+                match self
+                    .publish_once(message.clone(), queue.clone(), properties.clone())
+                    .await
+                {
+                    Err(error @ BrokerError::Transport { .. }) => {
+                        tracing::debug!(error = %ErrorChain(&error), "RabbitMQ publish failed; retrying on a new connection");
+                        last_error = Some(Box::new(error));
+                        // Its channel may be dead before the client noticed: open a new one.
+                        self.forget_publisher();
+                        tokio::time::sleep(backoff.next_delay()).await;
+                    }
+                    done => return done,
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, attempts).await {
+            Ok(done) => done,
+            Err(_) => Err(BrokerError::Timeout {
+                operation,
+                after: timeout,
+                source: last_error,
+            }),
+        }
+    }
+
+    async fn publish_once(
+        &self,
+        message: BrokeredMessage,
+        queue: ShortString,
+        properties: BasicProperties,
+    ) -> Result<(), BrokerError> {
+        self.publish_bytes(
+            &message.message_id,
+            &message.destination,
+            queue,
+            message.body.as_bytes(),
+            properties,
+        )
+        .await
+    }
+
+    /// Publishes `body` with `properties` to the queue of `destination` and waits for the
+    /// publisher confirm.
+    async fn publish_bytes(
+        &self,
+        message_id: &str,
+        destination: &str,
+        queue: ShortString,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<(), BrokerError> {
+        let options = BasicPublishOptions {
+            mandatory: true,
+            immediate: false,
+        };
+        let publish_error = |error: lapin::Error| {
+            refusal(destination, AmqpMethod::Publish, &error).unwrap_or_else(|| {
+                BrokerError::transport(format!("basic.publish `{message_id}`"), error)
+            })
+        };
+        let rejected = |reason: String| BrokerError::Rejected {
+            message_id: message_id.to_owned(),
+            destination: destination.to_owned(),
+            reason,
+        };
+        // A second attempt only after the message came back unroutable: the queue was deleted
+        // since this broker declared it, so it is declared again. A returned message was not
+        // stored anywhere, so publishing it again cannot duplicate it.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let channel = self.publisher().await?;
+            self.declare(&channel, destination, queue.clone()).await?;
+            let confirmation = channel
+                .basic_publish(
+                    ShortString::default(),
+                    queue.clone(),
+                    options,
+                    body,
+                    properties.clone(),
+                )
+                .await
+                .map_err(&publish_error)?
+                .await
+                .map_err(&publish_error)?;
+            return match confirmation {
+                Confirmation::Ack(None) => Ok(()),
+                Confirmation::Ack(Some(returned)) => {
+                    self.forget(destination);
+                    if attempt < 2 {
+                        continue;
+                    }
+                    Err(BrokerError::Refused {
+                        destination: destination.to_owned(),
+                        refusal: Refusal::Unroutable,
+                        reply: format!("{} {}", returned.reply_code, returned.reply_text),
+                    })
+                }
+                Confirmation::Nack(_) => Err(rejected("the publisher confirm was a nack".into())),
+                Confirmation::NotRequested => Err(rejected(
+                    "the channel is not in confirm mode, so the broker never confirmed".into(),
+                )),
+            };
+        }
+    }
+
+    /// Publishes `delivery`'s body and properties verbatim to `destination` (with the reason in
+    /// a header) and waits for the confirm, bounded by the publish timeout.
+    pub(super) async fn publish_raw(
+        &self,
+        destination: &str,
+        delivery: &AmqpDelivery,
+        reason: &str,
+    ) -> Result<(), BrokerError> {
+        let queue = queue_name(destination)?;
+        let original = &delivery.properties;
+        let mut headers = original.headers().clone().unwrap_or_default();
+        headers.insert(
+            ShortString::from(DEAD_LETTER_REASON_HEADER),
+            AMQPValue::LongString(LongString::from(reason.to_owned())),
+        );
+        // The copy is kept like every dead letter: persistent, and without the original's
+        // per-message expiration, so it neither vanishes on a broker restart nor expires.
+        let mut properties = BasicProperties::default()
+            .with_delivery_mode(PERSISTENT)
+            .with_headers(headers);
+        if let Some(id) = original.message_id() {
+            properties = properties.with_message_id(id.clone());
+        }
+        if let Some(content_type) = original.content_type() {
+            properties = properties.with_content_type(content_type.clone());
+        }
+        if let Some(encoding) = original.content_encoding() {
+            properties = properties.with_content_encoding(encoding.clone());
+        }
+        if let Some(correlation) = original.correlation_id() {
+            properties = properties.with_correlation_id(correlation.clone());
+        }
+        if let Some(kind) = original.kind() {
+            properties = properties.with_type(kind.clone());
+        }
+        let message_id = original
+            .message_id()
+            .as_ref()
+            .map_or("<none>", |id| id.as_str())
+            .to_owned();
+        let attempt =
+            self.publish_bytes(&message_id, destination, queue, &delivery.data, properties);
+        let timeout = self.publish_timeout();
+        tokio::time::timeout(timeout, attempt)
+            .await
+            .unwrap_or_else(|_| {
+                Err(BrokerError::Timeout {
+                    operation: format!("dead-letter to `{destination}`"),
+                    after: timeout,
+                    source: None,
+                })
+            })
+    }
+}
+
+/// A failed `queue.declare`: a refusal when the server refused the queue because of how it is
+/// set up (see [`refusal`]); anything else is a transport error.
+fn declare_error(destination: &str, error: lapin::Error) -> BrokerError {
+    refusal(destination, AmqpMethod::Declare, &error)
+        .unwrap_or_else(|| BrokerError::transport(format!("queue.declare `{destination}`"), error))
+}
+
+/// The AMQP method a server refusal answered.
+#[derive(Debug, Clone, Copy)]
+enum AmqpMethod {
+    Declare,
+    Publish,
+}
+
+/// The server's refusal in `error`, when it closed the channel with a reply that a broker
+/// setting decides: 403 access refused, 405 an exclusive queue of another connection, 406 a
+/// queue declared with other arguments (on `queue.declare`) or a message over the configured
+/// size (on `basic.publish`). These are never permanent: an operator lifts them.
+fn refusal(destination: &str, method: AmqpMethod, error: &lapin::Error) -> Option<BrokerError> {
+    let lapin::ErrorKind::ProtocolError(amqp) = error.kind() else {
+        return None;
+    };
+    let refusal = match (amqp.kind().get_id(), method) {
+        (403, _) => Refusal::AccessRefused,
+        (405, _) => Refusal::Locked,
+        (406, AmqpMethod::Declare) => Refusal::ConflictingDeclaration,
+        (406, AmqpMethod::Publish) => Refusal::TooLarge,
+        _ => return None,
+    };
+    Some(BrokerError::Refused {
+        destination: destination.to_owned(),
+        refusal,
+        reply: amqp.to_string(),
+    })
+}
