@@ -1,13 +1,14 @@
 //! A runtime (consumers and relay) rides out a broker outage: RabbitMQ reached through a TCP
-//! proxy that drops every connection and refuses new ones for 5 s. The relay keeps draining and
-//! every outbox document is delivered; the consumer receives the commands sent after the outage;
-//! `Runtime::health` shows the consumer reconnecting during the outage and subscribed after it.
+//! proxy that drops every connection and, for 5 s, refuses new ones or accepts them and never
+//! answers (a broker that hangs). The relay keeps draining and every outbox document is
+//! delivered; the consumer receives the commands sent after the outage; `Runtime::health` shows
+//! the consumer reconnecting during the outage and subscribed after it.
 #![cfg(feature = "rabbitmq")]
 
 use std::time::Duration;
 
 use chatter_runtime::BrokeredMessage;
-use chatter_runtime::broker::{Broker, RabbitMqBroker};
+use chatter_runtime::broker::{Broker, BrokerError, RabbitMqBroker};
 use chatter_runtime::{
     BoxError, ConsumerState, DocumentReliable, HandlerContext, Runtime, handler,
 };
@@ -15,6 +16,7 @@ use chatter_tests::broker::Received;
 use chatter_tests::proxy::TcpProxy;
 use chatter_tests::rabbitmq;
 use chatter_tests::relay::fast_relay;
+use chatter_tests::runtime::registry_at;
 use chatter_tests::store::{emulator_server, outbox_document, provisioned_with_leases};
 use chatter_tests::wait::eventually;
 use serde::{Deserialize, Serialize};
@@ -23,12 +25,13 @@ use serde_json::json;
 const WAIT: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(50);
 const OUTAGE: Duration = Duration::from_secs(5);
+/// The proxied broker's bound of one publish, below the outage.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Books a ticket; its handler sends `TicketBooked` to the queue the command names.
 #[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
 #[cosmos(database = "outage", container = "tickets", lease = "tickets-leases")]
 #[partition_key(path = "/ticketId")]
-#[chatter(destination = "chatter-test-outage-book-ticket")]
 #[serde(rename_all = "camelCase")]
 pub struct BookTicket {
     pub ticket_id: String,
@@ -49,6 +52,25 @@ async fn book_ticket(command: BookTicket, ctx: &mut HandlerContext) -> Result<()
 
 #[tokio::test]
 async fn consumers_and_the_relay_carry_on_after_a_broker_outage() {
+    ride_out(|proxy| proxy.cut_for(OUTAGE), |broker| broker).await;
+}
+
+// A broker that accepts connections and never answers: each connection attempt gives up after
+// the connect timeout, no lock is held across one, a publish fails within its bound, and all
+// recover once the broker answers (before, the first reconnect waited forever with the
+// connection lock held, and nothing ever recovered).
+#[tokio::test]
+async fn consumers_and_the_relay_carry_on_after_a_broker_that_hangs() {
+    ride_out(
+        |proxy| proxy.cut_silently_for(OUTAGE),
+        |broker| broker.with_connect_timeout(Duration::from_secs(1)),
+    )
+    .await;
+}
+
+/// Runs the runtime through the proxy, makes the outage with `cut`, and checks that everything
+/// recovers.
+async fn ride_out(cut: impl Fn(&TcpProxy), configure: impl Fn(RabbitMqBroker) -> RabbitMqBroker) {
     let (_emulator, cosmos) = emulator_server().await;
     let tickets = provisioned_with_leases(
         &cosmos,
@@ -63,16 +85,22 @@ async fn consumers_and_the_relay_carry_on_after_a_broker_outage() {
         uuid::Uuid::new_v4().simple()
     );
     let direct = rabbitmq::connect(WAIT).await;
-    // The command queue is shared across runs of this test: start it empty.
-    let commands = BookTicket::DOCUMENT_RELIABILITY.destination;
-    rabbitmq::delete_queue(&direct, commands, WAIT).await;
+    let commands = &format!(
+        "chatter-test-outage-commands-{}",
+        uuid::Uuid::new_v4().simple()
+    );
     let received = Received::consume(rabbitmq::subscribe(&direct, &events, WAIT).await);
 
     let proxy = TcpProxy::start(rabbitmq::server_addr()).await;
-    let broker = RabbitMqBroker::connect(&rabbitmq::uri_through(&proxy))
-        .await
-        .unwrap();
+    let broker = configure(
+        RabbitMqBroker::connect(&rabbitmq::uri_through(&proxy))
+            .await
+            .unwrap()
+            .with_publish_timeout(PUBLISH_TIMEOUT),
+    );
+    let proxied = broker.clone();
     let runtime = Runtime::builder()
+        .registry(registry_at::<BookTicket>(commands))
         .cosmos(cosmos.clone())
         .broker(broker)
         .relay_options(fast_relay(Duration::from_secs(10)))
@@ -109,11 +137,20 @@ async fn consumers_and_the_relay_carry_on_after_a_broker_outage() {
         runtime.health().await
     );
 
-    proxy.cut_for(OUTAGE);
+    cut(&proxy);
     eventually(WAIT, POLL, "the consumer reports reconnecting", || async {
         runtime.health().await.consumers[0].state == ConsumerState::Reconnecting
     })
     .await;
+    // A publish through the proxy fails within its bound instead of waiting for the broker.
+    let during = BrokeredMessage::json("during-outage", events.clone(), "{}");
+    let published = tokio::time::timeout(WAIT, proxied.publish(during))
+        .await
+        .expect("a publish during the outage ends within its bound");
+    assert!(
+        matches!(published, Err(BrokerError::Timeout { .. })),
+        "{published:?}"
+    );
     // Commands sent during the outage wait in RabbitMQ; the runtime cannot reach it yet.
     for n in 5..10 {
         send(n).await;

@@ -1,6 +1,7 @@
 //! A TCP proxy on 127.0.0.1 in front of a real server (RabbitMQ), that can cut the network: every
-//! connection through it is dropped and new ones are refused for a while. A real network fault
-//! for the clients behind it, while every other test keeps its direct connection.
+//! connection through it is dropped and new ones are refused for a while, or accepted and never
+//! answered (a peer that hangs: a half-dead host, a firewall dropping packets). A real network
+//! fault for the clients behind it, while every other test keeps its direct connection.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -16,6 +17,8 @@ use tokio::time::Instant;
 pub struct TcpProxy {
     addr: SocketAddr,
     refuse_until: Arc<Mutex<Option<Instant>>>,
+    /// While set (until when), new connections are accepted and held without an answer.
+    silent_until: Arc<Mutex<Option<Instant>>>,
     /// Bumped on every cut: each connection task ends when it changes.
     cuts: watch::Sender<u64>,
     task: JoinHandle<()>,
@@ -27,21 +30,30 @@ impl TcpProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
         let addr = listener.local_addr().expect("a bound address");
         let refuse_until = Arc::new(Mutex::new(None::<Instant>));
+        let silent_until = Arc::new(Mutex::new(None::<Instant>));
         let (cuts, _) = watch::channel(0u64);
         let task = {
             let refuse_until = refuse_until.clone();
+            let silent_until = silent_until.clone();
             let cuts = cuts.clone();
             tokio::spawn(async move {
+                // Connections accepted while silent: held open, never answered, until the proxy
+                // stops (a client must give up on them by itself).
+                let mut held = Vec::new();
                 loop {
                     let Ok((client, _)) = listener.accept().await else {
                         continue;
                     };
-                    let refusing = refuse_until
-                        .lock()
-                        .unwrap()
-                        .is_some_and(|until| Instant::now() < until);
-                    if refusing {
+                    let now = Instant::now();
+                    let until = |at: &Mutex<Option<Instant>>| {
+                        at.lock().unwrap().is_some_and(|until| now < until)
+                    };
+                    if until(&refuse_until) {
                         drop(client);
+                        continue;
+                    }
+                    if until(&silent_until) {
+                        held.push(client);
                         continue;
                     }
                     let mut cut = cuts.subscribe();
@@ -61,6 +73,7 @@ impl TcpProxy {
         Self {
             addr,
             refuse_until,
+            silent_until,
             cuts,
             task,
         }
@@ -74,6 +87,14 @@ impl TcpProxy {
     /// Drops every connection through the proxy now and refuses new ones for `outage`.
     pub fn cut_for(&self, outage: Duration) {
         *self.refuse_until.lock().unwrap() = Some(Instant::now() + outage);
+        self.cuts.send_modify(|n| *n += 1);
+    }
+
+    /// Drops every connection through the proxy now; for `outage`, new connections are
+    /// accepted (TCP) and never answered: the server seems to hang. They stay open, unanswered,
+    /// after the outage too.
+    pub fn cut_silently_for(&self, outage: Duration) {
+        *self.silent_until.lock().unwrap() = Some(Instant::now() + outage);
         self.cuts.send_modify(|n| *n += 1);
     }
 }
