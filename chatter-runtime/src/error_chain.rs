@@ -67,13 +67,13 @@ mod tests {
             Box::new(PipelineError::Cosmos {
                 command: "C",
                 message_id: "m".into(),
-                source: unreachable(),
+                source: Box::new(unreachable()),
             }),
             Box::new(StartError::Container {
                 command: "C",
                 database: "d",
                 container: "c",
-                source: unreachable(),
+                source: Box::new(unreachable()),
             }),
             Box::new(StartError::Subscribe {
                 destination: "d",

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use chatter_emulator::RunningEmulator;
 use chatter_runtime::BrokeredMessage;
-use chatter_runtime::broker::{Broker, RabbitMqBroker};
+use chatter_runtime::broker::RabbitMqBroker;
 use chatter_runtime::cosmos::ContainerClient;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
 use chatter_tests::broker::Received;

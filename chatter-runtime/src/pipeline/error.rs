@@ -100,9 +100,9 @@ pub enum PipelineError {
         status: u16,
         /// Per-operation status codes, op 0 being the inbox marker.
         operation_statuses: Vec<u16>,
-        /// The store error, when confirming a conflicting marker failed.
+        /// The store error, when confirming a conflicting marker failed (boxed: it is large).
         #[source]
-        source: Option<CosmosStoreError>,
+        source: Option<Box<CosmosStoreError>>,
     },
     /// A Cosmos call failed.
     #[error("Cosmos call for `{command}` message '{message_id}' failed")]
@@ -111,9 +111,9 @@ pub enum PipelineError {
         command: &'static str,
         /// The message id.
         message_id: String,
-        /// The store error.
+        /// The store error (boxed: it is large, and this error is returned by value).
         #[source]
-        source: CosmosStoreError,
+        source: Box<CosmosStoreError>,
     },
     /// A pass-through delivery's message could not be published.
     #[error("publishing a message sent by the handler of `{command}` failed")]

@@ -111,7 +111,7 @@ impl Pipeline {
         let cosmos_error = |source| PipelineError::Cosmos {
             command: name,
             message_id: message_id.to_owned(),
-            source,
+            source: Box::new(source),
         };
         let container = self
             .cosmos
@@ -157,15 +157,16 @@ impl Pipeline {
         }
 
         let statuses = outcome.status_codes();
-        let failed_because =
-            |reason: BatchFailure, source: Option<CosmosStoreError>| PipelineError::BatchFailed {
+        let failed_because = |reason: BatchFailure, source: Option<Box<CosmosStoreError>>| {
+            PipelineError::BatchFailed {
                 command: name,
                 message_id: message_id.to_owned(),
                 reason,
                 status: outcome.status,
                 operation_statuses: statuses.clone(),
                 source,
-            };
+            }
+        };
         let failed = |reason: BatchFailure| failed_because(reason, None);
         if statuses.first() != Some(&409) {
             return Err(failed(BatchFailure::Rejected));
@@ -185,7 +186,10 @@ impl Pipeline {
             }
             Ok(Marker::Foreign) => Err(failed(BatchFailure::ForeignMarker { marker_id })),
             Ok(Marker::Missing) => Err(failed(BatchFailure::MarkerMissing { marker_id })),
-            Err(e) => Err(failed_because(BatchFailure::ConfirmationFailed, Some(e))),
+            Err(e) => Err(failed_because(
+                BatchFailure::ConfirmationFailed,
+                Some(Box::new(e)),
+            )),
         }
     }
 

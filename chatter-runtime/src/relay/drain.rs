@@ -312,7 +312,7 @@ impl Drain {
     }
 
     /// Drains one page of `lease_token`: its partition-key groups concurrently, each in order
-    /// (one document at a time while the lease is failing, see [`Admission`]); fails when any
+    /// (one document at a time while the lease is failing: see the module docs); fails when any
     /// group failed, after every document in flight has finished, so nothing of a failed page
     /// is checkpointed.
     pub async fn drain(

@@ -57,9 +57,9 @@ pub enum RelayError {
         container: &'static str,
         /// The container that could not be reached.
         missing: &'static str,
-        /// The store error.
+        /// The store error (boxed: it is large, and this error is returned by value).
         #[source]
-        source: CosmosStoreError,
+        source: Box<CosmosStoreError>,
     },
     /// A change-feed processor did not start.
     #[error("the change-feed processor of `{database}/{container}` did not start")]

@@ -174,7 +174,7 @@ async fn start_one(
                 database: source.database,
                 container: source.container,
                 missing: name,
-                source: e,
+                source: Box::new(e),
             })
     };
     let monitored = container(source.container).await?;

@@ -54,8 +54,6 @@ impl Default for RelayOptions {
 
 impl RelayOptions {
     /// Refuses settings that cannot work together, before anything connects.
-    // Called once per start: the size of the public error does not matter here.
-    #[allow(clippy::result_large_err)]
     pub(crate) fn validate(&self) -> Result<(), RelayError> {
         self.delivery.validate()?;
         self.processor

@@ -167,6 +167,7 @@ impl DrainGate {
         self.leases.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// Whether a page of `lease_token` may be drained now ([`admit`](Self::admit) does not
     /// refuse it).
     pub fn permit_drain(&self, lease_token: &str) -> bool {

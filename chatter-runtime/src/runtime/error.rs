@@ -28,9 +28,9 @@ pub enum StartError {
         database: &'static str,
         /// The container.
         container: &'static str,
-        /// The store error.
+        /// The store error (boxed: it is large, and this error is returned by value).
         #[source]
-        source: CosmosStoreError,
+        source: Box<CosmosStoreError>,
     },
     /// The change-feed relay did not start (e.g. a monitored container breaks the contract).
     #[error(transparent)]

@@ -248,7 +248,7 @@ impl RuntimeBuilder {
                     command: r.command_name,
                     database: r.database,
                     container: r.container,
-                    source,
+                    source: Box::new(source),
                 })?;
             tracing::info!(
                 command = r.command_name,

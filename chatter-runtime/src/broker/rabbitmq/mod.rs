@@ -60,8 +60,8 @@ const DEFAULT_PREFETCH: u16 = 1;
 /// - [`subscribe`](Broker::subscribe) opens a channel of its own with a prefetch of
 ///   [`prefetch`](Self::with_prefetch) (1 by default; [`Broker::subscribe_with_prefetch`] sets
 ///   it per subscription, as the runtime's consumers do) and consumes with manual ack;
-///   [`Delivery::nack`] and dropping a delivery unsettled are `basic.nack` with `requeue`, and
-///   [`Delivery::redelivered`] is the AMQP `redelivered` flag.
+///   [`Delivery::nack`](super::Delivery::nack) and dropping a delivery unsettled are `basic.nack` with `requeue`, and
+///   [`Delivery::redelivered`](super::Delivery::redelivered) is the AMQP `redelivered` flag.
 ///
 /// **Recovery.** The broker reconnects by itself after a broker restart or a dropped connection,
 /// with exponential backoff (logged at Error when the outage starts, at Info when it ends):
