@@ -613,6 +613,46 @@ async fn an_owner_that_cannot_renew_its_lease_stops_serving_it_and_takes_it_up_a
     processor.shutdown().await;
 }
 
+// Every lease an instance stops polling is reported to `on_lease_released` once its last page is
+// done: given up after renewals failed, and released at shutdown (state kept beside the
+// processor per lease, such as chatter's Drain Suspension, is dropped there).
+#[tokio::test]
+async fn every_lease_an_instance_stops_polling_is_reported_released() {
+    let (emulator, store) = served_store().await;
+    let released = Arc::new(Mutex::new(Vec::<String>::new()));
+    let record = Arc::clone(&released);
+    let processor = store
+        .processor("released", "host-1")
+        .options(fast_options())
+        .on_lease_released(move |lease| record.lock().unwrap().push(lease.to_owned()))
+        .start(|_| Box::pin(async { Ok(()) }))
+        .await
+        .unwrap();
+    let ranges = feed_range_count(&store).await;
+    every_lease_owned(&processor, ranges).await;
+    let owned: BTreeSet<String> = processor.owned_leases().into_iter().collect();
+    assert!(released.lock().unwrap().is_empty(), "nothing released yet");
+    // Lease writes (PUT) refused: renewals fail and the leases are given up.
+    emulator.faults().refuse("PUT", 503, Duration::from_secs(6));
+    eventually(WAIT, POLL, "the unwritable leases are given up", || {
+        let none = processor.owned_leases().is_empty();
+        async move { none }
+    })
+    .await;
+    let given_up: BTreeSet<String> = released.lock().unwrap().iter().cloned().collect();
+    assert_eq!(given_up, owned, "each given-up lease is reported");
+    owns(&processor, ranges, "taken up again once writes work").await;
+    processor.shutdown().await;
+    let reports = released.lock().unwrap().clone();
+    for lease in &owned {
+        assert_eq!(
+            reports.iter().filter(|r| *r == lease).count(),
+            2,
+            "{lease}: given up, then released at shutdown: {reports:?}"
+        );
+    }
+}
+
 // Lease protocol: a lease document that cannot be read is reported at Error, and its feed range
 // is still served (the document is replaced by a new lease).
 #[tokio::test]
