@@ -20,8 +20,8 @@ pub use crate::relay::drain::{Drain, DrainReport, InFlightLimit};
 pub use crate::relay::error::DrainError;
 pub use crate::relay::identity::{RelaySource, SourceIdentity, distinct_sources};
 pub use crate::relay::suspension::{
-    CONFIRMATION_FAILURE_THRESHOLD, ConfirmationReceipt, DrainGate, ManualClock, MonotonicClock,
-    SUSPENSION_WINDOW,
+    Admission, CONFIRMATION_FAILURE_THRESHOLD, ConfirmationReceipt, DrainGate, ManualClock,
+    MonotonicClock, SUSPENSION_WINDOW,
 };
 
 /// `drain` recording its metrics on `meter` and starting its `send` spans on `tracer` (either

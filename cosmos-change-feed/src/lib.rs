@@ -222,8 +222,9 @@ impl ChangeFeedProcessorBuilder {
     /// Tells `handler` the lease token of every lease this instance stops polling: lost to
     /// another instance, given up after renewals failed for almost the expiry, split into its
     /// children, or released at shutdown. Called after its last page has finished, so per-lease
-    /// state kept beside the processor can be dropped (a lease that comes back starts afresh). A
-    /// panic in `handler` is contained.
+    /// state kept beside the processor can be dropped (a lease that comes back starts afresh);
+    /// not called when this instance already serves the lease again by then. A panic in
+    /// `handler` is contained.
     pub fn on_lease_released(mut self, handler: impl Fn(&str) + Send + Sync + 'static) -> Self {
         self.released = Some(Arc::new(handler));
         self

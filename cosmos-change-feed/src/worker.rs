@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -244,11 +245,32 @@ pub(crate) async fn renew(ctx: WorkerContext, slot: Arc<LeaseSlot>) {
 /// Polls the lease's feed range until the worker stops, then releases the lease if it stopped
 /// for a graceful shutdown.
 pub(crate) async fn poll(ctx: WorkerContext, slot: Arc<LeaseSlot>) {
-    lock_owned(&ctx.owned).insert(slot.lease_token.clone(), LeaseProgress::default());
+    // Which poller the entry belongs to: a lease given up and acquired again by this instance
+    // can have a new poller start before the old one has finished its page.
+    static POLLERS: AtomicU64 = AtomicU64::new(0);
+    let poller = POLLERS.fetch_add(1, Ordering::Relaxed);
+    lock_owned(&ctx.owned).insert(
+        slot.lease_token.clone(),
+        LeaseProgress {
+            poller,
+            ..LeaseProgress::default()
+        },
+    );
     let position = poll_until_stopped(&ctx, &slot).await;
-    lock_owned(&ctx.owned).remove(&slot.lease_token);
-    if let Some(released) = &ctx.released {
-        let _ = std::panic::catch_unwind(AssertUnwindSafe(|| released(&slot.lease_token)));
+    // Only this poller's own entry is removed and reported released: if a newer poller of the
+    // same lease runs already, the lease has not left this instance.
+    let released = {
+        let mut owned = lock_owned(&ctx.owned);
+        let own = owned
+            .get(&slot.lease_token)
+            .is_some_and(|progress| progress.poller == poller);
+        if own {
+            owned.remove(&slot.lease_token);
+        }
+        own
+    };
+    if let Some(on_released) = ctx.released.as_ref().filter(|_| released) {
+        let _ = std::panic::catch_unwind(AssertUnwindSafe(|| on_released(&slot.lease_token)));
     }
     slot.poller_done.cancel();
     if slot.reason() == StopReason::Shutdown {
@@ -259,6 +281,8 @@ pub(crate) async fn poll(ctx: WorkerContext, slot: Arc<LeaseSlot>) {
 /// What an owned lease has done lately, for health reports.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct LeaseProgress {
+    /// The poller this entry belongs to.
+    poller: u64,
     /// When the lease last confirmed its position: a page handled and checkpointed, or a read
     /// that found nothing new.
     pub(crate) last_progress: Option<std::time::Instant>,

@@ -267,3 +267,55 @@ async fn rabbitmq_invalid_input_is_an_error_not_a_panic() {
     assert!(matches!(error, BrokerError::Transport { .. }), "{error}");
     assert!(!error.to_string().contains("secret"), "{error}");
 }
+
+// A queue the server refuses (declared non-durable by another client: 406) fails only its own
+// publishes, as a refusal an operator can lift; publishes to other queues waiting at the same
+// moment are confirmed (the refusal closes a channel of its own, not the shared publisher).
+#[tokio::test]
+async fn a_refused_queue_fails_its_own_publishes_only() {
+    let broker = connect().await;
+    let refused = queue();
+    let fine = queue();
+    let foreign = lapin::Connection::connect(rabbitmq::URI, lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = foreign.create_channel().await.unwrap();
+    let non_durable = lapin::options::QueueDeclareOptions::default();
+    channel
+        .queue_declare(
+            lapin::types::ShortString::from(refused.as_str()),
+            non_durable,
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    for round in 0..5 {
+        let others = (0..20).map(|n| broker.publish(message(&format!("m-{round}-{n}"), &fine)));
+        let (refusal, others) = tokio::join!(
+            broker.publish(message(&format!("r-{round}"), &refused)),
+            futures::future::join_all(others)
+        );
+        let refusal = refusal.unwrap_err();
+        assert!(
+            matches!(
+                refusal,
+                BrokerError::Refused {
+                    refusal: chatter_runtime::broker::Refusal::ConflictingDeclaration,
+                    ..
+                }
+            ) && !refusal.is_permanent(),
+            "{refusal}"
+        );
+        for other in others {
+            other.expect("a publish to another queue is confirmed");
+        }
+    }
+    rabbitmq::delete_queue(&broker, &fine, DELIVERY_WAIT).await;
+    channel
+        .queue_delete(
+            lapin::types::ShortString::from(refused.as_str()),
+            lapin::options::QueueDeleteOptions::default(),
+        )
+        .await
+        .unwrap();
+}

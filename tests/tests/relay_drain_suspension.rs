@@ -8,17 +8,19 @@ use std::time::Duration;
 
 use chatter_emulator::{Faults, RunningEmulator};
 use chatter_runtime::BrokeredMessage;
-use chatter_runtime::broker::InMemoryBroker;
+use chatter_runtime::broker::{Broker, BrokerError, InMemoryBroker, Subscription};
 use chatter_runtime::cosmos::{self, ContainerClient};
 use chatter_runtime::registration::PartitionKeyPath;
 use chatter_runtime::testing::DeliverySettings;
 use chatter_runtime::testing::OutboxDocument;
 use chatter_runtime::testing::{
-    CONFIRMATION_FAILURE_THRESHOLD, ConfirmationReceipt, DrainGate, ManualClock, SUSPENSION_WINDOW,
+    Admission, CONFIRMATION_FAILURE_THRESHOLD, ConfirmationReceipt, DrainGate, ManualClock,
+    SUSPENSION_WINDOW,
 };
 use chatter_runtime::testing::{Drain, DrainError, DrainReport};
 use chatter_tests::logs::capture;
 use chatter_tests::store::{created, document, emulator_server, provisioned};
+use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tracing::Level;
 
@@ -602,6 +604,7 @@ async fn a_probe_whose_stamp_lands_drains_the_rest_of_the_page_and_resumes_concu
     let report = f.drain.drain("0", &docs).await.unwrap();
     assert_eq!(report.published, 10);
     assert!(!f.drain.gate().is_suspended("0"));
+    assert_eq!(f.drain.gate().admit("0"), Admission::Concurrent, "resumed");
     for doc in &docs {
         assert_eq!(f.read(doc).await["status"], "delivered");
     }
@@ -634,16 +637,113 @@ async fn a_page_cancelled_by_the_handler_timeout_after_publishing_is_a_confirmat
     assert!(matches!(err, DrainError::Suspended { .. }), "{err}");
 }
 
+/// Test double: a broker whose publish never confirms, so a page can be cancelled while its
+/// publish is in flight (no real broker hangs exactly one publish on demand).
+struct NeverConfirms;
+
+impl Broker for NeverConfirms {
+    fn publish(&self, _: BrokeredMessage) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(std::future::pending())
+    }
+
+    fn subscribe<'a>(
+        &'a self,
+        destination: &'a str,
+    ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
+        Box::pin(async move {
+            Err(BrokerError::InvalidDestination {
+                destination: destination.to_owned(),
+                reason: "the test double only publishes".into(),
+            })
+        })
+    }
+}
+
 #[tokio::test]
-async fn a_page_cancelled_before_it_published_counts_nothing() {
+async fn a_page_cancelled_before_the_broker_confirmed_counts_nothing() {
     let f = Fixture::new().await;
     let doc = f.pending("msg-1", "t").await;
+    let hanging = Drain::new(
+        SOURCE,
+        Arc::new(NeverConfirms),
+        f.container.clone(),
+        KEY,
+        DeliverySettings::default(),
+    )
+    .with_clock(f.clock.clone());
     for _ in 0..CONFIRMATION_FAILURE_THRESHOLD {
-        // Dropped before its first poll: nothing was published.
-        drop(f.drain.drain("0", std::slice::from_ref(&doc)));
+        let page = hanging.drain("0", std::slice::from_ref(&doc));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), page)
+                .await
+                .is_err(),
+            "cancelled while publishing"
+        );
     }
-    assert!(!f.drain.gate().is_suspended("0"));
-    assert_eq!(f.drain.drain("0", &[doc]).await.unwrap().published, 1);
+    assert!(!hanging.gate().is_suspended("0"));
+    assert_eq!(
+        hanging.gate().admit("0"),
+        Admission::Concurrent,
+        "no record"
+    );
+}
+
+/// Test double around the in-memory broker: confirming a `msg-2..` makes the store answer every
+/// later stamp 60 s late, so within one page the first stamp lands and the second hangs (the
+/// store's fault is real; only its moment is chosen here).
+struct SlowStampsFromTheSecond {
+    broker: InMemoryBroker,
+    faults: Faults,
+}
+
+impl Broker for SlowStampsFromTheSecond {
+    fn publish(&self, message: BrokeredMessage) -> BoxFuture<'_, Result<(), BrokerError>> {
+        if message.message_id.starts_with("msg-2") {
+            self.faults.answer_late("PATCH", Duration::from_secs(60));
+        }
+        self.broker.publish(message)
+    }
+
+    fn subscribe<'a>(
+        &'a self,
+        destination: &'a str,
+    ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
+        self.broker.subscribe(destination)
+    }
+}
+
+#[tokio::test]
+async fn a_cancelled_page_one_of_whose_stamps_landed_counts_nothing() {
+    let f = Fixture::new().await;
+    let broker = SlowStampsFromTheSecond {
+        broker: f.broker.clone(),
+        faults: f.faults(),
+    };
+    let drain = Drain::new(
+        SOURCE,
+        Arc::new(broker),
+        f.container.clone(),
+        KEY,
+        DeliverySettings::default(),
+    )
+    .with_clock(f.clock.clone());
+    for n in 0..CONFIRMATION_FAILURE_THRESHOLD {
+        // Two documents of one key: the first is stamped, the second's stamp hangs and the page
+        // is cancelled. The store takes stamps, it is slow: no Confirmation Failure.
+        let first = f.pending(&format!("msg-1-{n}"), "t").await;
+        let second = f.pending(&format!("msg-2-{n}"), "t").await;
+        let docs = [first.clone(), second];
+        let page = drain.drain("0", &docs);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(1500), page)
+                .await
+                .is_err(),
+            "cancelled on its second stamp"
+        );
+        f.faults().clear();
+        assert_eq!(f.read(&first).await["status"], "delivered");
+    }
+    assert!(!drain.gate().is_suspended("0"));
 }
 
 // ---- suspension state follows lease ownership ----

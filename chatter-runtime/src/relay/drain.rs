@@ -160,8 +160,9 @@ struct GroupOutcome {
 
 /// One page being drained: what its groups share, and the guard that counts the page as a
 /// Confirmation Failure when it is dropped unfinished (cancelled by the processor's handler
-/// timeout) after publishing messages whose stamps had not landed: each of them is published
-/// again, exactly as after a refused stamp.
+/// timeout) after publishing messages whose stamps had not landed (each may be published again,
+/// as after a refused stamp) and without any stamp of the page landing (one that landed shows
+/// the store takes stamps: the page was slow, not refused, and counts nothing).
 struct PageInFlight<'a> {
     gate: &'a DrainGate,
     lease_token: &'a str,
@@ -169,6 +170,8 @@ struct PageInFlight<'a> {
     stop: AtomicBool,
     /// Documents the broker confirmed whose stamp has not landed (yet).
     unconfirmed: AtomicUsize,
+    /// Set when a stamp of the page landed (a receipt was minted).
+    minted: AtomicBool,
     finished: bool,
 }
 
@@ -182,7 +185,7 @@ impl PageInFlight<'_> {
 impl Drop for PageInFlight<'_> {
     fn drop(&mut self) {
         let unconfirmed = self.unconfirmed.load(Ordering::Acquire);
-        if self.finished || unconfirmed == 0 {
+        if self.finished || unconfirmed == 0 || self.minted.load(Ordering::Acquire) {
             return;
         }
         let cancelled = DrainError::Cancelled {
@@ -337,6 +340,7 @@ impl Drain {
             lease_token,
             stop: AtomicBool::new(false),
             unconfirmed: AtomicUsize::new(0),
+            minted: AtomicBool::new(false),
             finished: false,
         };
         let outcomes = match admission {
@@ -438,7 +442,11 @@ impl Drain {
             if page.stop.load(Ordering::Acquire) {
                 break;
             }
-            match self.process(page, pending).await {
+            let processed = self.process(page, pending).await;
+            if processed.is_ok() {
+                page.minted.store(true, Ordering::Release);
+            }
+            match processed {
                 Ok(Processed::Published(minted)) => {
                     outcome.report.published += 1;
                     outcome.receipt = Some(minted);

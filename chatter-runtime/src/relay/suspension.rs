@@ -1,4 +1,5 @@
-//! Drain Suspension: a lease whose confirmations keep failing stops draining.
+//! Drain Suspension: a lease whose confirmations keep failing stops draining; and the other
+//! per-lease state of the drain (a lease blocked by a broker refusal).
 //!
 //! A Confirmation Failure is a publish the broker confirmed followed by a status stamp that
 //! failed: the message is on the broker, the page is not checkpointed, and every redrain would
@@ -13,6 +14,12 @@
 //! - only a [`ConfirmationReceipt`] (a status stamp that landed, delivered or undeliverable)
 //!   closes a suspension and resets the count. A page that confirmed nothing (empty, or only
 //!   documents that are not pending) is no evidence either way and changes nothing.
+//!
+//! While a lease has failed confirmations, for its probe, and while the broker refuses one of
+//! its documents (the lease is *blocked*, [`DrainGate::record_refusal`]), [`DrainGate::admit`]
+//! has its pages drained one document at a time, so a failing page publishes one document
+//! however wide it is. A lease that leaves the instance is [forgotten](DrainGate::forget): its
+//! new owner, or this instance when it comes back, starts with a clean record.
 //!
 //! Threshold and window are the specification's constants, not options. The clock is a
 //! [`MonotonicClock`], injectable so tests are exact without waiting a minute.
@@ -258,14 +265,15 @@ impl DrainGate {
     }
 
     /// Records that a page of `lease_token` failed because the broker refuses one of its
-    /// documents for `reason` (a setting an operator changes). The first refusal of a lease is
-    /// logged at Error with `error`; the lease shows as blocked until a page drains again.
+    /// documents (`error`: a setting an operator changes). A refusal that starts a block, or
+    /// that differs from the one blocking the lease, is logged at Error; the lease shows as
+    /// blocked with it until a page drains again.
     pub fn record_refusal(&self, lease_token: &str, error: &(dyn std::error::Error + 'static)) {
         let reason = crate::error_chain::ErrorChain(error).to_string();
         let started = {
             let mut leases = self.leases();
             let state = leases.entry(lease_token.to_owned()).or_default();
-            state.blocked.replace(reason).is_none()
+            state.blocked.replace(reason.clone()).as_ref() != Some(&reason)
         };
         if started {
             diagnostics::refused(&self.source_identity, lease_token, error);

@@ -376,6 +376,12 @@ impl Consumer {
                 log_outcome(name, &message_id, outcome);
                 self.ack(delivery, "ack").await;
             }
+            // Its channel closed during the attempt: the server delivers the original again, so
+            // a retry copy or a dead letter would handle it twice.
+            Err(error) if delivery.is_stale() => {
+                tracing::warn!(command = name, message_id, error = %ErrorChain(&error), "chatter delivery failed and its channel closed meanwhile; the broker delivers it again");
+                delivery.discard();
+            }
             Err(error) if error.is_permanent() => {
                 let reason = ErrorChain(&error).to_string();
                 self.dead_letter(delivery, attempt, &reason).await;

@@ -1,13 +1,14 @@
 //! The connection shared by every clone of a broker, and its recovery.
 //!
-//! No lock is held across a network wait: the current connection and the publishing channel
-//! sit behind plain mutexes taken for a moment; one reconnect at a time is made (the others
-//! wait for its outcome, each bounded by its own caller), and every connection attempt is
-//! bounded by the connect timeout, so a server that accepts TCP and never answers holds nothing
-//! up for longer than that.
+//! The current connection and the publishing channel sit behind plain mutexes taken for a
+//! moment, never across a network wait. The one lock held across one is the reconnect lock:
+//! one connection attempt is made at a time, bounded by the connect timeout, so a server that
+//! accepts TCP and never answers holds the callers waiting for that attempt (each bounded by its
+//! own timeout) for at most that long; a caller whose awaited attempt failed backs off instead
+//! of dialling again at once.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -24,9 +25,12 @@ pub(super) struct Inner {
     pub(super) uri: String,
     /// The current connection; `None` after a call on it failed or it was closed.
     connection: Mutex<Option<Arc<Connection>>>,
-    /// Held by the one caller reconnecting now; the others wait for its outcome instead of
-    /// dialling too.
+    /// Held by the one caller making a connection attempt now (bounded by the connect
+    /// timeout); the others wait for its outcome instead of dialling too.
     reconnecting: tokio::sync::Mutex<()>,
+    /// Failed connection attempts so far: a caller that waited for an attempt that failed
+    /// backs off instead of dialling again at once.
+    failed_attempts: AtomicU64,
     /// Set while the connection is lost (between the Error and the Info log).
     outage: AtomicBool,
     /// The confirm-mode channel publishes go through; replaced when the server closed it.
@@ -40,6 +44,11 @@ pub(super) struct Inner {
     /// Set by [`RabbitMqBroker::close`](super::RabbitMqBroker::close): nothing reconnects any
     /// more.
     pub(super) closed: AtomicBool,
+}
+
+/// The error of a call on a closed broker.
+fn closed() -> BrokerError {
+    BrokerError::transport("connect", "the broker was closed; it does not reconnect")
 }
 
 /// Takes a lock whose critical sections are a few infallible steps: a poisoned one holds
@@ -78,6 +87,7 @@ impl Inner {
             uri,
             connection: Mutex::new(Some(Arc::new(connection))),
             reconnecting: tokio::sync::Mutex::new(()),
+            failed_attempts: AtomicU64::new(0),
             outage: AtomicBool::new(false),
             publisher: Mutex::new(None),
             declared: Mutex::new(HashSet::new()),
@@ -95,9 +105,12 @@ impl Inner {
             .cloned()
     }
 
-    /// Takes the connection away (to close it); nothing reconnects once `closed` is set.
-    pub(super) fn take(&self) -> Option<Arc<Connection>> {
-        lock(&self.connection).take()
+    /// Marks the broker closed and takes the connection away (to close it): nothing reconnects
+    /// afterwards, and a reconnect in flight closes what it made.
+    pub(super) fn close(&self) -> Option<Arc<Connection>> {
+        let mut current = lock(&self.connection);
+        self.closed.store(true, Ordering::SeqCst);
+        current.take()
     }
 
     /// A live connection: the current one, or a new one once the broker is reachable again.
@@ -105,51 +118,76 @@ impl Inner {
     /// future at any point leaves no lock held.
     pub(super) async fn connection(&self) -> Result<Arc<Connection>, BrokerError> {
         let mut backoff = backoff::reconnect();
-        let mut attempts = 0u32;
         loop {
             if self.closed.load(Ordering::SeqCst) {
-                return Err(BrokerError::transport(
-                    "connect",
-                    "the broker was closed; it does not reconnect",
-                ));
+                return Err(closed());
             }
             if let Some(connection) = self.current() {
                 return Ok(connection);
             }
-            {
+            let seen_failures = self.failed_attempts.load(Ordering::SeqCst);
+            let attempt = {
                 let _reconnecting = self.reconnecting.lock().await;
-                // Another caller may have reconnected while this one waited.
                 if let Some(connection) = self.current() {
+                    // Another caller reconnected while this one waited.
                     return Ok(connection);
                 }
-                // The connection dropped (or a call on it failed): an outage, logged once when
-                // it is seen. A closed broker has no outage.
-                if !self.closed.load(Ordering::SeqCst) && !self.outage.swap(true, Ordering::SeqCst)
-                {
-                    tracing::error!(uri = %redact(&self.uri), "RabbitMQ connection lost; reconnecting with backoff");
+                if self.failed_attempts.load(Ordering::SeqCst) == seen_failures {
+                    Some(self.attempt().await)
+                } else {
+                    // The attempt this caller waited for failed: back off like its maker.
+                    None
                 }
-                match open(&self.uri, self.connect_timeout()).await {
-                    Ok(connection) => {
-                        tracing::info!(uri = %redact(&self.uri), failed_attempts = attempts, "RabbitMQ connection recovered");
-                        let connection = Arc::new(connection);
-                        *lock(&self.connection) = Some(Arc::clone(&connection));
-                        lock(&self.declared).clear();
-                        self.outage.store(false, Ordering::SeqCst);
-                        return Ok(connection);
-                    }
-                    Err(error) => {
-                        if attempts == 0 {
-                            tracing::warn!(uri = %redact(&self.uri), error = %ErrorChain(&error), "RabbitMQ unreachable; still reconnecting with backoff");
-                        } else {
-                            tracing::debug!(uri = %redact(&self.uri), attempts, error = %ErrorChain(&error), "RabbitMQ still unreachable");
-                        }
-                        attempts += 1;
-                    }
-                }
+            };
+            match attempt {
+                Some(Ok(connection)) => return Ok(connection),
+                Some(Err(error)) if self.closed.load(Ordering::SeqCst) => return Err(error),
+                _ => {}
             }
             // Waited without the reconnect lock: other callers may try in the meantime.
             tokio::time::sleep(backoff.next_delay()).await;
         }
+    }
+
+    /// One connection attempt, made while holding the reconnect lock.
+    async fn attempt(&self) -> Result<Arc<Connection>, BrokerError> {
+        // The connection dropped (or a call on it failed): an outage, logged once when it is
+        // seen. A closed broker has no outage.
+        if !self.closed.load(Ordering::SeqCst) && !self.outage.swap(true, Ordering::SeqCst) {
+            tracing::error!(uri = %redact(&self.uri), "RabbitMQ connection lost; reconnecting with backoff");
+        }
+        let failed = self.failed_attempts.load(Ordering::SeqCst);
+        let error = match open(&self.uri, self.connect_timeout()).await {
+            Ok(connection) => {
+                let connection = Arc::new(connection);
+                {
+                    let mut current = lock(&self.connection);
+                    // Checked under the lock `close` takes the connection with: a connection
+                    // made after the broker was closed is closed at once, never kept.
+                    if !self.closed.load(Ordering::SeqCst) {
+                        *current = Some(Arc::clone(&connection));
+                        lock(&self.declared).clear();
+                        self.outage.store(false, Ordering::SeqCst);
+                        tracing::info!(uri = %redact(&self.uri), failed_attempts = failed, "RabbitMQ connection recovered");
+                        return Ok(connection);
+                    }
+                }
+                let _ = tokio::time::timeout(
+                    self.connect_timeout(),
+                    connection.close(200, lapin::types::ShortString::from("OK")),
+                )
+                .await;
+                closed()
+            }
+            Err(error) => error,
+        };
+        self.failed_attempts.fetch_add(1, Ordering::SeqCst);
+        if failed == 0 {
+            tracing::warn!(uri = %redact(&self.uri), error = %ErrorChain(&error), "RabbitMQ unreachable; still reconnecting with backoff");
+        } else {
+            tracing::debug!(uri = %redact(&self.uri), attempts = failed + 1, error = %ErrorChain(&error), "RabbitMQ still unreachable");
+        }
+        Err(error)
     }
 
     /// Forgets `connection` after a call on it failed, so the next call reconnects (the client

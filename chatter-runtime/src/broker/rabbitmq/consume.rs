@@ -26,8 +26,9 @@ use crate::error_chain::ErrorChain;
 
 impl Inner {
     /// A consumer on `destination` on a new channel of a live connection. Opening it is bounded
-    /// by the connect timeout: a connection that looks up but does not answer is dropped and
-    /// the next attempt dials again.
+    /// by the connect timeout, so a connection that looks up but does not answer fails the
+    /// attempt (the subscription tries again with backoff) instead of hanging it; the shared
+    /// connection is dropped only once the client sees it closed.
     async fn consume(
         &self,
         destination: &str,
@@ -37,22 +38,17 @@ impl Inner {
         let connection = self.connection().await?;
         let timeout = self.connect_timeout();
         let opening = self.consume_on(&connection, destination, queue, prefetch);
-        match tokio::time::timeout(timeout, opening).await {
-            Ok(Err(error @ BrokerError::Transport { .. })) => {
-                if !connection.status().connected() {
-                    self.invalidate(&connection);
-                }
-                Err(error)
-            }
+        let opened = tokio::time::timeout(timeout, opening).await;
+        if !matches!(opened, Ok(Ok(_))) && !connection.status().connected() {
+            self.invalidate(&connection);
+        }
+        match opened {
             Ok(opened) => opened,
-            Err(_) => {
-                self.invalidate(&connection);
-                Err(BrokerError::Timeout {
-                    operation: format!("consume `{destination}`"),
-                    after: timeout,
-                    source: None,
-                })
-            }
+            Err(_) => Err(BrokerError::Timeout {
+                operation: format!("consume `{destination}`"),
+                after: timeout,
+                source: None,
+            }),
         }
     }
 
@@ -73,8 +69,8 @@ impl Inner {
             .map_err(|e| BrokerError::transport("basic.qos", e))?;
         // Declared on every (re)subscription: the queue may have been deleted by another client
         // since, and consuming a missing queue fails with 404 forever.
-        self.forget(destination);
-        self.declare(&channel, destination, queue.clone()).await?;
+        self.declare_on(&channel, destination, queue.clone())
+            .await?;
         let consumer = channel
             .basic_consume(
                 queue,

@@ -26,7 +26,6 @@ mod publish;
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -182,8 +181,7 @@ impl RabbitMqBroker {
     /// delivered again; settling them afterwards fails with [`BrokerError::SettlementLost`] or
     /// [`BrokerError::Transport`].
     pub async fn close(&self) -> Result<(), BrokerError> {
-        self.inner.closed.store(true, Ordering::SeqCst);
-        let Some(connection) = self.inner.take() else {
+        let Some(connection) = self.inner.close() else {
             return Ok(());
         };
         let closing = async {

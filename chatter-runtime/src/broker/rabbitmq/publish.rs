@@ -14,16 +14,37 @@ use crate::error_chain::ErrorChain;
 use crate::message::BrokeredMessage;
 
 impl Inner {
-    /// Declares `destination`'s durable queue on `channel`, once per connection.
+    /// Declares `destination`'s durable queue, once per connection, on a channel of its own: a
+    /// server that refuses the declaration closes that channel only, not the publishing channel
+    /// other messages are waiting on.
     pub(super) async fn declare(
         &self,
-        channel: &Channel,
         destination: &str,
         queue: ShortString,
     ) -> Result<(), BrokerError> {
         if self.is_declared(destination) {
             return Ok(());
         }
+        let connection = self.connection().await?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| BrokerError::transport("channel.open", e))?;
+        let declared = self.declare_on(&channel, destination, queue).await;
+        if channel.status().connected() {
+            // Best effort: a channel left open closes with its connection.
+            let _ = channel.close(200, ShortString::from("OK")).await;
+        }
+        declared
+    }
+
+    /// Declares `destination`'s durable queue on `channel` (a refusal closes `channel`).
+    pub(super) async fn declare_on(
+        &self,
+        channel: &Channel,
+        destination: &str,
+        queue: ShortString,
+    ) -> Result<(), BrokerError> {
         let options = QueueDeclareOptions {
             durable: true,
             ..QueueDeclareOptions::default()
@@ -108,41 +129,54 @@ impl Inner {
             mandatory: true,
             immediate: false,
         };
-        let publish_error = |error: lapin::Error| {
-            refusal(destination, AmqpMethod::Publish, &error).unwrap_or_else(|| {
-                BrokerError::transport(format!("basic.publish `{message_id}`"), error)
-            })
+        let transport = |error: lapin::Error| {
+            BrokerError::transport(format!("basic.publish `{message_id}`"), error)
         };
         let rejected = |reason: String| BrokerError::Rejected {
             message_id: message_id.to_owned(),
             destination: destination.to_owned(),
             reason,
         };
-        // A second attempt only after the message came back unroutable: the queue was deleted
-        // since this broker declared it, so it is declared again. A returned message was not
-        // stored anywhere, so publishing it again cannot duplicate it.
-        let mut attempt = 0;
+        // A second attempt after the message came back unroutable (the queue was deleted since
+        // this broker declared it, so it is declared again), or after the server closed the
+        // publishing channel with a refusal: the channel is shared, so the refusal may have been
+        // of another message waiting on it, and only one that repeats on a fresh channel is this
+        // message's. Neither was stored anywhere, so publishing again cannot duplicate it.
+        let mut unroutable = 0;
+        let mut refused = 0;
         loop {
-            attempt += 1;
+            self.declare(destination, queue.clone()).await?;
             let channel = self.publisher().await?;
-            self.declare(&channel, destination, queue.clone()).await?;
-            let confirmation = channel
-                .basic_publish(
-                    ShortString::default(),
-                    queue.clone(),
-                    options,
-                    body,
-                    properties.clone(),
-                )
-                .await
-                .map_err(&publish_error)?
-                .await
-                .map_err(&publish_error)?;
+            let publishing = async {
+                channel
+                    .basic_publish(
+                        ShortString::default(),
+                        queue.clone(),
+                        options,
+                        body,
+                        properties.clone(),
+                    )
+                    .await?
+                    .await
+            };
+            let confirmation = match publishing.await {
+                Ok(confirmation) => confirmation,
+                Err(error) => match refusal(destination, AmqpMethod::Publish, &error) {
+                    Some(_) if refused == 0 => {
+                        refused += 1;
+                        self.forget_publisher();
+                        continue;
+                    }
+                    Some(refusal) => return Err(refusal),
+                    None => return Err(transport(error)),
+                },
+            };
             return match confirmation {
                 Confirmation::Ack(None) => Ok(()),
                 Confirmation::Ack(Some(returned)) => {
                     self.forget(destination);
-                    if attempt < 2 {
+                    unroutable += 1;
+                    if unroutable < 2 {
                         continue;
                     }
                     Err(BrokerError::Refused {
