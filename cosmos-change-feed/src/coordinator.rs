@@ -169,8 +169,11 @@ impl Coordinator {
 
     async fn cycle(&mut self) {
         let processor = self.ctx.store.processor.clone();
+        // A worker told to stop stays here until its poller has finished (its page may run up to
+        // the handler timeout): the balancer counts it as running, so the lease is not taken
+        // again, and served twice, while its last page is still being handled.
         self.running
-            .retain(|_, running| !running.poller.is_finished() && !running.slot.is_stopping());
+            .retain(|_, running| !running.poller.is_finished());
 
         let ranges = match read_ranges(&self.ctx.monitored, true, self.ctx.options.store_timeout)
             .await
@@ -331,6 +334,7 @@ impl Coordinator {
         let split: Vec<(String, Vec<FeedRange>)> = self
             .running
             .iter()
+            .filter(|(_, running)| !running.slot.is_stopping())
             .filter(|(_, running)| !current.contains(&bounds(&running.slot.range)))
             .filter_map(|(id, running)| {
                 // Children come from every range overlapping the lease, intersected with it, so

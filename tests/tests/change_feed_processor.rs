@@ -613,6 +613,85 @@ async fn an_owner_that_cannot_renew_its_lease_stops_serving_it_and_takes_it_up_a
     processor.shutdown().await;
 }
 
+// One lease, one poller per instance: a lease given up while its handler is still running (its
+// renewals failed) is not taken again until that handler has finished, so no two handler calls
+// of one lease overlap and the lease stays listed once it is served again.
+#[tokio::test]
+async fn a_lease_given_up_mid_page_is_not_served_twice_and_stays_listed() {
+    let (emulator, store) = served_store().await;
+    let active = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let open = Arc::new(AtomicBool::new(false));
+    let handler = {
+        let (active, most, calls, open) = (
+            Arc::clone(&active),
+            Arc::clone(&most),
+            Arc::clone(&calls),
+            Arc::clone(&open),
+        );
+        move |_batch: ChangeFeedBatch| -> BatchFuture {
+            let (active, most, calls, open) = (
+                Arc::clone(&active),
+                Arc::clone(&most),
+                Arc::clone(&calls),
+                Arc::clone(&open),
+            );
+            Box::pin(async move {
+                let now = active.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                calls.fetch_add(1, Ordering::SeqCst);
+                // The first call holds its page until the test opens the gate.
+                while !open.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                active.fetch_sub(1, Ordering::SeqCst);
+                Ok(())
+            })
+        }
+    };
+    let processor = start(&store, "one-poller", "host-1", handler).await;
+    let ranges = feed_range_count(&store).await;
+    every_lease_owned(&processor, ranges).await;
+    write_orders(&store, 0..1, 1).await;
+    eventually(WAIT, POLL, "the handler holds a page", || {
+        let held = calls.load(Ordering::SeqCst) == 1;
+        async move { held }
+    })
+    .await;
+    // Lease writes refused for longer than the give-up point: the lease is given up while its
+    // handler still runs, then its writes work again.
+    emulator.faults().refuse("PUT", 503, Duration::from_secs(4));
+    eventually(WAIT, POLL, "the held lease is given up", || {
+        let given_up = processor.owned_leases().len() < ranges;
+        async move { given_up }
+    })
+    .await;
+    // Several acquire cycles after lease writes work again, the page is still held.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "no second poller handed the lease's page over while the first one's handler ran"
+    );
+    open.store(true, Ordering::SeqCst);
+    owns(&processor, ranges, "the lease is served and listed again").await;
+    write_orders(&store, 1..2, 1).await;
+    eventually(WAIT, POLL, "the lease goes on", || {
+        let more = calls.load(Ordering::SeqCst) >= 2;
+        async move { more }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(processor.owned_leases().len(), ranges, "every lease listed");
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        1,
+        "handler calls never overlapped"
+    );
+    processor.shutdown().await;
+}
+
 // Every lease an instance stops polling is reported to `on_lease_released` once its last page is
 // done: given up after renewals failed, and released at shutdown (state kept beside the
 // processor per lease, such as chatter's Drain Suspension, is dropped there).
