@@ -31,9 +31,10 @@
 //!   repeats (be idempotent).
 //! - **Splits.** When a lease's feed range is no longer one of the container's feed ranges
 //!   but contains several of them, its owner stops polling it, creates one lease per child
-//!   range carrying the parent's checkpoint, and deletes the parent lease (until then the SDK
-//!   keeps serving the parent range across the split, so nothing stops). A range spanning
-//!   several leases (a merge) keeps those leases.
+//!   range carrying the parent's checkpoint, and deletes the parent lease. Until then the
+//!   lease's reads go round every child partition of its range (one page from each in turn,
+//!   the lease caught up only when a whole round found nothing), so no child waits for the
+//!   replacement. A range spanning several leases (a merge) keeps those leases.
 //! - **Fault reports.** A processor never stops on its own. A failed read, a failed or
 //!   panicking handler, a checkpoint or renewal that could not be written is a [`LeaseFault`],
 //!   reported to [`ChangeFeedProcessorBuilder::on_fault`] (or logged at Error through

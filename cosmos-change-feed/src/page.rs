@@ -4,13 +4,14 @@ use std::cell::{Ref, RefCell};
 use std::num::NonZeroU32;
 
 use azure_data_cosmos::clients::ContainerClient;
-use azure_data_cosmos::feed::{ContinuationToken, FeedRange, FeedScope};
+use azure_data_cosmos::feed::{ChangeFeedPageIterator, ContinuationToken, FeedRange, FeedScope};
 use azure_data_cosmos::models::ChangeFeedItem;
 use azure_data_cosmos::options::{ChangeFeedOptions, ChangeFeedStartFrom, MaxItemCountHint};
 use futures::StreamExt;
 use serde_json::Value;
 
 use crate::options::{ChangeFeedProcessorOptions, StartFrom};
+use crate::ranges::{self, bounds};
 use crate::store::StoreError;
 
 /// The operation name of a change-feed read, in errors.
@@ -56,47 +57,108 @@ pub(crate) async fn read_page(
     options: &ChangeFeedProcessorOptions,
     continuation: Option<&str>,
 ) -> Result<ChangePage, StoreError> {
-    let max_items = NonZeroU32::new(options.max_items_per_page).unwrap_or(NonZeroU32::MIN);
-    let mut feed_options =
-        ChangeFeedOptions::default().with_max_item_count(MaxItemCountHint::Limit(max_items));
-    if let Some(token) = continuation {
-        feed_options =
-            feed_options.with_continuation_token(ContinuationToken::from_string(token.to_owned()));
-    }
-    let start = match options.start_from {
-        StartFrom::Beginning => ChangeFeedStartFrom::Beginning,
-        StartFrom::Now => ChangeFeedStartFrom::Now,
-    };
-    let mut pages = monitored
-        .query_change_feed::<RefCell<Value>>(
-            FeedScope::range(range.clone()),
-            start,
-            Some(feed_options),
-        )
+    RangeReader::open(monitored, range, options, continuation)
+        .await?
+        .next_page()
         .await
-        .map_err(|e| StoreError::request(OPERATION, e))?;
-    let page = match pages.next().await {
-        Some(page) => page.map_err(|e| StoreError::request(OPERATION, e))?,
-        None => {
+}
+
+/// A change-feed reader of one feed range, kept across pages.
+///
+/// A range can span several physical partitions (a lease whose range split, until it is
+/// replaced by its children's leases). The SDK then reads them round-robin, one partition per
+/// page, and a reader made afresh for every page would always start again at the first of them:
+/// the others would not be read while the first keeps answering. Kept across pages, the reader
+/// goes round all of them; [`parts`](Self::parts) says how many pages (one per partition) make
+/// one round, so an empty page is not taken for the whole range being caught up.
+pub(crate) struct RangeReader {
+    pages: ChangeFeedPageIterator<ChangeFeedItem<RefCell<Value>>>,
+    /// The continuation after the last page read (the one opened from before the first).
+    continuation: Option<String>,
+    parts: usize,
+}
+
+impl RangeReader {
+    /// A reader of `range` from `continuation` (without one: from the options' `start_from`).
+    pub(crate) async fn open(
+        monitored: &ContainerClient,
+        range: &FeedRange,
+        options: &ChangeFeedProcessorOptions,
+        continuation: Option<&str>,
+    ) -> Result<Self, StoreError> {
+        let max_items = NonZeroU32::new(options.max_items_per_page).unwrap_or(NonZeroU32::MIN);
+        let mut feed_options =
+            ChangeFeedOptions::default().with_max_item_count(MaxItemCountHint::Limit(max_items));
+        if let Some(token) = continuation {
+            feed_options = feed_options
+                .with_continuation_token(ContinuationToken::from_string(token.to_owned()));
+        }
+        let start = match options.start_from {
+            StartFrom::Beginning => ChangeFeedStartFrom::Beginning,
+            StartFrom::Now => ChangeFeedStartFrom::Now,
+        };
+        let pages = monitored
+            .query_change_feed::<RefCell<Value>>(
+                FeedScope::range(range.clone()),
+                start,
+                Some(feed_options),
+            )
+            .await
+            .map_err(|e| StoreError::request(OPERATION, e))?;
+        Ok(Self {
+            pages,
+            continuation: continuation.map(str::to_owned),
+            parts: partitions_of(monitored, range).await,
+        })
+    }
+
+    /// The physical partitions the range spans, as the SDK's cached routing map saw them when
+    /// the reader was opened (at least 1): one page from each makes a round.
+    pub(crate) fn parts(&self) -> usize {
+        self.parts
+    }
+
+    /// The next page: the next partition's changes after its position, at most
+    /// `max_items_per_page` documents. Unbounded: callers bound it by their store timeout, and
+    /// drop the reader when a read fails or is cancelled.
+    pub(crate) async fn next_page(&mut self) -> Result<ChangePage, StoreError> {
+        let Some(page) = self.pages.next().await else {
             return Ok(ChangePage {
                 items: Vec::new(),
-                continuation: continuation.map(str::to_owned),
+                continuation: self.continuation.clone(),
                 request_charge: 0.0,
             });
-        }
+        };
+        let page = page.map_err(|e| StoreError::request(OPERATION, e))?;
+        let next = self
+            .pages
+            .to_continuation_token()
+            .map_err(|e| StoreError::request(OPERATION, e))?
+            .as_str()
+            .to_owned();
+        self.continuation = Some(next.clone());
+        let request_charge = page
+            .headers()
+            .request_charge()
+            .map_or(0.0, |charge| charge.value());
+        Ok(ChangePage {
+            items: page.into_items(),
+            continuation: Some(next),
+            request_charge,
+        })
+    }
+}
+
+/// How many of the container's feed ranges (physical partitions, from the SDK's cached routing
+/// map: no request when it is warm) overlap `range`; 1 when they cannot be read.
+async fn partitions_of(monitored: &ContainerClient, range: &FeedRange) -> usize {
+    let Ok(ranges) = monitored.read_feed_ranges(None).await else {
+        return 1;
     };
-    let next = pages
-        .to_continuation_token()
-        .map_err(|e| StoreError::request(OPERATION, e))?
-        .as_str()
-        .to_owned();
-    let request_charge = page
-        .headers()
-        .request_charge()
-        .map_or(0.0, |charge| charge.value());
-    Ok(ChangePage {
-        items: page.into_items(),
-        continuation: Some(next),
-        request_charge,
-    })
+    let lease = bounds(range);
+    ranges
+        .iter()
+        .filter(|candidate| ranges::intersect(&bounds(candidate), &lease).is_some())
+        .count()
+        .max(1)
 }

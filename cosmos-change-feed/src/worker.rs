@@ -19,7 +19,7 @@ use crate::error::ErrorChain;
 use crate::fault::{FaultHandler, HandlerPanicked, HandlerTimedOut, LeaseFault, LeaseFaultStage};
 use crate::lease::{LeaseDocument, LeaseStore, LeaseWrite, now_millis};
 use crate::options::ChangeFeedProcessorOptions;
-use crate::page;
+use crate::page::RangeReader;
 use crate::request::RequestError;
 use crate::store::{StoreError, bounded};
 use crate::{BatchHandler, BoxError, ChangeFeedBatch};
@@ -335,11 +335,18 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
     // The checkpoint of the page just handled, written while the next page is read: a backlog
     // pays one store round trip per page for both, not two.
     let mut checkpoint: Option<(Option<String>, usize)> = None;
+    // The reader of the lease's range, kept across pages so a range over several physical
+    // partitions is read round all of them; dropped (and opened again from `position`) whenever
+    // a page it read is not handed over.
+    let mut reader: Option<RangeReader> = None;
+    // Empty pages in a row: only a whole round of the range's partitions without changes
+    // means the lease is caught up.
+    let mut empty_in_a_row = 0usize;
     while !slot.is_stopping() {
         let read = bounded(
             "query_change_feed",
             ctx.options.store_timeout,
-            read_page(ctx, &slot.range, position.as_deref()),
+            read_page(ctx, &slot.range, position.as_deref(), &mut reader),
         );
         let (wrote, read) = match checkpoint.take() {
             Some((next, count)) => {
@@ -361,6 +368,7 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
                 Err(WriteError::Failed) => {
                     // The page read beside it is dropped and read again after the backoff;
                     // the position stays ahead of the checkpoint until a write works.
+                    reader = None;
                     record_fault(ctx, slot, &"the checkpoint could not be written");
                     slot.pause(backoff.next_delay()).await;
                     continue;
@@ -371,9 +379,10 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
         if slot.is_stopping() {
             break;
         }
-        let (documents, next, request_charge) = match read {
+        let (documents, next, request_charge, parts) = match read {
             Ok(page) => page,
             Err(error) => {
+                reader = None;
                 if error.status() == Some(410) {
                     tracing::info!(
                         processor, lease = %slot.lease_token, error = %ErrorChain(&error),
@@ -412,6 +421,13 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
                     Ok(()) => written = next,
                 }
             }
+            // One partition of the range has nothing new: read the next one at once, until a
+            // whole round found nothing.
+            empty_in_a_row += 1;
+            if empty_in_a_row < parts {
+                continue;
+            }
+            empty_in_a_row = 0;
             record_progress(ctx, slot);
             if let Some(empty_reads) = &ctx.empty_reads {
                 let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -423,6 +439,7 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
             continue;
         }
 
+        empty_in_a_row = 0;
         let count = documents.len();
         let batch = ChangeFeedBatch {
             documents,
@@ -445,6 +462,8 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
             }) as BoxError),
         };
         if let Some(error) = &failure {
+            // Read again from the position before this page.
+            reader = None;
             record_fault(ctx, slot, &ErrorChain(error.as_ref()));
             ctx.report(&LeaseFault {
                 lease_token: &slot.lease_token,
@@ -476,16 +495,28 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
     position
 }
 
-/// Reads one page of the lease's feed range from `continuation`: the documents, the
-/// continuation after them, and the Request Units the read was billed.
+/// Reads the next page of the lease's feed range with `reader`, opening it from `continuation`
+/// first if there is none: the documents, the continuation after them, the Request Units the
+/// read was billed, and how many pages make one round of the range's partitions.
 async fn read_page(
     ctx: &WorkerContext,
     range: &FeedRange,
     continuation: Option<&str>,
-) -> Result<(Vec<Value>, Option<String>, f64), StoreError> {
-    let page = page::read_page(&ctx.monitored, range, &ctx.options, continuation).await?;
+    reader: &mut Option<RangeReader>,
+) -> Result<(Vec<Value>, Option<String>, f64, usize), StoreError> {
+    let reader = match reader {
+        Some(reader) => reader,
+        None => reader
+            .insert(RangeReader::open(&ctx.monitored, range, &ctx.options, continuation).await?),
+    };
+    let page = reader.next_page().await?;
     let (continuation, request_charge) = (page.continuation.clone(), page.request_charge);
-    Ok((page.into_documents(), continuation, request_charge))
+    Ok((
+        page.into_documents(),
+        continuation,
+        request_charge,
+        reader.parts(),
+    ))
 }
 
 /// Clears the owner (keeping the checkpoint) so another instance may take the lease at once.

@@ -16,7 +16,8 @@ use chatter_tests::change_feed::{Store, fast_options, order_ids, recording};
 use chatter_tests::store::{embedded, emulator_server};
 use chatter_tests::wait::eventually;
 use cosmos_change_feed::{
-    BatchFuture, ChangeFeedBatch, LeaseFault, LeaseFaultStage, RunningProcessor, lease_id,
+    BatchFuture, ChangeFeedBatch, LeaseFault, LeaseFaultStage, RunningProcessor, StartFrom,
+    lease_id,
 };
 use serde_json::json;
 
@@ -446,6 +447,62 @@ async fn a_feed_range_split_replaces_the_parent_lease_by_child_leases_without_lo
         "child leases start from the parent's checkpoint: {leases:?}"
     );
     processor.shutdown().await;
+}
+
+// A lease whose feed range split reads every child partition of it, not just the first, while
+// it is still one lease: with a 10-minute acquire interval the coordinator does not replace it
+// by its children for the whole test, and the changes of every child are handed over within a
+// few polls. Both start positions.
+#[tokio::test]
+async fn a_lease_over_a_split_range_hands_over_every_childs_changes_before_it_is_replaced() {
+    for start_from in [StartFrom::Beginning, StartFrom::Now] {
+        let (emulator, store) = served_store().await;
+        let seen = Seen::default();
+        let options = fast_options()
+            .with_lease_acquire_interval(Duration::from_secs(600))
+            .with_start_from(start_from);
+        let processor = store
+            .processor("unsplit", "host-1")
+            .options(options)
+            .start(recording(&seen))
+            .await
+            .unwrap();
+        let ranges = feed_range_count(&store).await;
+        every_lease_owned(&processor, ranges).await;
+        // Every lease has read its range up to now before anything changes.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        write_orders(&store, 0..20, 1).await;
+        saw_orders(
+            &seen,
+            0..20,
+            "the documents before the split were handed over",
+        )
+        .await;
+        emulator
+            .store()
+            .split_partition(DB, MONITORED, 0, Duration::from_millis(10));
+        eventually(WAIT, POLL, "the split completed", || async {
+            feed_range_count(&store).await == ranges + 1
+        })
+        .await;
+        write_orders(&store, 20..120, 1).await;
+        eventually(
+            Duration::from_secs(20),
+            POLL,
+            "every change after the split was handed over, whichever child it is in",
+            || {
+                let done = seen.ids().is_superset(&order_ids(20..120));
+                async move { done }
+            },
+        )
+        .await;
+        assert_eq!(
+            processor.owned_leases().len(),
+            ranges,
+            "{start_from:?}: still the leases from before the split"
+        );
+        processor.shutdown().await;
+    }
 }
 
 /// Every lease fault reported to `on_fault`: (lease token, stage, error text).
