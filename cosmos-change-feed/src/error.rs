@@ -94,12 +94,14 @@ pub enum InvalidOptions {
         option: ProcessorOption,
     },
 
-    /// The renew interval is not shorter than the expiry: live owners would lose their leases.
+    /// The renew interval is more than half the expiry: a renewal that fails would leave no
+    /// room for another before the owner gives its lease up, so live owners would lose their
+    /// leases.
     #[error(
-        "`lease_renew_interval` ({renew_interval:?}) must be shorter than `lease_expiry` \
-         ({lease_expiry:?}), or live owners would lose their leases"
+        "`lease_renew_interval` ({renew_interval:?}) must be at most half of `lease_expiry` \
+         ({lease_expiry:?}), or live owners would lose their leases whenever a renewal is slow"
     )]
-    RenewIntervalNotBelowExpiry {
+    RenewIntervalTooLong {
         /// The renew interval given.
         renew_interval: Duration,
         /// The expiry given.

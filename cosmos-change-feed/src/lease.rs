@@ -186,6 +186,16 @@ impl LeaseStore {
         bounded("repair_lease", self.timeout, self.repair_unbounded(lease)).await
     }
 
+    /// The lease document `id` as stored now (`None` when it is gone or not a readable lease),
+    /// bounded by the store timeout.
+    pub(crate) async fn read(&self, id: &str) -> Result<Option<LeaseDocument>, StoreError> {
+        bounded("read_lease", self.timeout, async {
+            let doc = read_item(&self.container, lease_key(id), id).await?;
+            Ok(doc.and_then(|doc| serde_json::from_value::<LeaseDocument>(doc).ok()))
+        })
+        .await
+    }
+
     /// See `create_unbounded`, bounded by the store timeout.
     pub(crate) async fn create(&self, lease: &LeaseDocument) -> Result<bool, StoreError> {
         bounded("create_lease", self.timeout, self.create_unbounded(lease)).await

@@ -46,8 +46,9 @@ pub struct ChangeFeedProcessorOptions {
     /// The most documents one page (and so one batch handed to the handler) holds.
     /// Default **100**.
     pub max_items_per_page: u32,
-    /// How often an owner rewrites (renews) each lease it owns. Default **5 s**. Must be
-    /// shorter than [`lease_expiry`](Self::lease_expiry).
+    /// How often an owner rewrites (renews) each lease it owns. Default **5 s**. Must be at most
+    /// half of [`lease_expiry`](Self::lease_expiry), so a renewal that fails leaves room for
+    /// another before the owner gives the lease up.
     pub lease_renew_interval: Duration,
     /// How long after its last renewal (the lease's `timestamp`) a lease counts as expired,
     /// i.e. its owner as dead, so that another instance may take it. Default **30 s**.
@@ -146,7 +147,7 @@ impl ChangeFeedProcessorOptions {
     }
 
     /// Checks the options make sense together: non-zero intervals and page size, and a renew
-    /// interval shorter than the expiry. The first rule broken is returned.
+    /// interval of at most half the expiry. The first rule broken is returned.
     pub fn validate(&self) -> Result<(), InvalidOptions> {
         let zero = [
             (ProcessorOption::PollInterval, self.poll_interval),
@@ -173,8 +174,11 @@ impl ChangeFeedProcessorOptions {
                 option: ProcessorOption::MaxItemsPerPage,
             });
         }
-        if self.lease_renew_interval >= self.lease_expiry {
-            return Err(InvalidOptions::RenewIntervalNotBelowExpiry {
+        // A renewal that fails must leave room for another before the owner gives the lease up
+        // (a margin before the expiry): at more than half the expiry, every renewal that is
+        // not instant would drop a quiet lease and take it again.
+        if self.lease_renew_interval > self.lease_expiry / 2 {
+            return Err(InvalidOptions::RenewIntervalTooLong {
                 renew_interval: self.lease_renew_interval,
                 lease_expiry: self.lease_expiry,
             });
@@ -192,6 +196,31 @@ mod tests {
         ChangeFeedProcessorOptions::default().validate().unwrap();
     }
 
+    // At 0.8 of the expiry and above, the give-up margin left no time for a renewal's write:
+    // every quiet lease was dropped and taken again each cycle. Half the expiry is the most.
+    #[test]
+    fn a_renew_interval_above_half_the_expiry_is_rejected_and_half_is_accepted() {
+        let expiry = Duration::from_secs(30);
+        for renew in [Duration::from_secs(24), Duration::from_millis(15_001)] {
+            let options = ChangeFeedProcessorOptions::default()
+                .with_lease_renew_interval(renew)
+                .with_lease_expiry(expiry);
+            assert_eq!(
+                options.validate(),
+                Err(InvalidOptions::RenewIntervalTooLong {
+                    renew_interval: renew,
+                    lease_expiry: expiry,
+                }),
+                "{renew:?}"
+            );
+        }
+        ChangeFeedProcessorOptions::default()
+            .with_lease_renew_interval(Duration::from_secs(15))
+            .with_lease_expiry(expiry)
+            .validate()
+            .unwrap();
+    }
+
     #[test]
     fn a_renew_interval_not_shorter_than_the_expiry_is_rejected() {
         let options = ChangeFeedProcessorOptions::default()
@@ -200,7 +229,7 @@ mod tests {
         let err = options.validate().unwrap_err();
         assert_eq!(
             err,
-            InvalidOptions::RenewIntervalNotBelowExpiry {
+            InvalidOptions::RenewIntervalTooLong {
                 renew_interval: Duration::from_secs(30),
                 lease_expiry: Duration::from_secs(30),
             }

@@ -103,7 +103,10 @@ impl LeaseSlot {
     }
 
     /// Applies `change` to the lease and writes it, guarded by the current ETag. A conflict
-    /// (412/404) means the lease was taken: the worker is told to stop.
+    /// (412/404) is no lost lease by itself: an earlier write of this instance may have
+    /// committed although its answer never came (it timed out), changing the ETag. The lease is
+    /// read again: still this instance's, the write is made once more on its new ETag; someone
+    /// else's or gone, the lease was taken and the worker is told to stop.
     ///
     /// Any other failure is reported to the processor's fault handler as a `stage` fault.
     async fn write(
@@ -117,14 +120,28 @@ impl LeaseSlot {
         let mut lease = self.lease.lock().await;
         let mut updated = lease.clone();
         change(&mut updated);
+        // Other instances judge expiry from this stored timestamp, so this instance measures
+        // its own give-up point from the same moment: when the write started, not when its
+        // answer came.
+        let started = std::time::Instant::now();
         updated.timestamp = now_millis();
         // `replace` is bounded by the store timeout.
-        match store.replace(&updated).await {
+        let mut written = store.replace(&updated).await;
+        if matches!(written, LeaseWrite::Conflict)
+            && let Some(etag) = self.still_ours(ctx).await
+        {
+            tracing::info!(
+                processor = %store.processor, lease = %self.lease_token, during = what,
+                "the lease's ETag changed under an earlier write of this instance that committed without an answer; writing again"
+            );
+            updated.etag = Some(etag);
+            written = store.replace(&updated).await;
+        }
+        match written {
             LeaseWrite::Written(etag) => {
                 updated.etag = etag;
                 *lease = updated;
-                *self.last_written.lock().unwrap_or_else(|p| p.into_inner()) =
-                    std::time::Instant::now();
+                *self.last_written.lock().unwrap_or_else(|p| p.into_inner()) = started;
                 Ok(())
             }
             LeaseWrite::Conflict => {
@@ -144,6 +161,22 @@ impl LeaseSlot {
                     error: &error,
                 });
                 Err(WriteError::Failed)
+            }
+        }
+    }
+
+    /// The lease's current ETag when the stored lease is still this instance's (its owner),
+    /// read after a conflict; `None` when it is someone else's, gone, or cannot be read (then
+    /// the conflict stands: failing closed, the lease is given up).
+    async fn still_ours(&self, ctx: &WorkerContext) -> Option<String> {
+        match ctx.store.read(&self.id).await {
+            Ok(Some(stored)) if stored.owner.as_deref() == Some(ctx.instance.as_str()) => {
+                stored.etag
+            }
+            Ok(_) => None,
+            Err(error) => {
+                tracing::warn!(processor = %ctx.store.processor, lease = %self.lease_token, error = %ErrorChain(&error), "could not read the lease back after a conflict; it is given up");
+                None
             }
         }
     }

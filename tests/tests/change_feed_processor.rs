@@ -749,6 +749,38 @@ async fn a_lease_given_up_mid_page_is_not_served_twice_and_stays_listed() {
     processor.shutdown().await;
 }
 
+// A 412 is no lost lease by itself: renewals that committed but whose answers came after the
+// store timeout leave the instance with an old ETag, and its next write conflicts. The lease is
+// read back, found still this instance's, and written again: it is never given up.
+#[tokio::test]
+async fn a_conflict_after_a_write_that_committed_without_an_answer_keeps_the_lease() {
+    let (emulator, store) = served_store().await;
+    let released = Arc::new(Mutex::new(Vec::<String>::new()));
+    let record = Arc::clone(&released);
+    let processor = store
+        .processor("late-answers", "host-1")
+        .options(fast_options().with_store_timeout(Duration::from_millis(500)))
+        .on_lease_released(move |lease| record.lock().unwrap().push(lease.to_owned()))
+        .start(|_| Box::pin(async { Ok(()) }))
+        .await
+        .unwrap();
+    let ranges = feed_range_count(&store).await;
+    every_lease_owned(&processor, ranges).await;
+    // For a second, lease writes commit at once but answer 2 s late: past the store timeout.
+    emulator.faults().answer_late("PUT", Duration::from_secs(2));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    emulator.faults().clear();
+    // Several renewals later, on ETags that changed under them.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        released.lock().unwrap().clone(),
+        Vec::<String>::new(),
+        "no lease was given up"
+    );
+    assert_eq!(processor.owned_leases().len(), ranges);
+    processor.shutdown().await;
+}
+
 // Every lease an instance stops polling is reported to `on_lease_released` once its last page is
 // done: given up after renewals failed, and released at shutdown (state kept beside the
 // processor per lease, such as chatter's Drain Suspension, is dropped there).

@@ -25,7 +25,7 @@ use super::error::RelayError;
 /// ```
 ///
 /// `start()` checks them together and refuses settings that cannot work (a zero interval, a
-/// renew interval not below the lease expiry, a `handler_timeout` not above `publish_timeout`
+/// renew interval above half the lease expiry, a `handler_timeout` not above `publish_timeout`
 /// plus `store_timeout`, a blank or reserved delivered status, a ttl that is not positive).
 #[derive(Debug, Clone)]
 #[must_use = "options do nothing until passed to `RuntimeBuilder::relay_options`"]
