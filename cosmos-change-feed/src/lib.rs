@@ -122,7 +122,7 @@ use worker::WorkerContext;
 struct ReadmeDoctests;
 
 /// One page of changed documents from one feed range, handed to the batch handler.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ChangeFeedBatch {
     /// The changed documents, in change-feed order, as stored (system properties included).
@@ -134,6 +134,29 @@ pub struct ChangeFeedBatch {
     /// The Request Units the read of this page was billed (`x-ms-request-charge`; 0 when the
     /// response did not say).
     pub request_charge: f64,
+    /// Tells the handler when this instance lost the lease while the page is being handled
+    /// (another instance took it, or it could not be renewed for almost its expiry): the new
+    /// owner hands the same documents over again, so a handler with long work may stop early.
+    /// Whatever it returns then, nothing is checkpointed by this instance.
+    pub lease_lost: LeaseLost,
+}
+
+/// Whether the lease of a [`ChangeFeedBatch`] was lost while its page is being handled.
+/// Clones share the state.
+#[derive(Debug, Clone)]
+pub struct LeaseLost(CancellationToken);
+
+impl LeaseLost {
+    /// Whether the lease is lost now.
+    pub fn is_lost(&self) -> bool {
+        self.0.is_cancelled()
+    }
+
+    /// Completes once the lease is lost (never, while it stays this instance's): race it
+    /// against the handler's work with `tokio::select!`.
+    pub async fn lost(&self) {
+        self.0.cancelled().await;
+    }
 }
 
 /// The error a batch handler returns: any error, reported as a [`LeaseFault`] of stage
@@ -314,6 +337,7 @@ impl ChangeFeedProcessorBuilder {
 /// A started change-feed processor instance. Dropping it stops the processor without
 /// waiting; prefer [`shutdown`](Self::shutdown).
 #[derive(Debug)]
+#[must_use = "dropping a RunningProcessor stops it; keep it and call `shutdown`"]
 pub struct RunningProcessor {
     processor: String,
     instance: String,

@@ -22,7 +22,7 @@ use crate::options::ChangeFeedProcessorOptions;
 use crate::page::RangeReader;
 use crate::request::RequestError;
 use crate::store::{StoreError, bounded};
-use crate::{BatchHandler, BoxError, ChangeFeedBatch};
+use crate::{BatchHandler, BoxError, ChangeFeedBatch, LeaseLost};
 
 /// Why a lease's worker stops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +43,9 @@ pub(crate) struct LeaseSlot {
     pub(crate) id: String,
     stop: CancellationToken,
     reason: Mutex<Option<StopReason>>,
+    /// Cancelled when the lease is lost (taken by another instance, or given up because it could
+    /// not be renewed): the batch handler's [`LeaseLost`].
+    lost: CancellationToken,
     /// Cancelled once the poller has finished (its last page handed over, the lease released):
     /// only then does the renewer stop, so a long page never lets the lease expire under it.
     poller_done: CancellationToken,
@@ -63,6 +66,7 @@ impl LeaseSlot {
             range,
             stop: shutdown.child_token(),
             reason: Mutex::new(None),
+            lost: CancellationToken::new(),
             poller_done: CancellationToken::new(),
             last_written: Mutex::new(std::time::Instant::now()),
         }
@@ -79,6 +83,10 @@ impl LeaseSlot {
     pub(crate) fn stop(&self, reason: StopReason) {
         let mut current = self.reason.lock().unwrap_or_else(|p| p.into_inner());
         current.get_or_insert(reason);
+        // Lost whatever stopped the worker first: the page in flight is someone else's now.
+        if reason == StopReason::Lost {
+            self.lost.cancel();
+        }
         self.stop.cancel();
     }
 
@@ -478,6 +486,7 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
             documents,
             lease_token: slot.lease_token.clone(),
             request_charge,
+            lease_lost: LeaseLost(slot.lost.clone()),
         };
         let handled = tokio::time::timeout(
             ctx.options.handler_timeout,

@@ -749,6 +749,49 @@ async fn a_lease_given_up_mid_page_is_not_served_twice_and_stays_listed() {
     processor.shutdown().await;
 }
 
+// The handler learns when its lease is lost mid-page (`ChangeFeedBatch::lease_lost`), so it can
+// stop instead of working beside the lease's next owner.
+#[tokio::test]
+async fn a_handler_learns_that_its_lease_was_lost_while_it_holds_a_page() {
+    let (emulator, store) = served_store().await;
+    let holding = Arc::new(AtomicUsize::new(0));
+    let saw_loss = Arc::new(AtomicBool::new(false));
+    let handler = {
+        let (holding, saw_loss) = (Arc::clone(&holding), Arc::clone(&saw_loss));
+        move |batch: ChangeFeedBatch| -> BatchFuture {
+            let (holding, saw_loss) = (Arc::clone(&holding), Arc::clone(&saw_loss));
+            Box::pin(async move {
+                if holding.fetch_add(1, Ordering::SeqCst) == 0 {
+                    assert!(!batch.lease_lost.is_lost());
+                    // Long work, until the lease is lost.
+                    tokio::time::timeout(WAIT, batch.lease_lost.lost())
+                        .await
+                        .expect("the loss is told");
+                    saw_loss.store(batch.lease_lost.is_lost(), Ordering::SeqCst);
+                }
+                Ok(())
+            })
+        }
+    };
+    let processor = start(&store, "lost-mid-page", "host-1", handler).await;
+    let ranges = feed_range_count(&store).await;
+    every_lease_owned(&processor, ranges).await;
+    write_orders(&store, 0..1, 1).await;
+    eventually(WAIT, POLL, "the handler holds a page", || {
+        let held = holding.load(Ordering::SeqCst) == 1;
+        async move { held }
+    })
+    .await;
+    // Lease writes refused past the give-up point: the held lease is given up.
+    emulator.faults().refuse("PUT", 503, Duration::from_secs(4));
+    eventually(WAIT, POLL, "the handler saw its lease lost", || {
+        let saw = saw_loss.load(Ordering::SeqCst);
+        async move { saw }
+    })
+    .await;
+    processor.shutdown().await;
+}
+
 // A 412 is no lost lease by itself: renewals that committed but whose answers came after the
 // store timeout leave the instance with an old ETag, and its next write conflicts. The lease is
 // read back, found still this instance's, and written again: it is never given up.
