@@ -357,6 +357,11 @@ pub struct LeaseStatus {
     pub last_checkpoint_age: Option<std::time::Duration>,
     /// The fault since then, if the lease is failing now.
     pub last_error: Option<String>,
+    /// Whether that fault does not clear by itself: the service refuses the lease's reads as
+    /// malformed (a continuation it does not accept), for credentials or permissions, or
+    /// because the container is gone. Such a read is tried again only every `max_backoff`,
+    /// reported as a fault each time, until someone acts.
+    pub needs_operator: bool,
 }
 
 impl RunningProcessor {
@@ -390,6 +395,7 @@ impl RunningProcessor {
                 lease_token: lease_token.clone(),
                 last_checkpoint_age: progress.last_progress.map(|at| at.elapsed()),
                 last_error: progress.last_error.clone(),
+                needs_operator: progress.needs_operator,
             })
             .collect()
     }

@@ -329,6 +329,8 @@ pub(crate) struct LeaseProgress {
     pub(crate) last_progress: Option<std::time::Instant>,
     /// The fault since the last progress, if any.
     pub(crate) last_error: Option<String>,
+    /// Whether that fault does not clear by itself (see [`needs_operator`]).
+    pub(crate) needs_operator: bool,
 }
 
 fn lock_owned(
@@ -339,8 +341,34 @@ fn lock_owned(
 
 /// Records a fault of the lease for health reports.
 fn record_fault(ctx: &WorkerContext, slot: &LeaseSlot, error: &dyn std::fmt::Display) {
+    record_fault_of(ctx, slot, error, false);
+}
+
+/// Records a fault of the lease for health reports, saying whether it needs an operator.
+fn record_fault_of(
+    ctx: &WorkerContext,
+    slot: &LeaseSlot,
+    error: &dyn std::fmt::Display,
+    needs_operator: bool,
+) {
     if let Some(progress) = lock_owned(&ctx.owned).get_mut(&slot.lease_token) {
         progress.last_error = Some(error.to_string());
+        progress.needs_operator = needs_operator;
+    }
+}
+
+/// Whether a failed change-feed read will fail the same way until someone acts: a request the
+/// service refuses as malformed (400, e.g. a continuation it does not accept, or 500 with
+/// sub-status 20203, an invalid continuation), credentials or permissions (401, 403), or a
+/// container that is gone (404 without a sub-status: not the transient 404/1002 of a session
+/// not yet readable).
+pub(crate) fn needs_operator(error: &StoreError) -> bool {
+    let Some(request) = error.failed_request() else {
+        return false;
+    };
+    match (request.status, request.sub_status.unwrap_or(0)) {
+        (400 | 401 | 403, _) | (404, 0) | (500, 20203) => true,
+        _ => false,
     }
 }
 
@@ -350,6 +378,7 @@ fn record_progress(ctx: &WorkerContext, slot: &LeaseSlot) {
         .get_mut(&slot.lease_token)
         .and_then(|progress| {
             progress.last_progress = Some(std::time::Instant::now());
+            progress.needs_operator = false;
             progress.last_error.take()
         });
     if let Some(error) = recovered {
@@ -424,6 +453,10 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
             Ok(page) => page,
             Err(error) => {
                 reader = None;
+                // Shown in `lease_statuses` either way, so a lease held up by a long split or
+                // merge is not taken for a healthy one.
+                let operator = needs_operator(&error);
+                record_fault_of(ctx, slot, &ErrorChain(&error), operator);
                 if error.status() == Some(410) {
                     tracing::info!(
                         processor, lease = %slot.lease_token, error = %ErrorChain(&error),
@@ -431,18 +464,23 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
                     );
                     ctx.wake.notify_one();
                 } else {
-                    record_fault(ctx, slot, &ErrorChain(&error));
                     ctx.report(&LeaseFault {
                         lease_token: &slot.lease_token,
                         stage: LeaseFaultStage::Read,
                         error: &error,
                     });
                 }
-                // A throttled read waits at least as long as the service asked.
-                slot.pause(backoff.next_delay_at_least(
-                    error.failed_request().and_then(RequestError::retry_after),
-                ))
-                .await;
+                let delay = if operator {
+                    // It fails the same way until someone acts: tried again at the cap, not
+                    // hammered.
+                    ctx.options.max_backoff
+                } else {
+                    // A throttled read waits at least as long as the service asked.
+                    backoff.next_delay_at_least(
+                        error.failed_request().and_then(RequestError::retry_after),
+                    )
+                };
+                slot.pause(delay).await;
                 continue;
             }
         };

@@ -792,6 +792,50 @@ async fn a_handler_learns_that_its_lease_was_lost_while_it_holds_a_page() {
     processor.shutdown().await;
 }
 
+// A read the service refuses for a reason that does not clear by itself (here 403: the
+// identity may not read) is a distinct state in `lease_statuses`, reported as a fault and tried
+// again at the backoff cap; once reads work again the lease recovers and the state clears.
+#[tokio::test]
+async fn a_refused_read_is_shown_as_needing_an_operator_until_it_clears() {
+    let (emulator, store) = served_store().await;
+    let faults = Faults::default();
+    let processor = store
+        .processor("refused-reads", "host-1")
+        .options(fast_options().with_max_backoff(Duration::from_millis(500)))
+        .on_fault(collecting(&faults))
+        .start(|_| Box::pin(async { Ok(()) }))
+        .await
+        .unwrap();
+    let ranges = feed_range_count(&store).await;
+    every_lease_owned(&processor, ranges).await;
+    emulator.faults().refuse("GET", 403, Duration::from_secs(3));
+    eventually(WAIT, POLL, "a lease needs an operator", || {
+        let statuses = processor.lease_statuses();
+        let shown = statuses.iter().any(|s| {
+            s.needs_operator && s.last_error.as_deref().is_some_and(|e| e.contains("403"))
+        });
+        async move { shown }
+    })
+    .await;
+    assert!(
+        faults
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, stage, error)| *stage == LeaseFaultStage::Read && error.contains("403")),
+        "reported as a read fault"
+    );
+    eventually(WAIT, POLL, "every lease recovered", || {
+        let clear = processor
+            .lease_statuses()
+            .iter()
+            .all(|s| !s.needs_operator && s.last_error.is_none());
+        async move { clear }
+    })
+    .await;
+    processor.shutdown().await;
+}
+
 // A 412 is no lost lease by itself: renewals that committed but whose answers came after the
 // store timeout leave the instance with an old ETag, and its next write conflicts. The lease is
 // read back, found still this instance's, and written again: it is never given up.

@@ -45,6 +45,10 @@ pub struct LeaseHealth {
     pub last_checkpoint_age: Option<Duration>,
     /// The fault it is failing with now, if any.
     pub last_error: Option<String>,
+    /// Whether that fault does not clear by itself (the store refuses the lease's reads for
+    /// permissions, a missing container or a continuation it does not accept): an operator
+    /// must act; the read is tried again every `max_backoff`.
+    pub needs_operator: bool,
     /// Whether it is under a Drain Suspension (its confirmations kept failing).
     pub suspended: bool,
     /// Why the broker refuses one of its pending documents, while it does: the lease is blocked

@@ -489,6 +489,7 @@ impl Runtime {
                 lease_token: state.status.lease_token,
                 last_checkpoint_age: state.status.last_checkpoint_age,
                 last_error: state.status.last_error,
+                needs_operator: state.status.needs_operator,
                 suspended: state.suspended,
                 blocked: state.blocked,
                 backlog: state.backlog,
