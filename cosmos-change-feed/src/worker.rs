@@ -366,10 +366,10 @@ pub(crate) fn needs_operator(error: &StoreError) -> bool {
     let Some(request) = error.failed_request() else {
         return false;
     };
-    match (request.status, request.sub_status.unwrap_or(0)) {
-        (400 | 401 | 403, _) | (404, 0) | (500, 20203) => true,
-        _ => false,
-    }
+    matches!(
+        (request.status, request.sub_status.unwrap_or(0)),
+        (400 | 401 | 403, _) | (404, 0) | (500, 20203)
+    )
 }
 
 /// Records progress; a lease that had faulted logs that it recovered.
