@@ -8,8 +8,11 @@
 //! several versions, so the child hands out LSNs again that the parents had already handed out.
 //! A change-feed continuation taken before the merge (an ETag holding a parent's LSN) is then
 //! ahead of the first changes written after the merge, and a read from it skips them for good.
-//! On the service a merge keeps a feed range's LSNs increasing, so every SDK's documented
-//! resume (per-EPK-range continuations across splits and merges) loses nothing.
+//! The SDKs resume per-EPK-range continuations across merges (the Rust SDK's planner says so
+//! in `build_unordered_merge`, "matching ... .NET, Java, Python"), which only loses nothing if a
+//! merged partition never hands out an LSN at or below one its parents handed out; a service
+//! that did would break every SDK's resume, so we take this as the emulator's departure (not
+//! verified against a live account from here: these machines reach no Cosmos DB account).
 //!
 //! **Effect here.** A change-feed processor (ours, or any) that resumes leases across a merge
 //! through the emulator misses the changes written just after it: measured 8 of 40 documents
