@@ -109,6 +109,47 @@ pub(crate) fn split_parents(leases: &[LeaseDocument]) -> Vec<usize> {
     (0..leases.len()).filter(|i| is_parent(*i)).collect()
 }
 
+/// The leases without those of a split still in progress: a child lease whose range lies
+/// within another remaining lease's range (its parent, not yet covered by all of its children,
+/// so not retired). Such a child is taken by no instance while its parent is there: the parent
+/// may be served again (its owner finishes the split by creating the missing children), and
+/// serving both would hand the child's documents over twice, out of order.
+fn hold_back_unfinished_children(
+    processor: &str,
+    leases: Vec<LeaseDocument>,
+) -> Vec<LeaseDocument> {
+    let ranges: Vec<Option<Bounds>> = leases
+        .iter()
+        .map(|l| l.range().map(|r| bounds(&r)))
+        .collect();
+    let is_unfinished_child = |i: usize| {
+        let Some(range) = &ranges[i] else {
+            return false;
+        };
+        ranges.iter().enumerate().any(|(j, other)| {
+            j != i
+                && other.as_ref().is_some_and(|parent| {
+                    parent != range && ranges::intersect(range, parent).as_ref() == Some(range)
+                })
+        })
+    };
+    let held: Vec<usize> = (0..leases.len())
+        .filter(|i| is_unfinished_child(*i))
+        .collect();
+    for &i in &held {
+        tracing::debug!(
+            processor, lease = %leases[i].lease_token,
+            "a child lease of a split still in progress is not taken while its parent lease exists"
+        );
+    }
+    leases
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| !held.contains(i))
+        .map(|(_, lease)| lease)
+        .collect()
+}
+
 /// Logs at Error when the leases do not tile the whole key range `""..FF`: documents in a gap
 /// would never be handed over.
 fn check_coverage(processor: &str, leases: &[LeaseDocument]) {
@@ -209,6 +250,7 @@ impl Coordinator {
 
         check_coverage(&processor, &leases);
         let leases = self.retire_split_parents(leases).await;
+        let leases = hold_back_unfinished_children(&processor, leases);
         self.balance(&leases).await;
         if let Some(ranges) = &ranges {
             self.split_leases(ranges).await;

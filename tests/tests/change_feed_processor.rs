@@ -1112,6 +1112,47 @@ async fn leases_that_cross_range_boundaries_still_tile_the_key_range() {
     processor.shutdown().await;
 }
 
+// A split left half done (a child lease created, the parent not yet covered by all of its
+// children, e.g. its owner died in between) holds the child back: no instance takes it while the
+// parent is there, so its documents are not handed over by both.
+#[tokio::test]
+async fn a_child_lease_of_an_unfinished_split_is_not_taken_while_its_parent_exists() {
+    let store = embedded_store().await;
+    let ranges = store.monitored.read_feed_ranges(None).await.unwrap();
+    let processor = start(&store, "half-split", "host-1", |_| {
+        Box::pin(async { Ok(()) })
+    })
+    .await;
+    every_lease_owned(&processor, ranges.len()).await;
+    // A child of the first range's lease, as the first of two children of a split.
+    let (min, max) = (
+        ranges[0].min_inclusive().to_string(),
+        ranges[0].max_exclusive().to_string(),
+    );
+    let mid = midpoint(&min, &max);
+    let token = format!("{min}-{mid}");
+    let id = lease_id("half-split", &token);
+    let child = json!({
+        "id": id,
+        "processorName": "half-split",
+        "leaseToken": token,
+        "feedRange": { "min": min, "max": mid },
+        "feedRangeToken": feed_range(&min, &mid).to_string(),
+        "owner": null,
+        "continuationToken": null,
+        "timestamp": 0,
+    });
+    upsert_item(&store.leases, partition_key(&[json!(id)]).unwrap(), &child)
+        .await
+        .unwrap();
+    // Many acquire cycles later, the child is still nobody's and the parent still served.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let owned = processor.owned_leases();
+    assert!(!owned.contains(&token), "{owned:?}");
+    assert!(owned.contains(&format!("{min}-{max}")), "{owned:?}");
+    processor.shutdown().await;
+}
+
 // Every store call is bounded: a store that hangs (here: answers after 2 s, past a 500 ms store
 // timeout) fails the lease's reads with a timeout, reported as a fault, and the lease carries
 // on once the store answers in time again.
