@@ -174,6 +174,9 @@ pub(crate) struct Coordinator {
     pub(crate) shutdown: CancellationToken,
     pub(crate) tracker: TaskTracker,
     running: HashMap<String, Running>,
+    /// Leases being split by a task of their own (waiting for their page in flight, then
+    /// replacing the lease by its children), by lease id: not taken again meanwhile.
+    splitting: HashMap<String, JoinHandle<()>>,
 }
 
 impl Coordinator {
@@ -187,6 +190,7 @@ impl Coordinator {
             shutdown,
             tracker,
             running: HashMap::new(),
+            splitting: HashMap::new(),
         }
     }
 
@@ -215,6 +219,7 @@ impl Coordinator {
         // again, and served twice, while its last page is still being handled.
         self.running
             .retain(|_, running| !running.poller.is_finished());
+        self.splitting.retain(|_, split| !split.is_finished());
 
         let ranges = match read_ranges(&self.ctx.monitored, true, self.ctx.options.store_timeout)
             .await
@@ -302,7 +307,13 @@ impl Coordinator {
                 live_owner: l.live_owner(expiry, now).map(str::to_owned),
             })
             .collect();
-        let running: BTreeSet<String> = self.running.keys().cloned().collect();
+        // A lease being split counts as running: its parent is not taken again meanwhile.
+        let running: BTreeSet<String> = self
+            .running
+            .keys()
+            .chain(self.splitting.keys())
+            .cloned()
+            .collect();
         for take in balance::plan(&views, &self.ctx.instance, &running) {
             let (id, stolen_from) = match take {
                 Take::Available(id) => (id, None),
@@ -398,45 +409,52 @@ impl Coordinator {
             .collect();
         for (id, children) in split {
             if let Some(running) = self.running.remove(&id) {
-                self.split(running, children).await;
+                // In a task of its own: its page in flight may take up to the handler timeout,
+                // and the acquire cycle (other leases, other splits) must not wait for it.
+                let task = self
+                    .tracker
+                    .spawn(split_lease(self.ctx.clone(), running, children));
+                self.splitting.insert(id, task);
             }
         }
     }
+}
 
-    async fn split(&mut self, running: Running, children: Vec<FeedRange>) {
-        let processor = self.ctx.store.processor.clone();
-        running.slot.stop(StopReason::Split);
-        // Wait for the in-flight batch (if any) to be handed over and checkpointed.
-        let _ = running.poller.await;
-        let _ = running.renewer.await;
-        let parent = running.slot.lease.lock().await.clone();
-        let mut child_tokens = Vec::new();
-        for child in &children {
-            let mut lease = LeaseDocument::new(&processor, child);
-            lease.continuation_token = parent.continuation_token.clone();
-            child_tokens.push(lease.lease_token.clone());
-            if let Err(error) = self.ctx.store.create(&lease).await {
-                tracing::warn!(
-                    %processor, parent = %parent.lease_token, child = %lease.lease_token, error = %ErrorChain(&error),
-                    "could not create a child lease after a split; retrying next cycle"
-                );
-                return;
-            }
+/// Stops the worker of a lease whose range split, waits for its page in flight, then replaces
+/// the lease by one lease per child range (each from the parent's checkpoint) and deletes it.
+async fn split_lease(ctx: WorkerContext, running: Running, children: Vec<FeedRange>) {
+    let processor = ctx.store.processor.clone();
+    running.slot.stop(StopReason::Split);
+    // Wait for the in-flight batch (if any) to be handed over and checkpointed.
+    let _ = running.poller.await;
+    let _ = running.renewer.await;
+    let parent = running.slot.lease.lock().await.clone();
+    let mut child_tokens = Vec::new();
+    for child in &children {
+        let mut lease = LeaseDocument::new(&processor, child);
+        lease.continuation_token = parent.continuation_token.clone();
+        child_tokens.push(lease.lease_token.clone());
+        if let Err(error) = ctx.store.create(&lease).await {
+            tracing::warn!(
+                %processor, parent = %parent.lease_token, child = %lease.lease_token, error = %ErrorChain(&error),
+                "could not create a child lease after a split; retrying next cycle"
+            );
+            return;
         }
-        match self.ctx.store.delete(&parent).await {
-            LeaseWrite::Written(_) => tracing::info!(
-                %processor, instance = %self.ctx.instance, parent = %parent.lease_token,
-                children = ?child_tokens, "feed range split: lease replaced by child leases"
-            ),
-            LeaseWrite::Conflict => tracing::warn!(
-                %processor, parent = %parent.lease_token,
-                "the split lease changed hands before it could be deleted; its new owner splits it"
-            ),
-            LeaseWrite::Failed(error) => tracing::warn!(
-                %processor, parent = %parent.lease_token, error = %ErrorChain(&error),
-                "could not delete the split lease; retrying next cycle"
-            ),
-        }
-        self.ctx.wake.notify_one();
     }
+    match ctx.store.delete(&parent).await {
+        LeaseWrite::Written(_) => tracing::info!(
+            %processor, instance = %ctx.instance, parent = %parent.lease_token,
+            children = ?child_tokens, "feed range split: lease replaced by child leases"
+        ),
+        LeaseWrite::Conflict => tracing::warn!(
+            %processor, parent = %parent.lease_token,
+            "the split lease changed hands before it could be deleted; its new owner splits it"
+        ),
+        LeaseWrite::Failed(error) => tracing::warn!(
+            %processor, parent = %parent.lease_token, error = %ErrorChain(&error),
+            "could not delete the split lease; retrying next cycle"
+        ),
+    }
+    ctx.wake.notify_one();
 }

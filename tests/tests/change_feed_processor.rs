@@ -505,6 +505,97 @@ async fn a_lease_over_a_split_range_hands_over_every_childs_changes_before_it_is
     }
 }
 
+// A split waits for its lease's page in flight (up to the handler timeout) in a task of its
+// own: meanwhile the acquire cycle goes on, here taking the leases another instance released.
+#[tokio::test]
+async fn a_split_waiting_for_its_page_in_flight_does_not_hold_up_acquiring_other_leases() {
+    let (emulator, store) = served_store().await;
+    let ranges = store.monitored.read_feed_ranges(None).await.unwrap();
+    let mut tokens: Vec<(String, String)> = ranges
+        .iter()
+        .map(|r| (r.min_inclusive().to_string(), r.max_exclusive().to_string()))
+        .collect();
+    tokens.sort();
+    let open = Arc::new(AtomicBool::new(false));
+    let held = Arc::new(Mutex::new(None::<String>));
+    let holding = {
+        let (open, held) = (Arc::clone(&open), Arc::clone(&held));
+        move |batch: ChangeFeedBatch| -> BatchFuture {
+            let (open, held) = (Arc::clone(&open), Arc::clone(&held));
+            Box::pin(async move {
+                let first = {
+                    let mut held = held.lock().unwrap();
+                    let first = held.is_none();
+                    held.get_or_insert_with(|| batch.lease_token.clone());
+                    first
+                };
+                if first {
+                    while !open.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+                Ok(())
+            })
+        }
+    };
+    let a = start(&store, "busy-split", "host-a", holding).await;
+    let b = start(&store, "busy-split", "host-b", |_| {
+        Box::pin(async { Ok(()) })
+    })
+    .await;
+    eventually(WAIT, POLL, "both instances own leases", || {
+        let both = !a.owned_leases().is_empty()
+            && !b.owned_leases().is_empty()
+            && a.owned_leases().len() + b.owned_leases().len() == ranges.len();
+        async move { both }
+    })
+    .await;
+    write_orders(&store, 0..40, 1).await;
+    eventually(WAIT, POLL, "a page of host-a is held", || {
+        let is_held = held.lock().unwrap().is_some();
+        async move { is_held }
+    })
+    .await;
+    let token = held.lock().unwrap().clone().unwrap();
+    let partition = tokens
+        .iter()
+        .position(|(min, max)| format!("{min}-{max}") == token)
+        .expect("the held lease is a physical partition's range");
+    emulator.store().split_partition(
+        DB,
+        MONITORED,
+        u32::try_from(partition).unwrap(),
+        Duration::from_millis(10),
+    );
+    eventually(WAIT, POLL, "the split completed", || async {
+        feed_range_count(&store).await == ranges.len() + 1
+    })
+    .await;
+    // Acquire cycles of host-a see the split now and wait for its page; host-b leaves.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let released = b.owned_leases();
+    b.shutdown().await;
+    eventually(
+        Duration::from_secs(10),
+        POLL,
+        "host-a took the leases host-b released while its split waits",
+        || {
+            let owned = a.owned_leases();
+            let all = released.iter().all(|lease| owned.contains(lease));
+            async move { all }
+        },
+    )
+    .await;
+    open.store(true, Ordering::SeqCst);
+    owns(
+        &a,
+        ranges.len() + 1,
+        "host-a serves every range, the split one's children included",
+    )
+    .await;
+    a.shutdown().await;
+}
+
 /// Every lease fault reported to `on_fault`: (lease token, stage, error text).
 type Faults = Arc<Mutex<Vec<(String, LeaseFaultStage, String)>>>;
 
