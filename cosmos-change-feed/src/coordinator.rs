@@ -218,7 +218,7 @@ impl Coordinator {
         // the handler timeout): the balancer counts it as running, so the lease is not taken
         // again, and served twice, while its last page is still being handled.
         self.running
-            .retain(|_, running| !running.poller.is_finished());
+            .retain(|_, running| !running.poller.is_finished() || !running.renewer.is_finished());
         self.splitting.retain(|_, split| !split.is_finished());
 
         let ranges = match read_ranges(&self.ctx.monitored, true, self.ctx.options.store_timeout)
@@ -335,6 +335,7 @@ impl Coordinator {
         let previous = lease.owner.clone().filter(|o| !o.is_empty());
         let mut updated = lease.clone();
         updated.owner = Some(instance.to_owned());
+        let started = std::time::Instant::now();
         updated.timestamp = now_millis();
         match self.ctx.store.replace(&updated).await {
             LeaseWrite::Written(etag) => updated.etag = etag,
@@ -361,7 +362,7 @@ impl Coordinator {
             }
             _ => tracing::info!(processor, instance, lease = %lease.lease_token, "lease acquired"),
         }
-        let slot = Arc::new(LeaseSlot::new(updated, range, &self.shutdown));
+        let slot = Arc::new(LeaseSlot::new(updated, range, &self.shutdown, started));
         let poller = self
             .tracker
             .spawn(worker::poll(self.ctx.clone(), Arc::clone(&slot)));
@@ -428,6 +429,11 @@ async fn split_lease(ctx: WorkerContext, running: Running, children: Vec<FeedRan
     // Wait for the in-flight batch (if any) to be handed over and checkpointed.
     let _ = running.poller.await;
     let _ = running.renewer.await;
+    if running.slot.is_lost() {
+        // Someone else owns the parent now: the split is theirs to make, from their checkpoint.
+        tracing::info!(%processor, lease = %running.slot.lease_token, "a lease lost while its split waited for its page is not split here");
+        return;
+    }
     let parent = running.slot.lease.lock().await.clone();
     let mut child_tokens = Vec::new();
     for child in &children {

@@ -137,7 +137,9 @@ pub struct ChangeFeedBatch {
     /// Tells the handler when this instance lost the lease while the page is being handled
     /// (another instance took it, or it could not be renewed for almost its expiry): the new
     /// owner hands the same documents over again, so a handler with long work may stop early.
-    /// Whatever it returns then, nothing is checkpointed by this instance.
+    /// Whatever it returns then, this instance checkpoints nothing more (unless a shutdown or a
+    /// split had stopped the lease first: those write their position, guarded by the lease's
+    /// ETag, which fails once another instance wrote the lease).
     pub lease_lost: LeaseLost,
 }
 
@@ -235,7 +237,8 @@ impl ChangeFeedProcessorBuilder {
     }
 
     /// Tells `handler` the lease token of every read that found nothing new (the lease is
-    /// caught up), before the poll interval is waited. Such reads hand no batch to the batch
+    /// caught up; for a lease over several physical partitions, once a read of each found
+    /// nothing), before the poll interval is waited. Such reads hand no batch to the batch
     /// handler; this is how to count them, e.g. to tell an idle lease from a stalled one. A
     /// panic in `handler` is contained.
     pub fn on_empty_read(mut self, handler: impl Fn(&str) + Send + Sync + 'static) -> Self {

@@ -118,6 +118,17 @@ impl RangeReader {
         self.parts
     }
 
+    /// Counts the range's physical partitions again (the SDK's cached routing map: no request
+    /// when it is warm), for a range that split while this reader was open; returns the count.
+    pub(crate) async fn recount(
+        &mut self,
+        monitored: &ContainerClient,
+        range: &FeedRange,
+    ) -> usize {
+        self.parts = partitions_of(monitored, range).await;
+        self.parts
+    }
+
     /// The next page: the next partition's changes after its position, at most
     /// `max_items_per_page` documents. Unbounded: callers bound it by their store timeout, and
     /// drop the reader when a read fails or is cancelled.

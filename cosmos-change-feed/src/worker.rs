@@ -54,10 +54,13 @@ pub(crate) struct LeaseSlot {
 }
 
 impl LeaseSlot {
+    /// The slot of `lease`, acquired by a write that started at `written_at` (the moment its
+    /// stored timestamp records, from which the give-up point is measured).
     pub(crate) fn new(
         lease: LeaseDocument,
         range: FeedRange,
         shutdown: &CancellationToken,
+        written_at: std::time::Instant,
     ) -> Self {
         Self {
             lease_token: lease.lease_token.clone(),
@@ -68,7 +71,7 @@ impl LeaseSlot {
             reason: Mutex::new(None),
             lost: CancellationToken::new(),
             poller_done: CancellationToken::new(),
-            last_written: Mutex::new(std::time::Instant::now()),
+            last_written: Mutex::new(written_at),
         }
     }
 
@@ -88,6 +91,11 @@ impl LeaseSlot {
             self.lost.cancel();
         }
         self.stop.cancel();
+    }
+
+    /// Whether the lease was lost (taken by another instance, or given up).
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
     }
 
     /// Whether the worker has been asked to stop (or the processor is shutting down).
@@ -121,7 +129,7 @@ impl LeaseSlot {
         &self,
         ctx: &WorkerContext,
         stage: LeaseFaultStage,
-        change: impl FnOnce(&mut LeaseDocument),
+        change: impl Fn(&mut LeaseDocument),
     ) -> Result<(), WriteError> {
         let store = &ctx.store;
         let what = stage.as_str();
@@ -136,13 +144,17 @@ impl LeaseSlot {
         // `replace` is bounded by the store timeout.
         let mut written = store.replace(&updated).await;
         if matches!(written, LeaseWrite::Conflict)
-            && let Some(etag) = self.still_ours(ctx).await
+            && let Some(stored) = self.still_ours(ctx).await
         {
             tracing::info!(
                 processor = %store.processor, lease = %self.lease_token, during = what,
                 "the lease's ETag changed under an earlier write of this instance that committed without an answer; writing again"
             );
-            updated.etag = Some(etag);
+            // The change applied to the lease as stored (that earlier write may have been a
+            // checkpoint ahead of the copy held here), on its ETag.
+            updated = stored;
+            change(&mut updated);
+            updated.timestamp = now_millis();
             written = store.replace(&updated).await;
         }
         match written {
@@ -173,13 +185,16 @@ impl LeaseSlot {
         }
     }
 
-    /// The lease's current ETag when the stored lease is still this instance's (its owner),
-    /// read after a conflict; `None` when it is someone else's, gone, or cannot be read (then
-    /// the conflict stands: failing closed, the lease is given up).
-    async fn still_ours(&self, ctx: &WorkerContext) -> Option<String> {
+    /// The lease as stored (with its ETag) when it is still this instance's (its owner), read
+    /// after a conflict; `None` when it is someone else's, gone, or cannot be read (then the
+    /// conflict stands: failing closed, the lease is given up).
+    async fn still_ours(&self, ctx: &WorkerContext) -> Option<LeaseDocument> {
         match ctx.store.read(&self.id).await {
-            Ok(Some(stored)) if stored.owner.as_deref() == Some(ctx.instance.as_str()) => {
-                stored.etag
+            Ok(Some(stored))
+                if stored.owner.as_deref() == Some(ctx.instance.as_str())
+                    && stored.etag.is_some() =>
+            {
+                Some(stored)
             }
             Ok(_) => None,
             Err(error) => {
@@ -253,11 +268,13 @@ pub(crate) async fn renew(ctx: WorkerContext, slot: Arc<LeaseSlot>) {
         .lease_renew_interval
         .min(ctx.options.lease_expiry / 5);
     let give_up_after = ctx.options.lease_expiry.saturating_sub(margin);
+    let mut wait = ctx.options.lease_renew_interval;
     loop {
         tokio::select! {
-            () = tokio::time::sleep(ctx.options.lease_renew_interval) => {}
+            () = tokio::time::sleep(wait) => {}
             () = slot.poller_done.cancelled() => return,
         }
+        wait = ctx.options.lease_renew_interval;
         // The write may not outlast the point where the lease must be given up: past it another
         // instance may own the lease while this one still serves it.
         let left = give_up_after.saturating_sub(slot.since_last_written());
@@ -278,7 +295,12 @@ pub(crate) async fn renew(ctx: WorkerContext, slot: Arc<LeaseSlot>) {
                 slot.stop(StopReason::Lost);
                 return;
             }
-            Err(WriteError::Failed) => {}
+            // Tried again sooner than the renew interval, so one failed renewal never lets
+            // the lease reach its give-up point: half the time left before it.
+            Err(WriteError::Failed) => {
+                let left = give_up_after.saturating_sub(slot.since_last_written());
+                wait = wait.min(left / 2).max(Duration::from_millis(10));
+            }
         }
     }
 }
@@ -286,8 +308,10 @@ pub(crate) async fn renew(ctx: WorkerContext, slot: Arc<LeaseSlot>) {
 /// Polls the lease's feed range until the worker stops, then releases the lease if it stopped
 /// for a graceful shutdown.
 pub(crate) async fn poll(ctx: WorkerContext, slot: Arc<LeaseSlot>) {
-    // Which poller the entry belongs to: a lease given up and acquired again by this instance
-    // can have a new poller start before the old one has finished its page.
+    // The renewer stops once this poller has finished, whatever way: also if it panicked.
+    let _done = slot.poller_done.clone().drop_guard();
+    // Which poller the entry belongs to, so only its own entry is removed: the coordinator starts
+    // a lease's next poller only after this one has finished, and the tag keeps that so.
     static POLLERS: AtomicU64 = AtomicU64::new(0);
     let poller = POLLERS.fetch_add(1, Ordering::Relaxed);
     lock_owned(&ctx.owned).insert(
@@ -439,6 +463,7 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
                     // The page read beside it is dropped and read again after the backoff;
                     // the position stays ahead of the checkpoint until a write works.
                     reader = None;
+                    empty_in_a_row = 0;
                     record_fault(ctx, slot, &"the checkpoint could not be written");
                     slot.pause(backoff.next_delay()).await;
                     continue;
@@ -453,6 +478,7 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
             Ok(page) => page,
             Err(error) => {
                 reader = None;
+                empty_in_a_row = 0;
                 // Shown in `lease_statuses` either way, so a lease held up by a long split or
                 // merge is not taken for a healthy one.
                 let operator = needs_operator(&error);
@@ -506,6 +532,14 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
             if empty_in_a_row < parts {
                 continue;
             }
+            // A round as the reader knew it: the range may have split since it was opened (the
+            // SDK then reads the children too), so count its partitions again before calling
+            // the lease caught up.
+            if let Some(reader) = reader.as_mut()
+                && empty_in_a_row < reader.recount(&ctx.monitored, &slot.range).await
+            {
+                continue;
+            }
             empty_in_a_row = 0;
             record_progress(ctx, slot);
             if let Some(empty_reads) = &ctx.empty_reads {
@@ -544,6 +578,7 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
         if let Some(error) = &failure {
             // Read again from the position before this page.
             reader = None;
+            empty_in_a_row = 0;
             record_fault(ctx, slot, &ErrorChain(error.as_ref()));
             ctx.report(&LeaseFault {
                 lease_token: &slot.lease_token,

@@ -461,16 +461,25 @@ async fn a_lease_over_a_split_range_hands_over_every_childs_changes_before_it_is
         let options = fast_options()
             .with_lease_acquire_interval(Duration::from_secs(600))
             .with_start_from(start_from);
+        let caught_up = Arc::new(Mutex::new(BTreeSet::<String>::new()));
+        let record = Arc::clone(&caught_up);
         let processor = store
             .processor("unsplit", "host-1")
             .options(options)
+            .on_empty_read(move |lease| {
+                record.lock().unwrap().insert(lease.to_owned());
+            })
             .start(recording(&seen))
             .await
             .unwrap();
         let ranges = feed_range_count(&store).await;
         every_lease_owned(&processor, ranges).await;
         // Every lease has read its range up to now before anything changes.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        eventually(WAIT, POLL, "every lease caught up", || {
+            let all = caught_up.lock().unwrap().len() == ranges;
+            async move { all }
+        })
+        .await;
         write_orders(&store, 0..20, 1).await;
         saw_orders(
             &seen,
@@ -571,8 +580,9 @@ async fn a_split_waiting_for_its_page_in_flight_does_not_hold_up_acquiring_other
         feed_range_count(&store).await == ranges.len() + 1
     })
     .await;
-    // Acquire cycles of host-a see the split now and wait for its page; host-b leaves.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Acquire cycles of host-a (every 200 ms) see the split now and wait for its page; host-b
+    // leaves.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let released = b.owned_leases();
     b.shutdown().await;
     eventually(
@@ -594,6 +604,126 @@ async fn a_split_waiting_for_its_page_in_flight_does_not_hold_up_acquiring_other
     )
     .await;
     a.shutdown().await;
+}
+
+// A lease opened over one partition whose range then split counts its partitions again at the
+// end of a round: an idle first child does not make it wait a poll interval before reading the
+// second one. Only the second child changes; the first thing the lease does about it is hand its
+// changes over, not report itself caught up.
+#[tokio::test]
+async fn a_lease_whose_range_split_reads_its_second_child_before_calling_itself_caught_up() {
+    let (emulator, store) = served_store().await;
+    let events = Arc::new(Mutex::new(Vec::<(&'static str, String)>::new()));
+    let (on_empty, on_batch) = (Arc::clone(&events), Arc::clone(&events));
+    let seen = Seen::default();
+    let record_seen = recording(&seen);
+    let options = fast_options()
+        .with_poll_interval(Duration::from_secs(2))
+        .with_lease_acquire_interval(Duration::from_secs(600));
+    let processor = store
+        .processor("recount", "host-1")
+        .options(options)
+        .on_empty_read(move |lease| {
+            on_empty
+                .lock()
+                .unwrap()
+                .push(("caught up", lease.to_owned()))
+        })
+        .start(move |batch: ChangeFeedBatch| {
+            on_batch
+                .lock()
+                .unwrap()
+                .push(("batch", batch.lease_token.clone()));
+            record_seen(batch)
+        })
+        .await
+        .unwrap();
+    let ranges = store.monitored.read_feed_ranges(None).await.unwrap();
+    every_lease_owned(&processor, ranges.len()).await;
+    eventually(WAIT, POLL, "every lease caught up once", || {
+        let leases: BTreeSet<String> = events.lock().unwrap().iter().map(|e| e.1.clone()).collect();
+        let all = leases.len() == ranges.len();
+        async move { all }
+    })
+    .await;
+    let parent = (
+        ranges[0].min_inclusive().to_string(),
+        ranges[0].max_exclusive().to_string(),
+    );
+    let parent_token = format!("{}-{}", parent.0, parent.1);
+    emulator
+        .store()
+        .split_partition(DB, MONITORED, 0, Duration::from_millis(10));
+    eventually(WAIT, POLL, "the split completed", || async {
+        feed_range_count(&store).await == ranges.len() + 1
+    })
+    .await;
+    let children: Vec<(String, String)> = store
+        .monitored
+        .read_feed_ranges(None)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.min_inclusive().to_string(), r.max_exclusive().to_string()))
+        .filter(|(min, max)| *min >= parent.0 && (parent.1 == "FF" || *max <= parent.1))
+        .collect();
+    let second = children.iter().max().cloned().expect("two children");
+    // Orders whose keys fall in the second child only.
+    let mut in_second = Vec::new();
+    for i in 0..2000 {
+        let key = format!("order-{i}");
+        let range = store
+            .monitored
+            .feed_range_from_partition_key(partition_key(&[json!(key)]).unwrap(), None)
+            .await
+            .unwrap();
+        let epk = range[0].min_inclusive().to_string();
+        if epk >= second.0 && (second.1 == "FF" || epk < second.1) {
+            in_second.push(i);
+        }
+        if in_second.len() == 5 {
+            break;
+        }
+    }
+    assert_eq!(in_second.len(), 5);
+    // Written right after the split lease called itself caught up: it then sleeps its 2 s poll
+    // interval, so the writes land while it sleeps and the next round starts after them.
+    let mark = events.lock().unwrap().len();
+    eventually(WAIT, POLL, "the split lease caught up again", || {
+        let again = events.lock().unwrap()[mark..]
+            .iter()
+            .any(|e| e.0 == "caught up" && e.1 == parent_token);
+        async move { again }
+    })
+    .await;
+    let before = events.lock().unwrap().len();
+    for &i in &in_second {
+        write_orders(&store, i..i + 1, 2).await;
+    }
+    eventually(
+        WAIT,
+        POLL,
+        "the second child's changes were handed over",
+        || {
+            let snapshot = seen.snapshot();
+            let done = in_second
+                .iter()
+                .all(|i| snapshot.get(&format!("order-{i}")).copied().unwrap_or(0) >= 1);
+            async move { done }
+        },
+    )
+    .await;
+    let after: Vec<(&str, String)> = events.lock().unwrap()[before..]
+        .iter()
+        .filter(|e| e.1 == parent_token)
+        .cloned()
+        .collect();
+    assert_eq!(
+        after.first().map(|e| e.0),
+        Some("batch"),
+        "the split lease handed the changes over before calling itself caught up: {after:?}"
+    );
+    processor.shutdown().await;
 }
 
 /// Every lease fault reported to `on_fault`: (lease token, stage, error text).
@@ -771,21 +901,28 @@ async fn a_lease_given_up_mid_page_is_not_served_twice_and_stays_listed() {
     let most = Arc::new(AtomicUsize::new(0));
     let calls = Arc::new(AtomicUsize::new(0));
     let open = Arc::new(AtomicBool::new(false));
+    // The lease-lost signal of the held page, to see when that very lease is given up.
+    let held = Arc::new(Mutex::new(None::<cosmos_change_feed::LeaseLost>));
     let handler = {
-        let (active, most, calls, open) = (
+        let (active, most, calls, open, held) = (
             Arc::clone(&active),
             Arc::clone(&most),
             Arc::clone(&calls),
             Arc::clone(&open),
+            Arc::clone(&held),
         );
-        move |_batch: ChangeFeedBatch| -> BatchFuture {
-            let (active, most, calls, open) = (
+        move |batch: ChangeFeedBatch| -> BatchFuture {
+            let (active, most, calls, open, held) = (
                 Arc::clone(&active),
                 Arc::clone(&most),
                 Arc::clone(&calls),
                 Arc::clone(&open),
+                Arc::clone(&held),
             );
             Box::pin(async move {
+                held.lock()
+                    .unwrap()
+                    .get_or_insert_with(|| batch.lease_lost.clone());
                 let now = active.fetch_add(1, Ordering::SeqCst) + 1;
                 most.fetch_max(now, Ordering::SeqCst);
                 calls.fetch_add(1, Ordering::SeqCst);
@@ -811,7 +948,7 @@ async fn a_lease_given_up_mid_page_is_not_served_twice_and_stays_listed() {
     // handler still runs, then its writes work again.
     emulator.faults().refuse("PUT", 503, Duration::from_secs(4));
     eventually(WAIT, POLL, "the held lease is given up", || {
-        let given_up = processor.owned_leases().len() < ranges;
+        let given_up = held.lock().unwrap().as_ref().is_some_and(|l| l.is_lost());
         async move { given_up }
     })
     .await;
@@ -937,7 +1074,11 @@ async fn a_conflict_after_a_write_that_committed_without_an_answer_keeps_the_lea
     let record = Arc::clone(&released);
     let processor = store
         .processor("late-answers", "host-1")
-        .options(fast_options().with_store_timeout(Duration::from_millis(500)))
+        .options(
+            fast_options()
+                .with_store_timeout(Duration::from_millis(500))
+                .with_lease_expiry(Duration::from_secs(6)),
+        )
         .on_lease_released(move |lease| record.lock().unwrap().push(lease.to_owned()))
         .start(|_| Box::pin(async { Ok(()) }))
         .await

@@ -109,8 +109,8 @@ impl RelayOptions {
         self
     }
 
-    /// How often an instance renews each lease it owns. Default **5 s**; must be shorter than
-    /// the [`lease_expiry`](Self::lease_expiry).
+    /// How often an instance renews each lease it owns. Default **5 s**; must be at most half
+    /// of the [`lease_expiry`](Self::lease_expiry) (a failed renewal is tried again sooner).
     pub fn lease_renew_interval(mut self, interval: Duration) -> Self {
         self.processor.lease_renew_interval = interval;
         self
