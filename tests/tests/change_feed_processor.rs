@@ -117,6 +117,67 @@ async fn saw_orders(seen: &Seen, orders: std::ops::Range<usize>, what: &str) {
     .await;
 }
 
+/// Writes one order, waits until `holding` says a handler holds its page, then refuses lease
+/// writes (PUT 503) for 4 s: past the give-up point of [`fast_options`], so the held lease is
+/// given up while its handler runs, and its writes work again afterwards.
+async fn give_up_a_held_lease(
+    emulator: &RunningEmulator,
+    store: &Store,
+    holding: impl Fn() -> bool,
+) {
+    write_orders(store, 0..1, 1).await;
+    eventually(WAIT, POLL, "the handler holds a page", || {
+        let held = holding();
+        async move { held }
+    })
+    .await;
+    emulator.faults().refuse("PUT", 503, Duration::from_secs(4));
+}
+
+/// Stores the lease of `processor` for `min..max` as another instance left it.
+async fn put_lease(
+    store: &Store,
+    processor: &str,
+    (min, max): (&str, &str),
+    owner: Option<&str>,
+    timestamp: i64,
+) {
+    let token = format!("{min}-{max}");
+    let id = lease_id(processor, &token);
+    let lease = json!({
+        "id": id,
+        "processorName": processor,
+        "leaseToken": token,
+        "feedRange": { "min": min, "max": max },
+        "feedRangeToken": feed_range(min, max).to_string(),
+        "owner": owner,
+        "continuationToken": null,
+        "timestamp": timestamp,
+    });
+    upsert_item(&store.leases, partition_key(&[json!(id)]).unwrap(), &lease)
+        .await
+        .unwrap();
+}
+
+/// A processor `name` (instance `host-1`) with `options` and a handler that does nothing, and
+/// the lease tokens it reports released, in order.
+async fn releasing(
+    store: &Store,
+    name: &str,
+    options: cosmos_change_feed::ChangeFeedProcessorOptions,
+) -> (RunningProcessor, Arc<Mutex<Vec<String>>>) {
+    let released = Arc::new(Mutex::new(Vec::<String>::new()));
+    let record = Arc::clone(&released);
+    let processor = store
+        .processor(name, "host-1")
+        .options(options)
+        .on_lease_released(move |lease| record.lock().unwrap().push(lease.to_owned()))
+        .start(|_| Box::pin(async { Ok(()) }))
+        .await
+        .unwrap();
+    (processor, released)
+}
+
 async fn feed_range_count(store: &Store) -> usize {
     store.monitored.read_feed_ranges(None).await.unwrap().len()
 }
@@ -938,15 +999,7 @@ async fn a_lease_given_up_mid_page_is_not_served_twice_and_stays_listed() {
     let processor = start(&store, "one-poller", "host-1", handler).await;
     let ranges = feed_range_count(&store).await;
     every_lease_owned(&processor, ranges).await;
-    write_orders(&store, 0..1, 1).await;
-    eventually(WAIT, POLL, "the handler holds a page", || {
-        let held = calls.load(Ordering::SeqCst) == 1;
-        async move { held }
-    })
-    .await;
-    // Lease writes refused for longer than the give-up point: the lease is given up while its
-    // handler still runs, then its writes work again.
-    emulator.faults().refuse("PUT", 503, Duration::from_secs(4));
+    give_up_a_held_lease(&emulator, &store, || calls.load(Ordering::SeqCst) == 1).await;
     eventually(WAIT, POLL, "the held lease is given up", || {
         let given_up = held.lock().unwrap().as_ref().is_some_and(|l| l.is_lost());
         async move { given_up }
@@ -1004,14 +1057,7 @@ async fn a_handler_learns_that_its_lease_was_lost_while_it_holds_a_page() {
     let processor = start(&store, "lost-mid-page", "host-1", handler).await;
     let ranges = feed_range_count(&store).await;
     every_lease_owned(&processor, ranges).await;
-    write_orders(&store, 0..1, 1).await;
-    eventually(WAIT, POLL, "the handler holds a page", || {
-        let held = holding.load(Ordering::SeqCst) == 1;
-        async move { held }
-    })
-    .await;
-    // Lease writes refused past the give-up point: the held lease is given up.
-    emulator.faults().refuse("PUT", 503, Duration::from_secs(4));
+    give_up_a_held_lease(&emulator, &store, || holding.load(Ordering::SeqCst) == 1).await;
     eventually(WAIT, POLL, "the handler saw its lease lost", || {
         let saw = saw_loss.load(Ordering::SeqCst);
         async move { saw }
@@ -1070,19 +1116,10 @@ async fn a_refused_read_is_shown_as_needing_an_operator_until_it_clears() {
 #[tokio::test]
 async fn a_conflict_after_a_write_that_committed_without_an_answer_keeps_the_lease() {
     let (emulator, store) = served_store().await;
-    let released = Arc::new(Mutex::new(Vec::<String>::new()));
-    let record = Arc::clone(&released);
-    let processor = store
-        .processor("late-answers", "host-1")
-        .options(
-            fast_options()
-                .with_store_timeout(Duration::from_millis(500))
-                .with_lease_expiry(Duration::from_secs(6)),
-        )
-        .on_lease_released(move |lease| record.lock().unwrap().push(lease.to_owned()))
-        .start(|_| Box::pin(async { Ok(()) }))
-        .await
-        .unwrap();
+    let options = fast_options()
+        .with_store_timeout(Duration::from_millis(500))
+        .with_lease_expiry(Duration::from_secs(6));
+    let (processor, released) = releasing(&store, "late-answers", options).await;
     let ranges = feed_range_count(&store).await;
     every_lease_owned(&processor, ranges).await;
     // For a second, lease writes commit at once but answer 2 s late: past the store timeout.
@@ -1106,15 +1143,7 @@ async fn a_conflict_after_a_write_that_committed_without_an_answer_keeps_the_lea
 #[tokio::test]
 async fn every_lease_an_instance_stops_polling_is_reported_released() {
     let (emulator, store) = served_store().await;
-    let released = Arc::new(Mutex::new(Vec::<String>::new()));
-    let record = Arc::clone(&released);
-    let processor = store
-        .processor("released", "host-1")
-        .options(fast_options())
-        .on_lease_released(move |lease| record.lock().unwrap().push(lease.to_owned()))
-        .start(|_| Box::pin(async { Ok(()) }))
-        .await
-        .unwrap();
+    let (processor, released) = releasing(&store, "released", fast_options()).await;
     let ranges = feed_range_count(&store).await;
     every_lease_owned(&processor, ranges).await;
     let owned: BTreeSet<String> = processor.owned_leases().into_iter().collect();
@@ -1306,22 +1335,8 @@ async fn leases_that_cross_range_boundaries_still_tile_the_key_range() {
     );
     assert_eq!(second.min_inclusive().to_string(), b, "adjacent ranges");
     let m = midpoint(&a, &b);
-    for (min, max) in [(a.as_str(), m.as_str()), (m.as_str(), c.as_str())] {
-        let token = format!("{min}-{max}");
-        let id = lease_id("tile", &token);
-        let lease = json!({
-            "id": id,
-            "processorName": "tile",
-            "leaseToken": token,
-            "feedRange": { "min": min, "max": max },
-            "feedRangeToken": feed_range(min, max).to_string(),
-            "owner": null,
-            "continuationToken": null,
-            "timestamp": 0,
-        });
-        upsert_item(&store.leases, partition_key(&[json!(id)]).unwrap(), &lease)
-            .await
-            .unwrap();
+    for bounds in [(a.as_str(), m.as_str()), (m.as_str(), c.as_str())] {
+        put_lease(&store, "tile", bounds, None, 0).await;
     }
     write_orders(&store, 0..200, 1).await;
     let seen = Seen::default();
@@ -1363,20 +1378,7 @@ async fn a_child_lease_of_an_unfinished_split_is_not_taken_while_its_parent_exis
     );
     let mid = midpoint(&min, &max);
     let token = format!("{min}-{mid}");
-    let id = lease_id("half-split", &token);
-    let child = json!({
-        "id": id,
-        "processorName": "half-split",
-        "leaseToken": token,
-        "feedRange": { "min": min, "max": mid },
-        "feedRangeToken": feed_range(&min, &mid).to_string(),
-        "owner": null,
-        "continuationToken": null,
-        "timestamp": 0,
-    });
-    upsert_item(&store.leases, partition_key(&[json!(id)]).unwrap(), &child)
-        .await
-        .unwrap();
+    put_lease(&store, "half-split", (&min, &mid), None, 0).await;
     // Many acquire cycles later, the child is still nobody's and the parent still served.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let owned = processor.owned_leases();

@@ -54,20 +54,6 @@ fn queue(what: &str) -> String {
     )
 }
 
-/// A channel of a connection of its own, for asking the server about a queue.
-async fn inspector() -> lapin::Channel {
-    let connection = timeout(
-        WAIT,
-        lapin::Connection::connect(rabbitmq::URI, lapin::ConnectionProperties::default()),
-    )
-    .await
-    .expect("connects in time")
-    .expect("RabbitMQ runs at 127.0.0.1:5672");
-    // The connection lives as long as the channel needs it.
-    let connection = Box::leak(Box::new(connection));
-    connection.create_channel().await.unwrap()
-}
-
 /// How many messages of `queue` are ready (neither delivered nor unacked), as the server says.
 async fn ready(channel: &lapin::Channel, queue: &str) -> u32 {
     let options = QueueDeclareOptions {
@@ -128,7 +114,7 @@ async fn a_consumer_holds_as_many_unacked_deliveries_as_its_concurrency() {
         .start()
         .await
         .unwrap();
-    let channel = inspector().await;
+    let channel = rabbitmq::foreign_channel(WAIT).await;
     eventually(
         WAIT,
         POLL,
@@ -180,7 +166,7 @@ async fn subscribe_with_prefetch_bounds_the_unacked_deliveries_of_that_subscript
         held.push(next_delivery(&mut subscription, WAIT).await);
     }
     assert_quiet_for(&mut subscription, Duration::from_millis(500)).await;
-    let channel = inspector().await;
+    let channel = rabbitmq::foreign_channel(WAIT).await;
     assert_eq!(ready(&channel, &destination).await, 2);
     held.pop().unwrap().ack().await.unwrap();
     held.push(next_delivery(&mut subscription, WAIT).await);

@@ -64,20 +64,6 @@ fn unique(what: &str) -> String {
     )
 }
 
-/// A channel of a connection of its own, for another service's view of the broker.
-async fn foreign_channel() -> lapin::Channel {
-    let connection = tokio::time::timeout(
-        WAIT,
-        lapin::Connection::connect(rabbitmq::URI, lapin::ConnectionProperties::default()),
-    )
-    .await
-    .expect("connects in time")
-    .expect("RabbitMQ runs at 127.0.0.1:5672");
-    // The connection lives as long as the channel needs it.
-    let connection = Box::leak(Box::new(connection));
-    connection.create_channel().await.unwrap()
-}
-
 /// A runtime relaying through `broker`, with `ORDERS` orders dispatched whose events go to
 /// `events`: the store (kept alive by the caller), the runtime and the monitored container.
 async fn relaying(
@@ -197,7 +183,7 @@ async fn a_queue_another_service_declared_otherwise_blocks_the_lease_until_it_is
     let events = unique("events");
     // Another service declared the queue first, non-durable: RabbitMQ refuses chatter's durable
     // declaration with 406 PRECONDITION_FAILED.
-    let foreign = foreign_channel().await;
+    let foreign = rabbitmq::foreign_channel(WAIT).await;
     let non_durable = QueueDeclareOptions {
         durable: false,
         ..QueueDeclareOptions::default()

@@ -43,3 +43,21 @@ pub fn server_addr() -> std::net::SocketAddr {
 pub fn uri_through(proxy: &crate::proxy::TcpProxy) -> String {
     format!("amqp://guest:guest@{}/%2f", proxy.addr())
 }
+
+/// A channel of a connection of its own: another client of the broker than chatter, e.g. to ask
+/// the server about a queue or to declare one as another service would. The connection lives as
+/// long as the test process. Panics if connecting takes longer than `within` or fails.
+pub async fn foreign_channel(within: Duration) -> lapin::Channel {
+    let connection = timeout(
+        within,
+        lapin::Connection::connect(URI, lapin::ConnectionProperties::default()),
+    )
+    .await
+    .expect("connecting to RabbitMQ takes less than the bound")
+    .expect("RabbitMQ runs at 127.0.0.1:5672 (`rabbitmq-server -detached`)");
+    let connection = Box::leak(Box::new(connection));
+    connection
+        .create_channel()
+        .await
+        .expect("a channel of the new connection")
+}
