@@ -40,6 +40,22 @@ pub use rabbitmq::{
 
 use crate::message::BrokeredMessage;
 
+/// `call`, bounded by `after`: past it, a [`BrokerError::Timeout`] of `operation` (named only
+/// then). Every broker wait of chatter goes through here, whatever the [`Broker`] does itself.
+pub(crate) async fn bounded<T>(
+    operation: impl FnOnce() -> String,
+    after: std::time::Duration,
+    call: impl Future<Output = Result<T, BrokerError>>,
+) -> Result<T, BrokerError> {
+    tokio::time::timeout(after, call).await.unwrap_or_else(|_| {
+        Err(BrokerError::Timeout {
+            operation: operation(),
+            after,
+            source: None,
+        })
+    })
+}
+
 /// The destination the dead letters of `destination` go to: `<destination>.dead-letter` on the
 /// same broker.
 pub fn dead_letter_destination(destination: &str) -> String {

@@ -54,7 +54,7 @@ use super::delivery::DeliverySettings;
 use super::diagnostics;
 use super::error::DrainError;
 use super::suspension::{Admission, ConfirmationReceipt, DrainGate};
-use crate::broker::{Broker, BrokerError};
+use crate::broker::{self, Broker, BrokerError};
 use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::{self, ContainerClient, CosmosStoreError};
 use crate::document::{self, ContractViolations, outbox, outbox_contract};
@@ -496,15 +496,9 @@ impl Drain {
             )
         });
         // `Broker::publish` refuses what `Broker::check` would, with the same permanent error.
-        let published = tokio::time::timeout(self.publish_timeout, self.broker.publish(message))
-            .await
-            .unwrap_or_else(|_| {
-                Err(BrokerError::Timeout {
-                    operation: format!("publish `{message_id}` to `{destination}`"),
-                    after: self.publish_timeout,
-                    source: None,
-                })
-            });
+        let operation = || format!("publish `{message_id}` to `{destination}`");
+        let publishing = self.broker.publish(message);
+        let published = broker::bounded(operation, self.publish_timeout, publishing).await;
         if let Some(span) = span {
             let failure = published
                 .as_ref()

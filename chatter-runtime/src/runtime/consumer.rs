@@ -39,7 +39,7 @@ use tokio_util::task::TaskTracker;
 
 use super::health::ConsumerStatus;
 use crate::backoff;
-use crate::broker::{Broker, BrokerError, Delivery, Subscription, dead_letter_destination};
+use crate::broker::{self, Broker, BrokerError, Delivery, Subscription, dead_letter_destination};
 use crate::error_chain::ErrorChain;
 use crate::message::BrokeredMessage;
 use crate::partition_key;
@@ -272,16 +272,8 @@ impl Consumer {
             let subscribing = self
                 .broker
                 .subscribe_with_prefetch(destination, self.concurrency);
-            let subscribed = tokio::time::timeout(self.publish_timeout, subscribing)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(BrokerError::Timeout {
-                        operation: format!("subscribe to `{destination}`"),
-                        after: self.publish_timeout,
-                        source: None,
-                    })
-                });
-            match subscribed {
+            let operation = || format!("subscribe to `{destination}`");
+            match broker::bounded(operation, self.publish_timeout, subscribing).await {
                 Ok(subscription) => return Some(subscription),
                 Err(error) => {
                     tracing::debug!(destination, error = %ErrorChain(&error), "chatter consumer: subscribing failed; retrying");
@@ -489,15 +481,8 @@ impl Consumer {
             "publish `{}` to `{}`",
             message.message_id, message.destination
         );
-        tokio::time::timeout(self.publish_timeout, self.broker.publish(message))
-            .await
-            .unwrap_or_else(|_| {
-                Err(BrokerError::Timeout {
-                    operation,
-                    after: self.publish_timeout,
-                    source: None,
-                })
-            })
+        let publishing = self.broker.publish(message);
+        broker::bounded(|| operation, self.publish_timeout, publishing).await
     }
 
     /// Acks `delivery`; a failed ack is logged (`what` names the step): the broker delivers it

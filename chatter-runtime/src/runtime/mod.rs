@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::broker::{Broker, BrokerError, InMemoryBroker};
+use crate::broker::{Broker, InMemoryBroker};
 use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::{CosmosConnection, RequestCharges};
 use crate::pipeline::{Outcome, Pipeline};
@@ -312,15 +312,9 @@ impl RuntimeBuilder {
             for command in registry.commands() {
                 let destination = command.registration.destination;
                 let subscribing = broker.subscribe_with_prefetch(destination, concurrency);
-                let subscribed = tokio::time::timeout(publish_timeout, subscribing)
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(BrokerError::Timeout {
-                            operation: format!("subscribe to `{destination}`"),
-                            after: publish_timeout,
-                            source: None,
-                        })
-                    });
+                let operation = || format!("subscribe to `{destination}`");
+                let subscribed =
+                    crate::broker::bounded(operation, publish_timeout, subscribing).await;
                 let subscription = match subscribed {
                     Ok(subscription) => subscription,
                     Err(source) => {

@@ -60,19 +60,12 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// One connection attempt to `uri`, bounded by `timeout`.
 pub(super) async fn open(uri: &str, timeout: Duration) -> Result<Connection, BrokerError> {
     let operation = || format!("connect to `{}`", redact(uri));
-    match tokio::time::timeout(
-        timeout,
-        Connection::connect(uri, ConnectionProperties::default()),
-    )
-    .await
-    {
-        Ok(connected) => connected.map_err(|e| BrokerError::transport(operation(), e)),
-        Err(_) => Err(BrokerError::Timeout {
-            operation: operation(),
-            after: timeout,
-            source: None,
-        }),
-    }
+    let connecting = async {
+        Connection::connect(uri, ConnectionProperties::default())
+            .await
+            .map_err(|e| BrokerError::transport(operation(), e))
+    };
+    crate::broker::bounded(operation, timeout, connecting).await
 }
 
 impl Inner {

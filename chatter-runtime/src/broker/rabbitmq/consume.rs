@@ -38,18 +38,12 @@ impl Inner {
         let connection = self.connection().await?;
         let timeout = self.connect_timeout();
         let opening = self.consume_on(&connection, destination, queue, prefetch);
-        let opened = tokio::time::timeout(timeout, opening).await;
-        if !matches!(opened, Ok(Ok(_))) && !connection.status().connected() {
+        let operation = || format!("consume `{destination}`");
+        let opened = crate::broker::bounded(operation, timeout, opening).await;
+        if opened.is_err() && !connection.status().connected() {
             self.invalidate(&connection);
         }
-        match opened {
-            Ok(opened) => opened,
-            Err(_) => Err(BrokerError::Timeout {
-                operation: format!("consume `{destination}`"),
-                after: timeout,
-                source: None,
-            }),
-        }
+        opened
     }
 
     async fn consume_on(

@@ -216,15 +216,7 @@ impl RabbitMqBroker {
         operation: &str,
         call: impl Future<Output = Result<T, BrokerError>>,
     ) -> Result<T, BrokerError> {
-        let timeout = self.inner.publish_timeout();
-        match tokio::time::timeout(timeout, call).await {
-            Ok(result) => result,
-            Err(_) => Err(BrokerError::Timeout {
-                operation: operation.to_owned(),
-                after: timeout,
-                source: None,
-            }),
-        }
+        super::bounded(|| operation.to_owned(), self.inner.publish_timeout(), call).await
     }
 }
 

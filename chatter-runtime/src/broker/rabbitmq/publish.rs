@@ -235,16 +235,8 @@ impl Inner {
             .to_owned();
         let attempt =
             self.publish_bytes(&message_id, destination, queue, &delivery.data, properties);
-        let timeout = self.publish_timeout();
-        tokio::time::timeout(timeout, attempt)
-            .await
-            .unwrap_or_else(|_| {
-                Err(BrokerError::Timeout {
-                    operation: format!("dead-letter to `{destination}`"),
-                    after: timeout,
-                    source: None,
-                })
-            })
+        let operation = || format!("dead-letter to `{destination}`");
+        crate::broker::bounded(operation, self.publish_timeout(), attempt).await
     }
 }
 
