@@ -87,10 +87,7 @@ fn lease_bounds(leases: &[LeaseDocument]) -> Vec<Bounds> {
 /// failed on the others is finished by its owner first (the children start from the parent's
 /// checkpoint), so no key range restarts from nothing.
 pub(crate) fn split_parents(leases: &[LeaseDocument]) -> Vec<usize> {
-    let ranges: Vec<Option<Bounds>> = leases
-        .iter()
-        .map(|l| l.range().map(|r| bounds(&r)))
-        .collect();
+    let ranges = ranges_of(leases);
     let is_parent = |i: usize| {
         let Some(range) = &ranges[i] else {
             return false;
@@ -100,9 +97,7 @@ pub(crate) fn split_parents(leases: &[LeaseDocument]) -> Vec<usize> {
             .enumerate()
             .filter(|(j, _)| *j != i)
             .filter_map(|(_, other)| other.clone())
-            .filter(|child| {
-                child != range && ranges::intersect(child, range).as_ref() == Some(child)
-            })
+            .filter(|child| ranges::strictly_within(child, range))
             .collect();
         !children.is_empty() && ranges::uncovered(range, &children).is_empty()
     };
@@ -118,20 +113,15 @@ fn hold_back_unfinished_children(
     processor: &str,
     leases: Vec<LeaseDocument>,
 ) -> Vec<LeaseDocument> {
-    let ranges: Vec<Option<Bounds>> = leases
-        .iter()
-        .map(|l| l.range().map(|r| bounds(&r)))
-        .collect();
+    let ranges = ranges_of(&leases);
     let is_unfinished_child = |i: usize| {
         let Some(range) = &ranges[i] else {
             return false;
         };
-        ranges.iter().enumerate().any(|(j, other)| {
-            j != i
-                && other.as_ref().is_some_and(|parent| {
-                    parent != range && ranges::intersect(range, parent).as_ref() == Some(range)
-                })
-        })
+        ranges
+            .iter()
+            .flatten()
+            .any(|parent| ranges::strictly_within(range, parent))
     };
     let held: Vec<usize> = (0..leases.len())
         .filter(|i| is_unfinished_child(*i))
@@ -142,10 +132,23 @@ fn hold_back_unfinished_children(
             "a child lease of a split still in progress is not taken while its parent lease exists"
         );
     }
+    without(leases, &held)
+}
+
+/// Each lease's key range, `None` for one whose range cannot be read.
+fn ranges_of(leases: &[LeaseDocument]) -> Vec<Option<Bounds>> {
+    leases
+        .iter()
+        .map(|l| l.range().map(|r| bounds(&r)))
+        .collect()
+}
+
+/// `leases` without the ones at `indexes`.
+fn without(leases: Vec<LeaseDocument>, indexes: &[usize]) -> Vec<LeaseDocument> {
     leases
         .into_iter()
         .enumerate()
-        .filter(|(i, _)| !held.contains(i))
+        .filter(|(i, _)| !indexes.contains(i))
         .map(|(_, lease)| lease)
         .collect()
 }
@@ -288,12 +291,7 @@ impl Coordinator {
                 ),
             }
         }
-        leases
-            .into_iter()
-            .enumerate()
-            .filter(|(i, _)| !parents.contains(i))
-            .map(|(_, lease)| lease)
-            .collect()
+        without(leases, &parents)
     }
 
     async fn balance(&mut self, leases: &[LeaseDocument]) {

@@ -35,6 +35,12 @@ pub(crate) fn intersect(a: &Bounds, b: &Bounds) -> Option<Bounds> {
     (min < max).then(|| (min.to_owned(), max.to_owned()))
 }
 
+/// Whether `inner` lies within `outer` and is not `outer` itself (a split's child in its
+/// parent).
+pub(crate) fn strictly_within(inner: &Bounds, outer: &Bounds) -> bool {
+    inner != outer && intersect(inner, outer).as_ref() == Some(inner)
+}
+
 /// The parts of `range` that none of `covered` covers, in order.
 pub(crate) fn uncovered(range: &Bounds, covered: &[Bounds]) -> Vec<Bounds> {
     let mut pieces: Vec<Bounds> = covered.iter().filter_map(|c| intersect(range, c)).collect();
