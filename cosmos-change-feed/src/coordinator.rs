@@ -52,7 +52,7 @@ pub(crate) async fn create_missing_leases(
                 tracing::error!(processor = %store.processor, min = %piece.0, max = %piece.1, "an uncovered key range has invalid bounds; no lease can be made for it");
                 continue;
             };
-            let lease = LeaseDocument::new(&store.processor, &piece);
+            let lease = LeaseDocument::new(&store.processor, store.scope(), &piece);
             if store.create(&lease).await? {
                 tracing::info!(processor = %store.processor, lease = %lease.lease_token, "lease created");
                 created += 1;
@@ -352,7 +352,7 @@ impl Coordinator {
                 "lease stolen from an over-loaded instance"
             ),
             (None, Some(previous)) if previous != instance => {
-                let idle_ms = now.saturating_sub(lease.timestamp);
+                let idle_ms = now.saturating_sub(lease.last_written_ms());
                 tracing::info!(
                     processor, instance, lease = %lease.lease_token, previous_owner = %previous, idle_ms,
                     "expired lease stolen"
@@ -435,7 +435,7 @@ async fn split_lease(ctx: WorkerContext, running: Running, children: Vec<FeedRan
     let parent = running.slot.lease.lock().await.clone();
     let mut child_tokens = Vec::new();
     for child in &children {
-        let mut lease = LeaseDocument::new(&processor, child);
+        let mut lease = LeaseDocument::new(&processor, ctx.store.scope(), child);
         lease.continuation_token = parent.continuation_token.clone();
         child_tokens.push(lease.lease_token.clone());
         if let Err(error) = ctx.store.create(&lease).await {

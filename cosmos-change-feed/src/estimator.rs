@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::coordinator::{read_ranges, split_parents};
 use crate::error::ErrorChain;
-use crate::lease::{LeaseDocument, LeaseStore};
+use crate::lease::{LeaseDocument, LeaseStore, lease_scope};
 use crate::options::{ChangeFeedProcessorOptions, StartFrom};
 use crate::page;
 use crate::ranges::{self, Bounds, bounds};
@@ -66,6 +66,8 @@ pub struct ChangeFeedEstimator {
     monitored: Arc<ContainerClient>,
     leases: Arc<ContainerClient>,
     options: ChangeFeedProcessorOptions,
+    /// The monitored container's lease scope, read at the first estimate.
+    scope: tokio::sync::OnceCell<String>,
 }
 
 impl std::fmt::Debug for ChangeFeedEstimator {
@@ -109,6 +111,7 @@ impl ChangeFeedEstimator {
             monitored,
             leases,
             options: ChangeFeedProcessorOptions::default(),
+            scope: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -151,9 +154,22 @@ impl ChangeFeedEstimator {
         &self,
         counted: impl Fn(&Value) -> bool + Sync,
     ) -> Result<Vec<LeaseBacklog>, StoreError> {
+        // Read once per estimator: the container's resource id never changes.
+        let scope = self
+            .scope
+            .get_or_try_init(|| {
+                bounded(
+                    "read_container",
+                    self.options.store_timeout,
+                    lease_scope(&self.monitored),
+                )
+            })
+            .await?
+            .clone();
         let store = LeaseStore {
             container: Arc::clone(&self.leases),
             processor: self.processor_name.clone(),
+            scope: Some(scope),
             timeout: self.options.store_timeout,
         };
         let leases = store.list().await?;

@@ -7,14 +7,16 @@
 //! model of the .NET SDK's change-feed processor:
 //!
 //! - **Leases in a lease container.** One [`LeaseDocument`] per (processor name, feed range)
-//!   in a separate lease container (partition key `/id`; several processors may share it).
+//!   in a separate lease container (partition key `/id`; several processors, and one
+//!   processor on several monitored containers, may share it: see [`lease_id`]).
 //!   Every lease write is guarded by the ETag read before it (`if-match`): a 412 means another
 //!   instance got there first.
 //! - **One lease per feed range, many instances.** Any number of instances (each with a unique
 //!   instance name) run the same processor. Each renews the leases it owns every
 //!   [`lease_renew_interval`](ChangeFeedProcessorOptions::lease_renew_interval); a lease not
 //!   renewed for [`lease_expiry`](ChangeFeedProcessorOptions::lease_expiry) is expired (its
-//!   owner presumed dead) and any instance may take it. A graceful
+//!   owner presumed dead; judged by the store's clock, see [`LeaseDocument::server_timestamp`])
+//!   and any instance may take it. A graceful
 //!   [`shutdown`](RunningProcessor::shutdown) releases the leases (owner cleared, checkpoint
 //!   kept) so others take over at their next acquire cycle instead of after the expiry.
 //! - **Balancing.** Every
@@ -107,7 +109,7 @@ pub use backoff::Backoff;
 pub use error::{ChangeFeedError, ErrorChain, InvalidOptions, ProcessorOption};
 pub use estimator::{ChangeFeedEstimator, LeaseBacklog};
 pub use fault::{HandlerPanicked, HandlerTimedOut, LeaseFault, LeaseFaultStage};
-pub use lease::{LeaseDocument, LeaseFeedRange, lease_id, read_leases};
+pub use lease::{LeaseDocument, LeaseFeedRange, lease_id, lease_scope, read_leases, reset_leases};
 pub use options::{ChangeFeedProcessorOptions, StartFrom};
 pub use request::RequestError;
 pub use store::StoreError;
@@ -285,11 +287,22 @@ impl ChangeFeedProcessorBuilder {
             }
         };
 
+        let scope = store::bounded(
+            "read_container",
+            self.options.store_timeout,
+            lease_scope(&self.monitored),
+        )
+        .await
+        .map_err(store_error("read the monitored container's resource id"))?;
         let store = LeaseStore {
             container: self.leases,
             processor: processor.clone(),
+            scope: Some(scope),
             timeout: self.options.store_timeout,
         };
+        store.migrate_unscoped().await.map_err(store_error(
+            "move its unscoped leases to the monitored container's scope",
+        ))?;
         let ranges = read_ranges(&self.monitored, false, self.options.store_timeout)
             .await
             .map_err(store_error(

@@ -50,11 +50,11 @@ pub struct ChangeFeedProcessorOptions {
     /// half of [`lease_expiry`](Self::lease_expiry), so a renewal that fails leaves room for
     /// another before the owner gives the lease up.
     pub lease_renew_interval: Duration,
-    /// How long after its last renewal (the lease's `timestamp`) a lease counts as expired,
-    /// i.e. its owner as dead, so that another instance may take it. Default **30 s**.
+    /// How long after its last renewal a lease counts as expired, free for another instance
+    /// to take. Default **30 s**.
     ///
-    /// Expiry compares the writer's wall clock with the reader's: instances sharing a lease
-    /// container need clocks synchronized well within this interval (NTP is plenty).
+    /// Judged from when the store last wrote the lease (its `_ts`, by the service's clock): each
+    /// instance's clock must agree with the service's well within this interval (NTP is plenty).
     pub lease_expiry: Duration,
     /// How often an instance lists the leases, creates missing ones (new or split feed
     /// ranges), takes free or expired ones and balances with the other instances.

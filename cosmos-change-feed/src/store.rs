@@ -61,6 +61,22 @@ pub enum StoreError {
         /// What was attempted.
         operation: &'static str,
     },
+
+    /// The monitored container's properties carry no resource id (`_rid`), which scopes its
+    /// leases; the service always gives one.
+    #[error(
+        "the monitored container's properties carry no resource id (_rid) to scope its leases by"
+    )]
+    MissingResourceId,
+
+    /// A lease changed between being listed and being deleted: an instance is running.
+    #[error(
+        "lease {id} changed while it was being deleted (an instance of the processor is running); stop every instance first"
+    )]
+    LeaseChanged {
+        /// The lease document id.
+        id: String,
+    },
 }
 
 impl StoreError {

@@ -20,7 +20,7 @@ use chatter_tests::store::{embedded, emulator_server};
 use chatter_tests::wait::eventually;
 use cosmos_change_feed::{
     BatchFuture, ChangeFeedBatch, ChangeFeedEstimator, ChangeFeedProcessorOptions, LeaseBacklog,
-    RunningProcessor, StartFrom, lease_id,
+    RunningProcessor, StartFrom,
 };
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -360,16 +360,18 @@ async fn a_lease_whose_feed_cannot_be_read_reports_its_error_and_the_others_stil
     let broken = store.leases_of("relay").await.remove(0);
     let mut document = serde_json::to_value(&broken).unwrap();
     document["continuationToken"] = json!("not a continuation");
-    let id = lease_id("relay", &broken.lease_token);
     upsert_item(
         &store.leases,
-        partition_key(&[json!(id)]).unwrap(),
+        partition_key(&[json!(broken.id)]).unwrap(),
         &document,
     )
     .await
     .unwrap();
 
-    let backlogs = estimator(&store, "relay").estimate(counted).await.unwrap();
+    // One estimator for every call, as a service keeps it.
+    let estimator = estimator(&store, "relay")
+        .options(fast_options().with_store_timeout(Duration::from_secs(5)));
+    let backlogs = estimator.estimate(counted).await.unwrap();
     let (failed, counted_leases): (Vec<&LeaseBacklog>, Vec<&LeaseBacklog>) = backlogs
         .iter()
         .partition(|b| b.lease_token == broken.lease_token);
@@ -408,11 +410,7 @@ async fn a_lease_whose_feed_cannot_be_read_reports_its_error_and_the_others_stil
     emulator
         .faults()
         .refuse("GET", 503, Duration::from_secs(3600));
-    let refused = estimator(&store, "relay")
-        .options(fast_options().with_store_timeout(Duration::from_secs(5)))
-        .estimate(counted)
-        .await
-        .unwrap();
+    let refused = estimator.estimate(counted).await.unwrap();
     assert_eq!(refused.len(), backlogs.len());
     assert!(
         refused
@@ -427,10 +425,7 @@ async fn a_lease_whose_feed_cannot_be_read_reports_its_error_and_the_others_stil
     emulator
         .faults()
         .refuse("POST", 503, Duration::from_secs(3600));
-    let listing = estimator(&store, "relay")
-        .options(fast_options().with_store_timeout(Duration::from_secs(5)))
-        .estimate(counted)
-        .await;
+    let listing = estimator.estimate(counted).await;
     emulator.faults().clear();
     assert!(
         listing.as_ref().is_err_and(|e| e.status() == Some(503)),
@@ -446,28 +441,7 @@ async fn a_lease_without_a_checkpoint_counts_from_the_processors_start() {
     write_orders(&store, 0..30, 1, |i| i % 2 == 0).await;
     // Free leases of every feed range, never polled (as a processor creates them).
     for range in store.monitored.read_feed_ranges(None).await.unwrap() {
-        let (min, max) = (
-            range.min_inclusive().to_string(),
-            range.max_exclusive().to_string(),
-        );
-        let token = format!("{min}-{max}");
-        let id = lease_id("fresh", &token);
-        upsert_item(
-            &store.leases,
-            partition_key(&[json!(id)]).unwrap(),
-            &json!({
-                "id": id,
-                "processorName": "fresh",
-                "leaseToken": token,
-                "feedRange": { "min": min, "max": max },
-                "feedRangeToken": range.to_string(),
-                "owner": null,
-                "continuationToken": null,
-                "timestamp": 0
-            }),
-        )
-        .await
-        .unwrap();
+        store.put_lease("fresh", &range, None, 0).await;
     }
 
     let from_beginning = estimator(&store, "fresh").estimate(counted).await.unwrap();

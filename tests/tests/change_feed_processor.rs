@@ -142,21 +142,9 @@ async fn put_lease(
     owner: Option<&str>,
     timestamp: i64,
 ) {
-    let token = format!("{min}-{max}");
-    let id = lease_id(processor, &token);
-    let lease = json!({
-        "id": id,
-        "processorName": processor,
-        "leaseToken": token,
-        "feedRange": { "min": min, "max": max },
-        "feedRangeToken": feed_range(min, max).to_string(),
-        "owner": owner,
-        "continuationToken": null,
-        "timestamp": timestamp,
-    });
-    upsert_item(&store.leases, partition_key(&[json!(id)]).unwrap(), &lease)
-        .await
-        .unwrap();
+    store
+        .put_lease(processor, &feed_range(min, max), owner, timestamp)
+        .await;
 }
 
 /// A processor `name` (instance `host-1`) with `options` and a handler that does nothing, and
@@ -365,56 +353,70 @@ async fn shutting_one_processor_down_releases_its_leases_and_the_other_takes_the
     b.shutdown().await;
 }
 
-#[tokio::test]
-async fn an_expired_lease_of_a_dead_instance_is_stolen() {
-    let store = embedded_store().await;
-    write_orders(&store, 0..30, 1).await;
-    // A dead instance, "ghost", owns every lease and last renewed them long ago.
+/// Leases of every feed range owned by a dead instance, "ghost", whose clock read
+/// `ghost_clock` when it last renewed them (just now, by the store's clock).
+async fn ghost_leases(store: &Store, processor: &str, ghost_clock: i64) -> usize {
     let ranges = store.monitored.read_feed_ranges(None).await.unwrap();
     for range in &ranges {
-        let (min, max) = (
-            range.min_inclusive().to_string(),
-            range.max_exclusive().to_string(),
-        );
-        let token = format!("{min}-{max}");
-        let id = cosmos_change_feed::lease_id("relay", &token);
-        upsert_item(
-            &store.leases,
-            partition_key(&[json!(id)]).unwrap(),
-            &json!({
-                "id": id,
-                "processorName": "relay",
-                "leaseToken": token,
-                "feedRange": { "min": min, "max": max },
-                "feedRangeToken": range.to_string(),
-                "owner": "ghost",
-                "continuationToken": null,
-                "timestamp": 1_000
-            }),
-        )
-        .await
-        .unwrap();
+        store
+            .put_lease(processor, range, Some("ghost"), ghost_clock)
+            .await;
     }
+    ranges.len()
+}
+
+fn now_ms() -> i64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    i64::try_from(now.unwrap().as_millis()).unwrap()
+}
+
+// Clocks: expiry is judged by the store's time of the last write (`_ts`), so a dead instance
+// whose clock ran an hour ahead does not keep its leases for an hour.
+#[tokio::test]
+async fn an_expired_lease_of_a_dead_instance_is_stolen_whatever_its_clock_said() {
+    let store = embedded_store().await;
+    write_orders(&store, 0..30, 1).await;
+    let ranges = ghost_leases(&store, "relay", now_ms() + 3_600_000).await;
 
     let seen = Seen::default();
     let processor = start(&store, "relay", "host-1", recording(&seen)).await;
-    owns(
-        &processor,
-        ranges.len(),
-        "the live instance owns every lease",
-    )
-    .await;
+    owns(&processor, ranges, "the live instance owns every lease").await;
     let leases = store.leases_of("relay").await;
-    assert_eq!(
-        leases.len(),
-        ranges.len(),
-        "no duplicate leases: {leases:?}"
-    );
+    assert_eq!(leases.len(), ranges, "no duplicate leases: {leases:?}");
     assert!(
         leases.iter().all(|l| l.owner.as_deref() == Some("host-1")),
         "{leases:?}"
     );
     saw_orders(&seen, 0..30, "the ghost's documents were handed over").await;
+    processor.shutdown().await;
+}
+
+// Clocks: a lease renewed by an instance whose clock runs far behind is not taken before the
+// expiry has passed since the store wrote it.
+#[tokio::test]
+async fn a_lease_written_by_a_slow_clock_is_not_taken_before_it_expired() {
+    let store = embedded_store().await;
+    let ranges = ghost_leases(&store, "relay", 1_000).await;
+    let written = std::time::Instant::now();
+    let options = fast_options().with_lease_expiry(Duration::from_secs(12));
+    let seen = Seen::default();
+    let processor = store
+        .processor("relay", "host-1")
+        .options(options)
+        .start(recording(&seen))
+        .await
+        .unwrap();
+    // Many acquire cycles, well within the expiry: the ghost counts as a live instance, so
+    // this one takes no more than its fair share (by stealing), not every lease as expired.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    if written.elapsed() < Duration::from_secs(10) {
+        let owned = processor.owned_leases();
+        assert!(
+            owned.len() <= ranges.div_ceil(2),
+            "taken as expired before the expiry: {owned:?} of {ranges}"
+        );
+    }
+    owns(&processor, ranges, "taken once expired").await;
     processor.shutdown().await;
 }
 
@@ -1175,13 +1177,17 @@ async fn every_lease_an_instance_stops_polling_is_reported_released() {
 async fn a_malformed_lease_document_is_reported_and_its_range_still_served() {
     let (logs, _guard) = chatter_tests::logs::capture();
     let store = embedded_store().await;
+    let scope = store.scope().await;
     for range in store.monitored.read_feed_ranges(None).await.unwrap() {
         let token = format!("{}-{}", range.min_inclusive(), range.max_exclusive());
-        let id = lease_id("malformed", &token);
+        let id = lease_id("malformed", &scope, &token);
         upsert_item(
             &store.leases,
             partition_key(&[json!(id)]).unwrap(),
-            &json!({ "id": id, "processorName": "malformed", "leaseToken": 7, "owner": ["?"] }),
+            &json!({
+                "id": id, "processorName": "malformed", "monitoredContainer": scope,
+                "leaseToken": 7, "owner": ["?"]
+            }),
         )
         .await
         .unwrap();
@@ -1415,5 +1421,127 @@ async fn a_hanging_store_times_out_as_a_reported_fault_and_the_lease_carries_on(
     emulator.faults().clear();
     write_orders(&store, 0..10, 1).await;
     saw_orders(&seen, 0..10, "documents flow again").await;
+    processor.shutdown().await;
+}
+
+// Lease scope: one processor name on two monitored containers sharing a lease container has
+// distinct leases for each; each instance hands over its own container's documents, all of them.
+#[tokio::test]
+async fn one_processor_name_on_two_containers_keeps_their_leases_apart() {
+    let connection = embedded().await;
+    let first = Store::on(&connection, DB, "orders-a", LEASES).await;
+    let second = Store::on(&connection, DB, "orders-b", LEASES).await;
+    write_orders(&first, 0..20, 1).await;
+    write_orders(&second, 100..120, 1).await;
+    let (seen_first, seen_second) = (Seen::default(), Seen::default());
+    let a = start(&first, "relay", "host-a", recording(&seen_first)).await;
+    let b = start(&second, "relay", "host-b", recording(&seen_second)).await;
+    saw_orders(&seen_first, 0..20, "the first container's documents").await;
+    saw_orders(&seen_second, 100..120, "the second container's documents").await;
+    assert_eq!(
+        seen_first.ids(),
+        order_ids(0..20),
+        "only its own container's"
+    );
+    assert_eq!(
+        seen_second.ids(),
+        order_ids(100..120),
+        "only its own container's"
+    );
+    let ranges = feed_range_count(&first).await + feed_range_count(&second).await;
+    assert_eq!(
+        store_leases(&first, "relay").await,
+        ranges,
+        "a lease per range of each"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// How many lease documents `processor` has, on any monitored container.
+async fn store_leases(store: &Store, processor: &str) -> usize {
+    store.leases_of(processor).await.len()
+}
+
+// Reset: `reset_leases` deletes every lease of the processor, so its next start begins from
+// its start position again.
+#[tokio::test]
+async fn reset_leases_makes_the_next_start_begin_afresh() {
+    let store = embedded_store().await;
+    write_orders(&store, 0..20, 1).await;
+    let seen = Seen::default();
+    let processor = start(&store, "relay", "host-1", recording(&seen)).await;
+    saw_orders(&seen, 0..20, "the first run").await;
+    processor.shutdown().await;
+    let other = start(&store, "other", "host-1", recording(&Seen::default())).await;
+    other.shutdown().await;
+
+    let ranges = feed_range_count(&store).await;
+    let deleted = cosmos_change_feed::reset_leases(&store.leases, "relay")
+        .await
+        .unwrap();
+    assert_eq!(deleted, ranges);
+    assert!(store.leases_of("relay").await.is_empty());
+    assert_eq!(
+        store_leases(&store, "other").await,
+        ranges,
+        "other processors' stay"
+    );
+
+    let again = Seen::default();
+    let processor = start(&store, "relay", "host-1", recording(&again)).await;
+    saw_orders(&again, 0..20, "read again from the beginning").await;
+    processor.shutdown().await;
+}
+
+// Migration: leases written before leases were scoped (no `monitoredContainer`, ids
+// `{processor}..{range}`) are moved to the container's scope with their checkpoints, so an
+// upgraded processor resumes where the old one stopped.
+#[tokio::test]
+async fn unscoped_leases_are_moved_to_the_scope_with_their_checkpoints() {
+    let store = embedded_store().await;
+    write_orders(&store, 0..20, 1).await;
+    let seen = Seen::default();
+    let processor = start(&store, "relay", "host-1", recording(&seen)).await;
+    saw_orders(&seen, 0..20, "the first run").await;
+    processor.shutdown().await;
+    // Rewrite every lease as an earlier version stored it.
+    for lease in store.leases_of("relay").await {
+        let mut old = serde_json::to_value(&lease).unwrap();
+        let old_id = format!("relay..{}", lease.lease_token);
+        old["id"] = json!(old_id);
+        old.as_object_mut().unwrap().remove("monitoredContainer");
+        upsert_item(
+            &store.leases,
+            partition_key(&[json!(old_id)]).unwrap(),
+            &old,
+        )
+        .await
+        .unwrap();
+        store
+            .leases
+            .delete_item(partition_key(&[json!(lease.id)]).unwrap(), &lease.id, None)
+            .await
+            .unwrap();
+    }
+
+    write_orders(&store, 20..30, 1).await;
+    let after = Seen::default();
+    let processor = start(&store, "relay", "host-1", recording(&after)).await;
+    saw_orders(&after, 20..30, "the documents written since").await;
+    assert_eq!(
+        after.ids(),
+        order_ids(20..30),
+        "resumed from the checkpoints"
+    );
+    let leases = store.leases_of("relay").await;
+    let scope = store.scope().await;
+    assert_eq!(leases.len(), feed_range_count(&store).await, "{leases:?}");
+    assert!(
+        leases
+            .iter()
+            .all(|l| l.monitored_container.as_deref() == Some(scope.as_str())),
+        "{leases:?}"
+    );
     processor.shutdown().await;
 }

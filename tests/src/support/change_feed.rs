@@ -6,11 +6,14 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chatter_runtime::cosmos::{ContainerClient, CosmosConnection};
+use azure_data_cosmos::feed::FeedRange;
+use chatter_runtime::cosmos::{ContainerClient, CosmosConnection, partition_key};
+use chatter_runtime::testing::upsert_item;
 use cosmos_change_feed::{
     BatchFuture, ChangeFeedBatch, ChangeFeedProcessor, ChangeFeedProcessorBuilder,
-    ChangeFeedProcessorOptions, LeaseDocument, read_leases,
+    ChangeFeedProcessorOptions, LeaseDocument, lease_id, lease_scope, read_leases,
 };
+use serde_json::json;
 
 use crate::broker::Received;
 use crate::store::provisioned_with_leases;
@@ -68,6 +71,40 @@ impl Store {
     /// The lease documents of `processor`.
     pub async fn leases_of(&self, processor: &str) -> Vec<LeaseDocument> {
         read_leases(&self.leases, processor).await.unwrap()
+    }
+
+    /// The scope of leases on the monitored container (its resource id).
+    pub async fn scope(&self) -> String {
+        lease_scope(&self.monitored).await.unwrap()
+    }
+
+    /// Stores the lease of `processor` for `range` as another instance left it: `owner`
+    /// (`None`: free), no checkpoint, and `timestamp` as the writer's clock read.
+    pub async fn put_lease(
+        &self,
+        processor: &str,
+        range: &FeedRange,
+        owner: Option<&str>,
+        timestamp: i64,
+    ) {
+        let scope = self.scope().await;
+        let (min, max) = (range.min_inclusive(), range.max_exclusive());
+        let token = format!("{min}-{max}");
+        let id = lease_id(processor, &scope, &token);
+        let lease = json!({
+            "id": id,
+            "processorName": processor,
+            "monitoredContainer": scope,
+            "leaseToken": token,
+            "feedRange": { "min": min.to_string(), "max": max.to_string() },
+            "feedRangeToken": range.to_string(),
+            "owner": owner,
+            "continuationToken": null,
+            "timestamp": timestamp,
+        });
+        upsert_item(&self.leases, partition_key(&[json!(id)]).unwrap(), &lease)
+            .await
+            .unwrap();
     }
 
     /// The lease tokens of `processor`'s lease documents.
