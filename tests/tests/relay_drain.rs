@@ -240,3 +240,44 @@ async fn a_failed_publish_stamps_nothing_and_fails_the_page() {
         assert!(now.get("ttl").is_none());
     }
 }
+
+// A lease lost mid-page (another instance owns it now) stops the page: no document is started
+// after the loss, the one in flight finishes, the rest stay pending for the new owner, and the
+// page fails rather than counting as drained.
+#[tokio::test]
+async fn a_page_stops_when_its_lease_is_lost_and_leaves_the_rest_pending() {
+    let (emulator, connection) = chatter_tests::store::emulator_server().await;
+    let c = provisioned(&connection, "shop", "orders", PATHS).await;
+    let mut docs = Vec::new();
+    for i in 0..10 {
+        docs.push(stored(&c, pending(&format!("m-{i}"), "t1")).await);
+    }
+    // Every stamp is answered 300 ms late, so the page's one key takes seconds.
+    emulator
+        .faults()
+        .answer_late("PATCH", std::time::Duration::from_millis(300));
+    let broker = InMemoryBroker::new();
+    let mut sub = broker.subscribe("orders").await.unwrap();
+    let drain = default_drain(broker, &c);
+    // The lease is lost once the first message reached the broker.
+    let lost = async {
+        next(&mut sub).await;
+    };
+    let result = drain.drain_while_owned(LEASE, &docs, lost).await;
+    emulator.faults().clear();
+    assert!(
+        matches!(&result, Err(DrainError::LeaseLost { lease_token }) if lease_token == LEASE),
+        "{result:?}"
+    );
+    let mut still_pending = 0;
+    for doc in &docs {
+        let id = doc["id"].as_str().unwrap();
+        if read(&c, id, &json!("t1")).await["status"] == "pending" {
+            still_pending += 1;
+        }
+    }
+    assert!(
+        still_pending >= 8,
+        "no document started after the loss: {still_pending} of 10 still pending"
+    );
+}

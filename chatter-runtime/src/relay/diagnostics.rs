@@ -136,6 +136,18 @@ pub(crate) fn change_feed_fault(
             });
             return;
         }
+        // Not a fault of the lease: it moved on, and the new owner relays the rest.
+        Some(DrainError::LeaseLost { .. }) => {
+            guarded(|| {
+                tracing::info!(
+                    source_identity,
+                    lease_token,
+                    "The Cosmos Outbox Relay stopped a page of lease {lease_token}: the lease went \
+                     to another instance, which relays the rest."
+                );
+            });
+            return;
+        }
         // Logged at Error when the refusal started (`refused`), and shown in health.
         Some(DrainError::Refused { .. }) => {
             guarded(|| {

@@ -318,10 +318,26 @@ impl Drain {
     /// (one document at a time while the lease is failing: see the module docs); fails when any
     /// group failed, after every document in flight has finished, so nothing of a failed page
     /// is checkpointed.
+    #[cfg(any(test, feature = "test-support"))]
     pub async fn drain(
         &self,
         lease_token: &str,
         documents: &[Value],
+    ) -> Result<DrainReport, DrainError> {
+        self.drain_while_owned(lease_token, documents, std::future::pending())
+            .await
+    }
+
+    /// [`drain`](Self::drain), stopped when `lost` completes (the lease went to another
+    /// instance): no document is started after that, the documents in flight finish (a
+    /// publish and its stamp), and the page fails with [`DrainError::LeaseLost`] so nothing
+    /// of it counts as drained; the new owner reads it again. A page that drained completely
+    /// before the loss was noticed succeeds.
+    pub async fn drain_while_owned(
+        &self,
+        lease_token: &str,
+        documents: &[Value],
+        lost: impl Future<Output = ()>,
     ) -> Result<DrainReport, DrainError> {
         // Recorded before the gate: a suspended lease's refused page was still handed over.
         if let Some(metrics) = &self.metrics {
@@ -343,20 +359,38 @@ impl Drain {
             minted: AtomicBool::new(false),
             finished: false,
         };
-        let outcomes = match admission {
-            Admission::OneAtATime => {
-                let mut outcomes = Vec::with_capacity(groups.len());
-                for group in &groups {
-                    outcomes.push(self.drain_group(&page, group).await);
-                    if page.stop.load(Ordering::Acquire) {
-                        break;
+        let mut lease_lost = false;
+        let outcomes = {
+            let work = async {
+                match admission {
+                    Admission::OneAtATime => {
+                        let mut outcomes = Vec::with_capacity(groups.len());
+                        for group in &groups {
+                            outcomes.push(self.drain_group(&page, group).await);
+                            if page.stop.load(Ordering::Acquire) {
+                                break;
+                            }
+                        }
+                        outcomes
+                    }
+                    _ => {
+                        futures::future::join_all(
+                            groups.iter().map(|group| self.drain_group(&page, group)),
+                        )
+                        .await
                     }
                 }
-                outcomes
-            }
-            _ => {
-                futures::future::join_all(groups.iter().map(|group| self.drain_group(&page, group)))
-                    .await
+            };
+            tokio::pin!(work);
+            tokio::select! {
+                biased;
+                outcomes = &mut work => outcomes,
+                () = lost => {
+                    // Nothing new starts; what is in flight finishes, so no stamp is cut off.
+                    lease_lost = true;
+                    page.stop.store(true, Ordering::Release);
+                    work.await
+                }
             }
         };
         page.finish();
@@ -374,6 +408,15 @@ impl Drain {
         // Stamps that landed count whether or not the page failed: they are done either way.
         self.charges
             .relayed(u64::try_from(report.published + report.undeliverable).unwrap_or(u64::MAX));
+        if lease_lost {
+            // The page's own failures (if any) are the new owner's to meet again.
+            failures.insert(
+                0,
+                DrainError::LeaseLost {
+                    lease_token: lease_token.to_owned(),
+                },
+            );
+        }
         let mut failures = failures.into_iter();
         let Some(first) = failures.next() else {
             self.gate.record_confirmation_success(lease_token, receipt);

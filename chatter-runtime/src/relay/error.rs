@@ -142,6 +142,17 @@ pub enum DrainError {
         /// Messages the broker confirmed whose stamp had not landed.
         unconfirmed: usize,
     },
+    /// The lease went to another instance while its page was being drained: no document was
+    /// started after that, and the page is not checkpointed here (the new owner reads it again
+    /// and skips what was stamped).
+    #[error(
+        "the lease '{lease_token}' went to another instance while its page was drained; the \
+         rest of the page is left to the new owner"
+    )]
+    LeaseLost {
+        /// The lost lease.
+        lease_token: String,
+    },
     /// An undeliverable document could not be stamped; nothing was published, so this is no
     /// Confirmation Failure.
     #[error("outbox document '{id}' is undeliverable and stamping it so failed")]
@@ -163,6 +174,7 @@ impl DrainError {
             Self::Refused { .. } => "chatter_runtime::DrainError::Refused",
             Self::Confirmation { .. } => "chatter_runtime::DrainError::Confirmation",
             Self::Cancelled { .. } => "chatter_runtime::DrainError::Cancelled",
+            Self::LeaseLost { .. } => "chatter_runtime::DrainError::LeaseLost",
             Self::UndeliverableStamp { .. } => "chatter_runtime::DrainError::UndeliverableStamp",
         }
     }

@@ -236,7 +236,14 @@ async fn start_one(
                 // The read that returned documents is part of what relaying them costs.
                 page_charges.relay(batch.request_charge);
                 async move {
-                    let report = drain.drain(&batch.lease_token, &batch.documents).await?;
+                    // A lease lost mid-page stops the page: never two instances drain it.
+                    let report = drain
+                        .drain_while_owned(
+                            &batch.lease_token,
+                            &batch.documents,
+                            batch.lease_lost.lost(),
+                        )
+                        .await?;
                     if report.published > 0 || report.undeliverable > 0 {
                         tracing::info!(
                             container = label,
