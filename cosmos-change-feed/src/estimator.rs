@@ -131,7 +131,8 @@ impl ChangeFeedEstimator {
     /// (owned or free; [`LeaseBacklog::owner`] says whose).
     ///
     /// Each lease's feed range is read from its checkpoint (without one: from the start with
-    /// [`StartFrom::Beginning`]; with [`StartFrom::Now`] nothing is behind it, so 0) in pages of
+    /// [`StartFrom::Beginning`], from its point with [`StartFrom::PointInTime`]; with
+    /// [`StartFrom::Now`] nothing is behind it, so 0) in pages of
     /// `max_items_per_page`, each read bounded by `store_timeout`, until the first empty page
     /// (caught up, as the processor's poller sees it). `counted` is called once per document
     /// read and decides whether it counts. Leases are read one after another.

@@ -15,6 +15,25 @@ pub enum StartFrom {
     Beginning,
     /// From the moment the lease is first polled: only later changes are handed over.
     Now,
+    /// From a point in time: documents whose latest change the store made at or after it
+    /// (their `_ts`, whole seconds, compared with the point's second) are handed over. The
+    /// service applies it to the read (`If-Modified-Since`); the processor also leaves out any
+    /// document changed before it, so the start holds against a store that ignores the header
+    /// (the SDK's in-memory emulator does).
+    PointInTime(std::time::SystemTime),
+}
+
+impl StartFrom {
+    /// For a point in time, its whole second since the Unix epoch (before the epoch: 0).
+    pub(crate) fn since_seconds(self) -> Option<i64> {
+        match self {
+            Self::PointInTime(at) => Some(
+                at.duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
+            ),
+            Self::Beginning | Self::Now => None,
+        }
+    }
 }
 
 /// Timings and paging of a [`ChangeFeedProcessor`](crate::ChangeFeedProcessor).

@@ -76,6 +76,8 @@ pub(crate) struct RangeReader {
     /// The continuation after the last page read (the one opened from before the first).
     continuation: Option<String>,
     parts: usize,
+    /// With a point-in-time start, its second: documents changed before it are left out.
+    since: Option<i64>,
 }
 
 impl RangeReader {
@@ -96,6 +98,9 @@ impl RangeReader {
         let start = match options.start_from {
             StartFrom::Beginning => ChangeFeedStartFrom::Beginning,
             StartFrom::Now => ChangeFeedStartFrom::Now,
+            StartFrom::PointInTime(at) => {
+                ChangeFeedStartFrom::PointInTime(time::OffsetDateTime::from(at))
+            }
         };
         let pages = monitored
             .query_change_feed::<RefCell<Value>>(
@@ -109,6 +114,7 @@ impl RangeReader {
             pages,
             continuation: continuation.map(str::to_owned),
             parts: partitions_of(monitored, range).await,
+            since: options.start_from.since_seconds(),
         })
     }
 
@@ -152,8 +158,19 @@ impl RangeReader {
             .headers()
             .request_charge()
             .map_or(0.0, |charge| charge.value());
+        let mut items = page.into_items();
+        if let Some(since) = self.since {
+            items.retain(|item| {
+                item.current().is_none_or(|doc| {
+                    doc.borrow()
+                        .get("_ts")
+                        .and_then(Value::as_i64)
+                        .is_none_or(|ts| ts >= since)
+                })
+            });
+        }
         Ok(ChangePage {
-            items: page.into_items(),
+            items,
             continuation: Some(next),
             request_charge,
         })

@@ -1545,3 +1545,33 @@ async fn unscoped_leases_are_moved_to_the_scope_with_their_checkpoints() {
     );
     processor.shutdown().await;
 }
+
+// Start from a point in time: only documents changed at or after it are handed over (the SDK's
+// emulator ignores the header the service applies; the processor's own filter holds either way).
+#[tokio::test]
+async fn a_point_in_time_start_hands_over_only_later_changes() {
+    let store = embedded_store().await;
+    write_orders(&store, 0..10, 1).await;
+    // `_ts` has whole seconds: the point is in a later second than the first writes.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let point = std::time::SystemTime::now();
+    write_orders(&store, 10..20, 1).await;
+    let seen = Seen::default();
+    let processor = store
+        .processor("pit", "host-1")
+        .options(fast_options().with_start_from(StartFrom::PointInTime(point)))
+        .start(recording(&seen))
+        .await
+        .unwrap();
+    saw_orders(&seen, 10..20, "the changes after the point").await;
+    every_lease_owned(&processor, feed_range_count(&store).await).await;
+    // Every lease has read its whole range by the time a later write comes through.
+    write_orders(&store, 20..21, 1).await;
+    saw_orders(&seen, 20..21, "a later write").await;
+    assert_eq!(
+        seen.ids(),
+        order_ids(10..21),
+        "nothing from before the point"
+    );
+    processor.shutdown().await;
+}
