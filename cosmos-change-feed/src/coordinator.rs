@@ -360,6 +360,11 @@ impl Coordinator {
             }
             _ => tracing::info!(processor, instance, lease = %lease.lease_token, "lease acquired"),
         }
+        if let Some(on_acquired) = &self.ctx.acquired {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                on_acquired(&lease.lease_token);
+            }));
+        }
         let slot = Arc::new(LeaseSlot::new(updated, range, &self.shutdown, started));
         let poller = self
             .tracker

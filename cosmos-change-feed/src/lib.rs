@@ -100,6 +100,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use azure_data_cosmos::clients::ContainerClient;
+pub use azure_data_cosmos::feed::FeedRange;
 use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -133,6 +134,8 @@ pub struct ChangeFeedBatch {
     /// The lease token: the feed range the documents come from, as `{min}-{max}`
     /// (hex effective-partition-key bounds).
     pub lease_token: String,
+    /// The lease's feed range, as the SDK knows it (e.g. to read or query just that range).
+    pub feed_range: FeedRange,
     /// The Request Units the read of this page was billed (`x-ms-request-charge`; 0 when the
     /// response did not say).
     pub request_charge: f64,
@@ -143,6 +146,51 @@ pub struct ChangeFeedBatch {
     /// split had stopped the lease first: those write their position, guarded by the lease's
     /// ETag, which fails once another instance wrote the lease).
     pub lease_lost: LeaseLost,
+}
+
+impl ChangeFeedBatch {
+    /// The documents deserialized as `T`, in change-feed order (a handler whose container
+    /// holds one shape; use [`documents`](Self::documents) for several).
+    ///
+    /// # Errors
+    ///
+    /// The first document that is not a `T`, naming its position and id; the batch is handed
+    /// over again if the handler returns the error, so a document no `T` will ever read needs
+    /// handling (skip it by deserializing one at a time).
+    pub fn documents_as<T: serde::de::DeserializeOwned>(&self) -> Result<Vec<T>, DocumentError> {
+        self.documents
+            .iter()
+            .enumerate()
+            .map(|(position, document)| {
+                T::deserialize(document).map_err(|source| DocumentError {
+                    position,
+                    id: document
+                        .get("id")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned(),
+                    type_name: std::any::type_name::<T>(),
+                    source,
+                })
+            })
+            .collect()
+    }
+}
+
+/// A document of a [`ChangeFeedBatch`] that is not of the type asked for.
+#[derive(Debug, thiserror::Error)]
+#[error("change-feed document {position} (id '{id}') is not a {type_name}")]
+#[non_exhaustive]
+pub struct DocumentError {
+    /// Its position in the batch.
+    pub position: usize,
+    /// Its `id` (empty when it has none).
+    pub id: String,
+    /// The type asked for.
+    pub type_name: &'static str,
+    /// Why it does not deserialize.
+    #[source]
+    pub source: serde_json::Error,
 }
 
 /// Whether the lease of a [`ChangeFeedBatch`] was lost while its page is being handled.
@@ -196,6 +244,7 @@ impl ChangeFeedProcessor {
             options: ChangeFeedProcessorOptions::default(),
             faults: None,
             empty_reads: None,
+            acquired: None,
             released: None,
         }
     }
@@ -210,6 +259,7 @@ pub struct ChangeFeedProcessorBuilder {
     options: ChangeFeedProcessorOptions,
     faults: Option<fault::FaultHandler>,
     empty_reads: Option<worker::EmptyReadHandler>,
+    acquired: Option<worker::LeaseHandler>,
     released: Option<worker::LeaseHandler>,
 }
 
@@ -245,6 +295,14 @@ impl ChangeFeedProcessorBuilder {
     /// panic in `handler` is contained.
     pub fn on_empty_read(mut self, handler: impl Fn(&str) + Send + Sync + 'static) -> Self {
         self.empty_reads = Some(Arc::new(handler));
+        self
+    }
+
+    /// Tells `handler` the lease token of every lease this instance takes (free, expired, or
+    /// stolen from an over-loaded instance), once its acquire was written and before its first
+    /// read. A panic in `handler` is contained.
+    pub fn on_lease_acquired(mut self, handler: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        self.acquired = Some(Arc::new(handler));
         self
     }
 
@@ -329,6 +387,7 @@ impl ChangeFeedProcessorBuilder {
                 .faults
                 .unwrap_or_else(|| fault::log_fault(processor.clone())),
             empty_reads: self.empty_reads,
+            acquired: self.acquired,
             released: self.released,
         };
         let shutdown = CancellationToken::new();
@@ -418,7 +477,8 @@ impl RunningProcessor {
 
     /// Stops acquiring and polling, lets in-flight batches finish (and checkpoint), releases
     /// every owned lease (owner cleared, checkpoint kept), and returns when all of that is
-    /// done.
+    /// done: at most a handler timeout plus a few store timeouts later. See
+    /// [`shutdown_within`](Self::shutdown_within) to bound it.
     pub async fn shutdown(self) {
         self.shutdown.cancel();
         self.tracker.close();
@@ -429,6 +489,54 @@ impl RunningProcessor {
             "change-feed processor stopped"
         );
     }
+
+    /// [`shutdown`](Self::shutdown), waiting at most `deadline` (e.g. what a container
+    /// orchestrator allows between its stop signal and a kill).
+    ///
+    /// # Errors
+    ///
+    /// The deadline passed first: the leases still being served are named (in-flight handlers
+    /// keep running in the background and release their leases when done, unless the process
+    /// exits first; then the leases expire and other instances take them after
+    /// [`lease_expiry`](ChangeFeedProcessorOptions::lease_expiry), from their last checkpoint).
+    pub async fn shutdown_within(
+        self,
+        deadline: std::time::Duration,
+    ) -> Result<(), ShutdownTimedOut> {
+        self.shutdown.cancel();
+        self.tracker.close();
+        if tokio::time::timeout(deadline, self.tracker.wait())
+            .await
+            .is_ok()
+        {
+            tracing::info!(processor = %self.processor, instance = %self.instance, "change-feed processor stopped");
+            return Ok(());
+        }
+        let error = ShutdownTimedOut {
+            processor: self.processor.clone(),
+            after: deadline,
+            unreleased: self.owned_leases(),
+        };
+        tracing::warn!(processor = %self.processor, instance = %self.instance, error = %error, "change-feed processor shutdown passed its deadline");
+        Err(error)
+    }
+}
+
+/// A [`RunningProcessor::shutdown_within`] whose deadline passed before every lease was
+/// released.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "change-feed processor '{processor}' did not stop within {after:?}; leases still being served: {unreleased:?}"
+)]
+#[non_exhaustive]
+pub struct ShutdownTimedOut {
+    /// The processor name.
+    pub processor: String,
+    /// The deadline.
+    pub after: std::time::Duration,
+    /// The lease tokens whose page had not finished (they are released when it does, or
+    /// expire).
+    pub unreleased: Vec<String>,
 }
 
 impl Drop for RunningProcessor {

@@ -239,6 +239,7 @@ pub(crate) struct WorkerContext {
     /// Told about every empty read, if anyone asked.
     pub(crate) empty_reads: Option<EmptyReadHandler>,
     /// Told about every lease this instance stops polling, if anyone asked.
+    pub(crate) acquired: Option<LeaseHandler>,
     pub(crate) released: Option<LeaseHandler>,
 }
 
@@ -557,6 +558,7 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
         let batch = ChangeFeedBatch {
             documents,
             lease_token: slot.lease_token.clone(),
+            feed_range: slot.range.clone(),
             request_charge,
             lease_lost: LeaseLost(slot.lost.clone()),
         };

@@ -1575,3 +1575,149 @@ async fn a_point_in_time_start_hands_over_only_later_changes() {
     );
     processor.shutdown().await;
 }
+
+// Notifications: every lease an instance takes is reported acquired, once per acquisition:
+// at start, and when it takes over the leases of an instance that shut down.
+#[tokio::test]
+async fn every_lease_an_instance_takes_is_reported_acquired() {
+    let store = embedded_store().await;
+    let ranges = feed_range_count(&store).await;
+    let acquired_by = |instance: &str| {
+        let log: Arc<Mutex<Vec<String>>> = Arc::default();
+        let sink = Arc::clone(&log);
+        let builder = store
+            .processor("acq", instance)
+            .options(fast_options())
+            .on_lease_acquired(move |token: &str| sink.lock().unwrap().push(token.to_owned()));
+        (builder, log)
+    };
+    let (first, first_log) = acquired_by("host-1");
+    let first = first.start(recording(&Seen::default())).await.unwrap();
+    every_lease_owned(&first, ranges).await;
+    let all: BTreeSet<String> = first.owned_leases().into_iter().collect();
+    assert_eq!(first_log.lock().unwrap().len(), ranges, "each once");
+    assert_eq!(
+        first_log
+            .lock()
+            .unwrap()
+            .iter()
+            .cloned()
+            .collect::<BTreeSet<_>>(),
+        all
+    );
+    let (second, second_log) = acquired_by("host-2");
+    let second = second.start(recording(&Seen::default())).await.unwrap();
+    first.shutdown().await;
+    owns(&second, ranges, "the second instance took every lease").await;
+    let taken: BTreeSet<String> = second_log.lock().unwrap().iter().cloned().collect();
+    assert_eq!(taken, all);
+    second.shutdown().await;
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct Order {
+    #[serde(rename = "orderId")]
+    order_id: String,
+    version: u32,
+}
+
+// The batch: its documents typed, and its feed range (the one its lease token names).
+#[tokio::test]
+async fn a_batch_gives_its_documents_typed_and_its_feed_range() {
+    let store = embedded_store().await;
+    write_orders(&store, 0..20, 3).await;
+    let typed: Arc<Mutex<Vec<String>>> = Arc::default();
+    let sink = Arc::clone(&typed);
+    let processor = start(&store, "typed", "host-1", move |batch: ChangeFeedBatch| {
+        let orders = batch.documents_as::<Order>().unwrap();
+        assert!(orders.iter().all(|o| o.version == 3));
+        let range = &batch.feed_range;
+        assert_eq!(
+            format!("{}-{}", range.min_inclusive(), range.max_exclusive()),
+            batch.lease_token
+        );
+        sink.lock()
+            .unwrap()
+            .extend(orders.into_iter().map(|o| o.order_id));
+        Box::pin(async { Ok(()) })
+    })
+    .await;
+    eventually(WAIT, POLL, "every order typed", || {
+        let n = typed.lock().unwrap().len();
+        async move { n >= 20 }
+    })
+    .await;
+    let ids: BTreeSet<String> = typed.lock().unwrap().iter().cloned().collect();
+    assert_eq!(ids, order_ids(0..20));
+    // A document of another shape is named by its id.
+    upsert_item(
+        &store.monitored,
+        partition_key(&[json!("odd")]).unwrap(),
+        &json!({ "id": "odd", "orderId": "odd", "version": "three" }),
+    )
+    .await
+    .unwrap();
+    let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+    let sink = Arc::clone(&errors);
+    let other = start(
+        &store,
+        "typed-2",
+        "host-1",
+        move |batch: ChangeFeedBatch| {
+            if let Err(error) = batch.documents_as::<Order>() {
+                sink.lock().unwrap().push(error.to_string());
+            }
+            Box::pin(async { Ok(()) })
+        },
+    )
+    .await;
+    eventually(WAIT, POLL, "the odd document is named", || {
+        let named = errors
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e.contains("id 'odd'"));
+        async move { named }
+    })
+    .await;
+    processor.shutdown().await;
+    other.shutdown().await;
+}
+
+// Shutdown with a deadline: a handler that does not finish holds shutdown up only until the
+// deadline, which names the lease still being served; without a page in flight it is `Ok`.
+#[tokio::test]
+async fn shutdown_within_a_deadline_names_the_leases_still_being_served() {
+    let store = embedded_store().await;
+    let quiet = start(&store, "quiet", "host-1", recording(&Seen::default())).await;
+    every_lease_owned(&quiet, feed_range_count(&store).await).await;
+    quiet
+        .shutdown_within(Duration::from_secs(30))
+        .await
+        .unwrap();
+
+    let held = Arc::new(AtomicBool::new(false));
+    let holding = Arc::clone(&held);
+    let processor = start(&store, "stuck", "host-1", move |batch: ChangeFeedBatch| {
+        holding.store(true, Ordering::SeqCst);
+        let token = batch.lease_token;
+        Box::pin(async move {
+            std::future::pending::<()>().await;
+            let _ = token;
+            Ok(())
+        })
+    })
+    .await;
+    write_orders(&store, 0..1, 1).await;
+    eventually(WAIT, POLL, "a handler holds a page", || {
+        let h = held.load(Ordering::SeqCst);
+        async move { h }
+    })
+    .await;
+    let error = processor
+        .shutdown_within(Duration::from_millis(500))
+        .await
+        .unwrap_err();
+    assert_eq!(error.unreleased.len(), 1, "{error}");
+    assert!(error.to_string().contains(&error.unreleased[0]), "{error}");
+}
