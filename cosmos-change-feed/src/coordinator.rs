@@ -113,7 +113,21 @@ fn hold_back_unfinished_children(
     processor: &str,
     leases: Vec<LeaseDocument>,
 ) -> Vec<LeaseDocument> {
-    let ranges = ranges_of(&leases);
+    let held = unfinished_children(&leases);
+    for &i in &held {
+        tracing::debug!(
+            processor, lease = %leases[i].lease_token,
+            "a child lease of a split still in progress is not taken while its parent lease exists"
+        );
+    }
+    without(leases, &held)
+}
+
+/// The leases (by index) that are children of a split still in progress: each lies within
+/// another lease's range (its parent, not yet covered by all of its children). Neither served
+/// nor estimated while the parent is there; the parent stands for their range.
+pub(crate) fn unfinished_children(leases: &[LeaseDocument]) -> Vec<usize> {
+    let ranges = ranges_of(leases);
     let is_unfinished_child = |i: usize| {
         let Some(range) = &ranges[i] else {
             return false;
@@ -123,16 +137,9 @@ fn hold_back_unfinished_children(
             .flatten()
             .any(|parent| ranges::strictly_within(range, parent))
     };
-    let held: Vec<usize> = (0..leases.len())
+    (0..leases.len())
         .filter(|i| is_unfinished_child(*i))
-        .collect();
-    for &i in &held {
-        tracing::debug!(
-            processor, lease = %leases[i].lease_token,
-            "a child lease of a split still in progress is not taken while its parent lease exists"
-        );
-    }
-    without(leases, &held)
+        .collect()
 }
 
 /// Each lease's key range, `None` for one whose range cannot be read.
@@ -144,7 +151,7 @@ fn ranges_of(leases: &[LeaseDocument]) -> Vec<Option<Bounds>> {
 }
 
 /// `leases` without the ones at `indexes`.
-fn without(leases: Vec<LeaseDocument>, indexes: &[usize]) -> Vec<LeaseDocument> {
+pub(crate) fn without(leases: Vec<LeaseDocument>, indexes: &[usize]) -> Vec<LeaseDocument> {
     leases
         .into_iter()
         .enumerate()

@@ -7,7 +7,7 @@ use azure_data_cosmos::clients::ContainerClient;
 use azure_data_cosmos::feed::FeedRange;
 use serde_json::Value;
 
-use crate::coordinator::{read_ranges, split_parents};
+use crate::coordinator::{read_ranges, split_parents, unfinished_children, without};
 use crate::error::ErrorChain;
 use crate::lease::{LeaseDocument, LeaseStore, lease_scope};
 use crate::options::{ChangeFeedProcessorOptions, StartFrom};
@@ -139,7 +139,9 @@ impl ChangeFeedEstimator {
     ///
     /// Splits: a lease whose range is covered by other leases' ranges is the parent of a split
     /// whose delete failed (the processor no longer polls it); it is left out, or its children's
-    /// documents would count twice. A lease whose range split but whose children leases do not
+    /// documents would count twice. While a split is only partly done (some children created,
+    /// the parent still there and served), the children are left out and the parent counts
+    /// for their range. A lease whose range split but whose children leases do not
     /// exist yet is read over its whole range, one current feed range at a time, starting each
     /// from the lease's checkpoint (as its children will), so the total stays right during a
     /// split (when the feed ranges cannot be read, such a lease is read over its whole range at
@@ -173,8 +175,12 @@ impl ChangeFeedEstimator {
             scope: Some(scope),
             timeout: self.options.store_timeout,
         };
+        // As the processor serves them: a split's retired parent and a split's unfinished
+        // children (their parent still reads their range) are not counted.
         let leases = store.list().await?;
         let parents = split_parents(&leases);
+        let leases = without(leases, &parents);
+        let held = unfinished_children(&leases);
         // The current feed ranges, to read a lease spanning several of them one at a time. Without
         // them each lease is read over its whole range.
         let ranges = match read_ranges(&self.monitored, true, self.options.store_timeout).await {
@@ -189,7 +195,7 @@ impl ChangeFeedEstimator {
         };
         let mut backlogs = Vec::with_capacity(leases.len());
         for (i, lease) in leases.iter().enumerate() {
-            if parents.contains(&i) {
+            if held.contains(&i) {
                 continue;
             }
             let Some(range) = lease.range() else {

@@ -15,7 +15,9 @@ use chatter_emulator::RunningEmulator;
 use chatter_runtime::cosmos::{CosmosConnection, partition_key};
 use chatter_runtime::testing::upsert_item;
 use chatter_tests::broker::Received;
-use chatter_tests::change_feed::{Store, feed_range_tokens, order_ids, recording};
+use chatter_tests::change_feed::{
+    Store, feed_range, feed_range_tokens, midpoint, order_ids, recording,
+};
 use chatter_tests::store::{embedded, emulator_server};
 use chatter_tests::wait::eventually;
 use cosmos_change_feed::{
@@ -460,4 +462,42 @@ async fn a_lease_without_a_checkpoint_counts_from_the_processors_start() {
             .all(|b| matches!(b.pending, Ok(0)) && b.request_charge == 0.0),
         "nothing is behind a lease starting now: {from_now:?}"
     );
+}
+
+// Splits: while a split is only partly done (one child lease created, the parent still there
+// and served), the child's range is counted once, by its parent, as the processor serves it.
+#[tokio::test]
+async fn a_partly_done_split_counts_each_range_once() {
+    let store = store_on(&embedded().await).await;
+    write_orders(&store, 0..40, 1, |_| true).await;
+    hand_over_and_checkpoint(&store, "relay", 40).await;
+    write_orders(&store, 0..40, 2, |_| true).await;
+    let before = estimator(&store, "relay").estimate(counted).await.unwrap();
+    let total: u64 = pending_by_lease(&before).values().sum();
+    assert_eq!(total, 40);
+
+    // The first child of the first lease's split, from the parent's checkpoint; the other
+    // child not created yet.
+    let parent = store.leases_of("relay").await.remove(0);
+    let mid = midpoint(&parent.feed_range.min, &parent.feed_range.max);
+    let child_range = feed_range(&parent.feed_range.min, &mid);
+    let token = format!("{}-{mid}", parent.feed_range.min);
+    let id = cosmos_change_feed::lease_id("relay", &store.scope().await, &token);
+    let mut child = serde_json::to_value(&parent).unwrap();
+    child["id"] = json!(id);
+    child["leaseToken"] = json!(token);
+    child["feedRange"]["max"] = json!(mid);
+    child["feedRangeToken"] = json!(child_range.to_string());
+    upsert_item(&store.leases, partition_key(&[json!(id)]).unwrap(), &child)
+        .await
+        .unwrap();
+    assert!(
+        !counted_in(&store, child_range, 2).await.is_empty(),
+        "the child's range holds documents"
+    );
+
+    let during = estimator(&store, "relay").estimate(counted).await.unwrap();
+    assert!(!tokens_of(&during).contains(&token), "{during:?}");
+    let total: u64 = pending_by_lease(&during).values().sum();
+    assert_eq!(total, 40, "each document counted once: {during:?}");
 }

@@ -12,7 +12,7 @@ use chatter_emulator::RunningEmulator;
 use chatter_runtime::cosmos::{CosmosConnection, partition_key};
 use chatter_runtime::testing::upsert_item;
 use chatter_tests::broker::Received;
-use chatter_tests::change_feed::{Store, fast_options, order_ids, recording};
+use chatter_tests::change_feed::{Store, fast_options, feed_range, midpoint, order_ids, recording};
 use chatter_tests::store::{embedded, emulator_server};
 use chatter_tests::wait::eventually;
 use cosmos_change_feed::{
@@ -1302,26 +1302,6 @@ async fn a_split_parent_whose_delete_failed_is_never_polled_beside_its_children(
         "the split parent {parent} was polled after the split: {after:?}"
     );
     processor.shutdown().await;
-}
-
-/// `[min, max)` as a feed range of the SDK.
-fn feed_range(min: &str, max: &str) -> azure_data_cosmos::feed::FeedRange {
-    use azure_data_cosmos::models::EffectivePartitionKey;
-    azure_data_cosmos::feed::FeedRange::new(
-        EffectivePartitionKey::try_from(min).unwrap(),
-        EffectivePartitionKey::try_from(max).unwrap(),
-    )
-    .unwrap()
-}
-
-/// An effective partition key strictly between `min` and `max` (hex strings, compared as such).
-fn midpoint(min: &str, max: &str) -> String {
-    let value = |hex: &str| {
-        let padded = format!("{hex:0<32}");
-        u128::from_str_radix(&padded[..32], 16).unwrap()
-    };
-    let mid = value(min) / 2 + value(max) / 2;
-    format!("{mid:032X}")
 }
 
 // Lease protocol: after a merge and a split at another boundary the leases still tile the whole

@@ -147,3 +147,24 @@ pub async fn feed_range_tokens(container: &ContainerClient) -> BTreeSet<String> 
         .map(|r| format!("{}-{}", r.min_inclusive(), r.max_exclusive()))
         .collect()
 }
+
+/// The feed range `min..max` (hex effective-partition-key bounds).
+pub fn feed_range(min: &str, max: &str) -> FeedRange {
+    use azure_data_cosmos::models::EffectivePartitionKey;
+    FeedRange::new(
+        EffectivePartitionKey::try_from(min).unwrap(),
+        EffectivePartitionKey::try_from(max).unwrap(),
+    )
+    .unwrap()
+}
+
+/// The hex effective-partition-key value halfway between `min` and `max` (as a split would
+/// cut a range).
+pub fn midpoint(min: &str, max: &str) -> String {
+    let value = |hex: &str| {
+        let padded = format!("{hex:0<32}");
+        u128::from_str_radix(&padded[..32], 16).unwrap()
+    };
+    let mid = value(min) / 2 + value(max) / 2;
+    format!("{mid:032X}")
+}
