@@ -1,7 +1,7 @@
 //! The processor on its own (no chatter) against the SDK's in-memory emulator: it hands every
 //! document over, checkpoints and releases its leases on shutdown, and refuses bad names and
 //! options with typed errors. The full behaviour suite (balancing, expiry, splits, faults) is
-//! `tests/tests/change_feed_processor.rs` in the workspace, which shares chatter's test support.
+//! `processor.rs` beside it, and the estimator's is `estimator.rs`.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};

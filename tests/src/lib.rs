@@ -11,7 +11,7 @@
 //! | [`wait`] | [`wait::eventually`]: bounded polling until a condition holds |
 //! | [`store`] | embedded store, `chatter-emulator` server on port 0, provisioning, point reads |
 //! | [`broker`] | [`broker::Received`] (message ids consumed from a destination), bounded `next`, [`broker::publish_command`] and [`broker::settled`] on the in-memory broker |
-//! | [`change_feed`] | the change-feed processor's tests: [`change_feed::Store`] (a monitored and a lease container), [`change_feed::fast_options`], [`change_feed::recording`] |
+//! | [`change_feed`] | [`change_feed::feed_range_tokens`]: a container's current feed ranges, splits seen (the processor's own tests live in `cosmos-change-feed`) |
 //! | [`relay`] | [`relay::fast_relay`]: relay options with short timings |
 //! | [`runtime`] | [`runtime::writer`]: a runtime that only dispatches (no consumers, no relay); [`runtime::consuming`]: one that consumes from an in-memory broker, without the relay; [`runtime::Attempts`]: a handler's attempts by message id; [`runtime::seed`]: commands dispatched through one, then shut down; [`runtime::registry_at`]: one command on a destination of the test's own |
 //! | [`process`] | [`process::ChildProcess`]: a spawned process read line by line, killed on drop |

@@ -11,7 +11,7 @@ use tokio::time::timeout;
 /// Every message id received, with how often it arrived. Clones share the counts.
 ///
 /// [`Received::consume`] fills it from a subscription in the background; [`Received::record`]
-/// fills it by hand (e.g. from a change-feed handler).
+/// fills it by hand.
 #[derive(Clone, Debug, Default)]
 pub struct Received(Arc<Mutex<BTreeMap<String, usize>>>);
 
@@ -40,16 +40,7 @@ impl Received {
 
     /// Counts one more arrival of `id`.
     pub fn record(&self, id: &str) {
-        self.record_all([id]);
-    }
-
-    /// Counts one more arrival of each of `ids`, all at once: a reader sees either none or all
-    /// of them.
-    pub fn record_all<'a>(&self, ids: impl IntoIterator<Item = &'a str>) {
-        let mut counts = self.0.lock().unwrap();
-        for id in ids {
-            *counts.entry(id.to_owned()).or_default() += 1;
-        }
+        *self.0.lock().unwrap().entry(id.to_owned()).or_default() += 1;
     }
 
     /// Every id received at least once.

@@ -6,26 +6,25 @@
 //! The expected counts come from queries scoped to each lease's feed range, not from the change
 //! feed. No timed assertions: every wait is a bounded poll with a generous timeout.
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use azure_data_cosmos::CosmosClient;
 use azure_data_cosmos::feed::{FeedRange, FeedScope, Query};
 use chatter_emulator::RunningEmulator;
-use chatter_runtime::cosmos::{CosmosConnection, partition_key};
-use chatter_runtime::testing::upsert_item;
-use chatter_tests::broker::Received;
-use chatter_tests::change_feed::{
-    Store, feed_range, feed_range_tokens, midpoint, order_ids, recording,
-};
-use chatter_tests::store::{embedded, emulator_server};
-use chatter_tests::wait::eventually;
 use cosmos_change_feed::{
     BatchFuture, ChangeFeedBatch, ChangeFeedEstimator, ChangeFeedProcessorOptions, LeaseBacklog,
     RunningProcessor, StartFrom,
 };
 use futures::StreamExt;
 use serde_json::{Value, json};
+use support::{
+    Seen, Store, embedded, eventually, feed_range, feed_range_tokens, midpoint, order_ids,
+    recording, served, upsert,
+};
 
 const DB: &str = "cfe";
 const MONITORED: &str = "orders";
@@ -39,17 +38,17 @@ const COUNTED: &str = "outbox";
 
 /// Short timings so hand-overs happen within seconds; small pages so a backlog spans several.
 fn fast_options() -> ChangeFeedProcessorOptions {
-    chatter_tests::change_feed::fast_options().with_max_items_per_page(7)
+    support::fast_options().with_max_items_per_page(7)
 }
 
-async fn store_on(connection: &CosmosConnection) -> Store {
-    Store::on(connection, DB, MONITORED, LEASES).await
+async fn store_on(client: &CosmosClient) -> Store {
+    Store::on(client, DB, MONITORED, LEASES).await
 }
 
 /// A `chatter-emulator` server (kept while the handle lives) and the store on it.
 async fn served_store() -> (RunningEmulator, Store) {
-    let (emulator, connection) = emulator_server().await;
-    (emulator, store_on(&connection).await)
+    let (emulator, client) = served().await;
+    (emulator, store_on(&client).await)
 }
 
 /// Writes `order-{i}` for every `i` of `range` as change `wave`, of kind `outbox` when
@@ -63,13 +62,12 @@ async fn write_orders(
     for i in range {
         let order = format!("order-{i}");
         let kind = if counted(i) { COUNTED } else { "other" };
-        upsert_item(
+        upsert(
             &store.monitored,
-            partition_key(&[json!(order)]).unwrap(),
+            &order,
             &json!({ "id": order, "orderId": order, "wave": wave, "kind": kind }),
         )
-        .await
-        .unwrap();
+        .await;
     }
 }
 
@@ -176,7 +174,7 @@ async fn assert_per_lease(
 /// Hands over every document written so far (`0..written`) and checkpoints them, then shuts
 /// the processor down (its leases released with their checkpoints).
 async fn hand_over_and_checkpoint(store: &Store, processor: &str, written: usize) {
-    let seen = Received::default();
+    let seen = Seen::default();
     let running = start(store, processor, recording(&seen)).await;
     let ranges = feed_range_tokens(&store.monitored).await.len();
     eventually(
@@ -362,13 +360,7 @@ async fn a_lease_whose_feed_cannot_be_read_reports_its_error_and_the_others_stil
     let broken = store.leases_of("relay").await.remove(0);
     let mut document = serde_json::to_value(&broken).unwrap();
     document["continuationToken"] = json!("not a continuation");
-    upsert_item(
-        &store.leases,
-        partition_key(&[json!(broken.id)]).unwrap(),
-        &document,
-    )
-    .await
-    .unwrap();
+    upsert(&store.leases, &broken.id, &document).await;
 
     // One estimator for every call, as a service keeps it.
     let estimator = estimator(&store, "relay")
@@ -488,9 +480,7 @@ async fn a_partly_done_split_counts_each_range_once() {
     child["leaseToken"] = json!(token);
     child["feedRange"]["max"] = json!(mid);
     child["feedRangeToken"] = json!(child_range.to_string());
-    upsert_item(&store.leases, partition_key(&[json!(id)]).unwrap(), &child)
-        .await
-        .unwrap();
+    upsert(&store.leases, &id, &child).await;
     assert!(
         !counted_in(&store, child_range, 2).await.is_empty(),
         "the child's range holds documents"

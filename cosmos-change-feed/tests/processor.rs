@@ -3,23 +3,24 @@
 //!
 //! No timed assertions: every wait is a bounded poll with a generous timeout.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use azure_data_cosmos::CosmosClient;
 use chatter_emulator::RunningEmulator;
-use chatter_runtime::cosmos::{CosmosConnection, partition_key};
-use chatter_runtime::testing::upsert_item;
-use chatter_tests::broker::Received;
-use chatter_tests::change_feed::{Store, fast_options, feed_range, midpoint, order_ids, recording};
-use chatter_tests::store::{embedded, emulator_server};
-use chatter_tests::wait::eventually;
 use cosmos_change_feed::{
     BatchFuture, ChangeFeedBatch, LeaseFault, LeaseFaultStage, RunningProcessor, StartFrom,
     lease_id,
 };
 use serde_json::json;
+use support::{
+    Seen, Store, embedded, eventually, fast_options, feed_range, midpoint, order_ids, recording,
+    served, upsert,
+};
 
 const DB: &str = "cfp";
 const MONITORED: &str = "orders";
@@ -29,14 +30,14 @@ const WAIT: Duration = Duration::from_secs(60);
 /// How often a wait checks its condition.
 const POLL: Duration = Duration::from_millis(50);
 
-async fn store_on(connection: &CosmosConnection) -> Store {
-    Store::on(connection, DB, MONITORED, LEASES).await
+async fn store_on(client: &CosmosClient) -> Store {
+    Store::on(client, DB, MONITORED, LEASES).await
 }
 
 /// A `chatter-emulator` server (kept while the handle lives) and the store on it.
 async fn served_store() -> (RunningEmulator, Store) {
-    let (emulator, connection) = emulator_server().await;
-    (emulator, store_on(&connection).await)
+    let (emulator, client) = served().await;
+    (emulator, store_on(&client).await)
 }
 
 async fn embedded_store() -> Store {
@@ -46,18 +47,14 @@ async fn embedded_store() -> Store {
 async fn write_orders(store: &Store, range: std::ops::Range<usize>, version: u32) {
     for i in range {
         let order = format!("order-{i}");
-        upsert_item(
+        upsert(
             &store.monitored,
-            partition_key(&[json!(order)]).unwrap(),
+            &order,
             &json!({ "id": order, "orderId": order, "version": version }),
         )
-        .await
-        .unwrap();
+        .await;
     }
 }
-
-/// Every delivered document id (with how often), across every processor sharing it.
-type Seen = Received;
 
 async fn start(
     store: &Store,
@@ -737,7 +734,7 @@ async fn a_lease_whose_range_split_reads_its_second_child_before_calling_itself_
         let key = format!("order-{i}");
         let range = store
             .monitored
-            .feed_range_from_partition_key(partition_key(&[json!(key)]).unwrap(), None)
+            .feed_range_from_partition_key(key.clone(), None)
             .await
             .unwrap();
         let epk = range[0].min_inclusive().to_string();
@@ -1175,22 +1172,21 @@ async fn every_lease_an_instance_stops_polling_is_reported_released() {
 // is still served (the document is replaced by a new lease).
 #[tokio::test]
 async fn a_malformed_lease_document_is_reported_and_its_range_still_served() {
-    let (logs, _guard) = chatter_tests::logs::capture();
+    let (logs, _guard) = support::capture();
     let store = embedded_store().await;
     let scope = store.scope().await;
     for range in store.monitored.read_feed_ranges(None).await.unwrap() {
         let token = format!("{}-{}", range.min_inclusive(), range.max_exclusive());
         let id = lease_id("malformed", &scope, &token);
-        upsert_item(
+        upsert(
             &store.leases,
-            partition_key(&[json!(id)]).unwrap(),
+            &id,
             &json!({
                 "id": id, "processorName": "malformed", "monitoredContainer": scope,
                 "leaseToken": 7, "owner": ["?"]
             }),
         )
-        .await
-        .unwrap();
+        .await;
     }
     write_orders(&store, 0..20, 1).await;
     let seen = Seen::default();
@@ -1408,9 +1404,9 @@ async fn a_hanging_store_times_out_as_a_reported_fault_and_the_lease_carries_on(
 // distinct leases for each; each instance hands over its own container's documents, all of them.
 #[tokio::test]
 async fn one_processor_name_on_two_containers_keeps_their_leases_apart() {
-    let connection = embedded().await;
-    let first = Store::on(&connection, DB, "orders-a", LEASES).await;
-    let second = Store::on(&connection, DB, "orders-b", LEASES).await;
+    let client = embedded().await;
+    let first = Store::on(&client, DB, "orders-a", LEASES).await;
+    let second = Store::on(&client, DB, "orders-b", LEASES).await;
     write_orders(&first, 0..20, 1).await;
     write_orders(&second, 100..120, 1).await;
     let (seen_first, seen_second) = (Seen::default(), Seen::default());
@@ -1491,16 +1487,10 @@ async fn unscoped_leases_are_moved_to_the_scope_with_their_checkpoints() {
         let old_id = format!("relay..{}", lease.lease_token);
         old["id"] = json!(old_id);
         old.as_object_mut().unwrap().remove("monitoredContainer");
-        upsert_item(
-            &store.leases,
-            partition_key(&[json!(old_id)]).unwrap(),
-            &old,
-        )
-        .await
-        .unwrap();
+        upsert(&store.leases, &old_id, &old).await;
         store
             .leases
-            .delete_item(partition_key(&[json!(lease.id)]).unwrap(), &lease.id, None)
+            .delete_item(lease.id.clone(), &lease.id, None)
             .await
             .unwrap();
     }
@@ -1630,13 +1620,12 @@ async fn a_batch_gives_its_documents_typed_and_its_feed_range() {
     let ids: BTreeSet<String> = typed.lock().unwrap().iter().cloned().collect();
     assert_eq!(ids, order_ids(0..20));
     // A document of another shape is named by its id.
-    upsert_item(
+    upsert(
         &store.monitored,
-        partition_key(&[json!("odd")]).unwrap(),
+        "odd",
         &json!({ "id": "odd", "orderId": "odd", "version": "three" }),
     )
-    .await
-    .unwrap();
+    .await;
     let errors: Arc<Mutex<Vec<String>>> = Arc::default();
     let sink = Arc::clone(&errors);
     let other = start(
