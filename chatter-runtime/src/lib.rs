@@ -77,15 +77,16 @@ mod pipeline;
 mod registry;
 mod relay;
 mod runtime;
+mod state;
 pub mod telemetry;
 #[cfg(feature = "test-support")]
 pub mod testing;
 
-pub use atomic_write::HandlerContext;
+pub use atomic_write::{ETag, HandlerContext, Query, ReadError, Versioned};
 pub use chatter_macros::{DocumentReliable, handler};
 pub use error::{DispatchError, ErrorChain, PipelineError, StageError, StartError};
 pub use message::BrokeredMessage;
-pub use pipeline::Outcome;
+pub use pipeline::{BatchFailure, Outcome, Rejection};
 pub use registry::{BoxError, DocumentReliable};
 pub use relay::RelayOptions;
 pub use runtime::{
@@ -93,6 +94,7 @@ pub use runtime::{
     DEFAULT_CONSUMER_CONCURRENCY, DEFAULT_DELIVERY_TIMEOUT, DEFAULT_MAX_DELIVERY_ATTEMPTS, Health,
     LeaseHealth, Runtime, RuntimeBuilder, dead_letter_destination, start,
 };
+pub use state::State;
 
 /// What `#[derive(DocumentReliable)]` registers for a command, as
 /// [`DocumentReliable::registration`] and [`Runtime::commands`] return it, and the return
@@ -114,7 +116,7 @@ pub mod __private {
     pub use crate::partition_key::PartitionKeyPath;
     pub use crate::registry::{
         CommandRegistration, HandlerFuture, HandlerRegistration, IntoHandlerResult,
-        SourceIdentityDeclaration, SourceLocation,
+        SourceIdentityDeclaration, SourceLocation, StateRequirement, handler_state,
     };
     pub use inventory;
     pub use serde_json;

@@ -158,8 +158,12 @@ async fn a_committed_batch_reports_200_and_per_operation_success_codes() {
             BatchOperation::Replace {
                 id: "old".into(),
                 doc: json!({"id": "old", "orderId": "o1", "n": 1}),
+                if_match: None,
             },
-            BatchOperation::Delete { id: "a".into() },
+            BatchOperation::Delete {
+                id: "a".into(),
+                if_match: None,
+            },
         ],
     )
     .await

@@ -29,7 +29,7 @@ pub(crate) const RESERVED_ROOTS: &[&str] = &[
 const MAX_PARTITION_KEY_PATHS: usize = 3;
 
 /// The shape every handler must have, quoted by the handler's errors.
-pub(crate) const HANDLER_SHAPE: &str = "a chatter handler is `async fn name(command: YourCommand, ctx: &mut HandlerContext) -> Result<(), BoxError>`";
+pub(crate) const HANDLER_SHAPE: &str = "a chatter handler is `async fn name(command: YourCommand, ctx: &mut HandlerContext) -> Result<(), BoxError>`, with application state as an optional third parameter `state: State<YourState>`";
 
 /// A command whose attributes passed every check.
 #[derive(Debug, Clone, PartialEq)]
@@ -615,15 +615,31 @@ fn edit_distance(a: &str, b: &str) -> usize {
 // `#[handler]`
 // ---------------------------------------------------------------------------------------------
 
-/// Every rule of `#[handler]`; returns the command type (the first parameter's). `None` when
-/// there is none to return (a rule reported why).
-pub(crate) fn handler<'a>(cx: &Ctxt, args: &TokenStream, function: &'a ItemFn) -> Option<&'a Type> {
+/// What `#[handler]` binds: the command type (the first parameter's) and the application state
+/// type (inside the third parameter's `State<..>`), if any.
+pub(crate) struct CheckedHandler<'a> {
+    pub(crate) command: &'a Type,
+    pub(crate) state: Option<&'a Type>,
+}
+
+/// Every rule of `#[handler]`. `None` when there is nothing to bind (a rule reported why).
+pub(crate) fn handler<'a>(
+    cx: &Ctxt,
+    args: &TokenStream,
+    function: &'a ItemFn,
+) -> Option<CheckedHandler<'a>> {
     let sig = &function.sig;
     handler_takes_no_arguments(cx, args);
     handler_is_async(cx, sig);
     handler_is_not_generic(cx, sig);
-    handler_takes_two_parameters(cx, sig);
-    command_parameter(cx, sig)
+    handler_takes_two_or_three_parameters(cx, sig);
+    let command = command_parameter(cx, sig);
+    context_parameter(cx, sig);
+    let state = state_parameter(cx, sig);
+    Some(CheckedHandler {
+        command: command?,
+        state: state?,
+    })
 }
 
 /// `#[handler]` has no arguments of its own.
@@ -656,15 +672,77 @@ fn handler_is_not_generic(cx: &Ctxt, sig: &Signature) {
     }
 }
 
-/// A handler takes the command and the context.
-fn handler_takes_two_parameters(cx: &Ctxt, sig: &Signature) {
-    if sig.inputs.len() != 2 {
+/// A handler takes the command and the context, and optionally the application state.
+fn handler_takes_two_or_three_parameters(cx: &Ctxt, sig: &Signature) {
+    if !(2..=3).contains(&sig.inputs.len()) {
         cx.error(
             sig.inputs.span(),
             format!(
-                "a chatter handler takes exactly two parameters, the command and the context: {HANDLER_SHAPE}"
+                "a chatter handler takes two or three parameters, the command, the context and optionally the state: {HANDLER_SHAPE}"
             ),
         );
+    }
+}
+
+/// Whether `ty` is a reference to a type named `HandlerContext` (the context in the wrong place).
+fn is_context_reference(ty: &Type) -> bool {
+    let Type::Reference(reference) = ty else {
+        return false;
+    };
+    matches!(&*reference.elem, Type::Path(path)
+        if path.path.segments.last().is_some_and(|s| s.ident == "HandlerContext"))
+}
+
+/// The second parameter is the context, taken as `&mut` (the handler stages writes on it).
+fn context_parameter(cx: &Ctxt, sig: &Signature) {
+    // Swapped parameters are reported once, on the first.
+    if matches!(sig.inputs.first(), Some(FnArg::Typed(first)) if is_context_reference(&first.ty)) {
+        return;
+    }
+    let Some(FnArg::Typed(t)) = sig.inputs.iter().nth(1) else {
+        return;
+    };
+    match &*t.ty {
+        Type::Reference(reference) if reference.mutability.is_some() => {}
+        Type::Reference(reference) => cx.syn_error(syn::Error::new_spanned(
+            reference,
+            "take the context as `&mut HandlerContext`: a handler stages its writes and messages on it, which a shared `&HandlerContext` cannot do",
+        )),
+        other => cx.error(
+            other.span(),
+            "take the context as `&mut HandlerContext`: the runtime lends the delivery's context to the handler, it does not give it away",
+        ),
+    }
+}
+
+/// The third parameter, if any, is `State<T>`; returns `Some(None)` without one, `None` when it
+/// is something else (reported).
+fn state_parameter<'a>(cx: &Ctxt, sig: &'a Signature) -> Option<Option<&'a Type>> {
+    let Some(third) = sig.inputs.iter().nth(2) else {
+        return Some(None);
+    };
+    let refuse = || {
+        cx.syn_error(syn::Error::new_spanned(
+            third,
+            "the third parameter of a chatter handler is the application state, `State<YourState>` (given to the runtime with `RuntimeBuilder::state`)",
+        ));
+        None
+    };
+    let FnArg::Typed(t) = third else {
+        return refuse();
+    };
+    let Type::Path(path) = &*t.ty else {
+        return refuse();
+    };
+    let Some(last) = path.path.segments.last().filter(|s| s.ident == "State") else {
+        return refuse();
+    };
+    let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
+        return refuse();
+    };
+    match args.args.first() {
+        Some(syn::GenericArgument::Type(state)) if args.args.len() == 1 => Some(Some(state)),
+        _ => refuse(),
     }
 }
 
@@ -677,6 +755,13 @@ fn command_parameter<'a>(cx: &Ctxt, sig: &'a Signature) -> Option<&'a Type> {
                 r.span(),
                 "a chatter handler is a free `async fn`, not a method: it cannot take `self`",
             );
+            None
+        }
+        FnArg::Typed(t) if is_context_reference(&t.ty) => {
+            cx.syn_error(syn::Error::new_spanned(
+                &t.ty,
+                "the command comes first, then the context: `async fn name(command: YourCommand, ctx: &mut HandlerContext)`",
+            ));
             None
         }
         FnArg::Typed(t) if matches!(&*t.ty, Type::Reference(_)) => {

@@ -4,9 +4,9 @@
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{Ident, ItemFn, Type};
+use syn::{Ident, ItemFn};
 
-use super::check::Checked;
+use super::check::{Checked, CheckedHandler};
 
 /// The rustdoc stating the command's contract, in the words of the spec's
 /// "Handler idempotency contract".
@@ -137,7 +137,8 @@ pub(crate) fn document_reliable(ident: &Ident, c: &Checked) -> TokenStream {
 }
 
 /// `#[handler]`: the function itself and the registration binding it to its command.
-pub(crate) fn handler(f: &ItemFn, command: &Type) -> TokenStream {
+pub(crate) fn handler(f: &ItemFn, checked: &CheckedHandler<'_>) -> TokenStream {
+    let command = checked.command;
     let name = &f.sig.ident;
     let ctx_span = f
         .sig
@@ -146,7 +147,32 @@ pub(crate) fn handler(f: &ItemFn, command: &Type) -> TokenStream {
         .nth(1)
         .map(Spanned::span)
         .unwrap_or_else(|| name.span());
-    let call = quote_spanned!(ctx_span=> #name(command, ctx));
+    let (call, take_state, state) = match checked.state {
+        Some(state) => (
+            quote_spanned!(ctx_span=> #name(command, ctx, state)),
+            quote! {
+                let state = match ::chatter_runtime::__private::handler_state::<#state>(ctx) {
+                    ::core::result::Result::Ok(state) => state,
+                    ::core::result::Result::Err(error) => {
+                        return ::core::result::Result::Ok(::std::boxed::Box::pin(async move {
+                            ::core::result::Result::Err(error)
+                        }));
+                    }
+                };
+            },
+            quote! {
+                ::core::option::Option::Some(::chatter_runtime::__private::StateRequirement {
+                    type_id: ::core::any::TypeId::of::<#state>,
+                    type_name: ::core::any::type_name::<#state>,
+                })
+            },
+        ),
+        None => (
+            quote_spanned!(ctx_span=> #name(command, ctx)),
+            quote! {},
+            quote! { ::core::option::Option::None },
+        ),
+    };
     let line = quote_spanned!(name.span()=> ::core::line!());
     quote! {
         #f
@@ -160,6 +186,7 @@ pub(crate) fn handler(f: &ItemFn, command: &Type) -> TokenStream {
                 ::chatter_runtime::__private::serde_json::Error,
             > {
                 let command: #command = ::chatter_runtime::__private::serde_json::from_value(command)?;
+                #take_state
                 ::core::result::Result::Ok(::std::boxed::Box::pin(async move {
                     ::chatter_runtime::__private::IntoHandlerResult::into_handler_result(#call.await)
                 }))
@@ -175,6 +202,7 @@ pub(crate) fn handler(f: &ItemFn, command: &Type) -> TokenStream {
                         file: ::core::file!(),
                         line: #line,
                     },
+                    state: #state,
                 }
             }
         };

@@ -41,9 +41,9 @@ pub(crate) fn handler(args: TokenStream, item: TokenStream) -> syn::Result<Token
         )
     })?;
     let cx = Ctxt::new();
-    let command = check::handler(&cx, &args, &function);
+    let checked = check::handler(&cx, &args, &function);
     cx.check()?;
-    let command =
-        command.ok_or_else(|| syn::Error::new_spanned(&function.sig, check::HANDLER_SHAPE))?;
-    Ok(expand::handler(&function, command))
+    let checked =
+        checked.ok_or_else(|| syn::Error::new_spanned(&function.sig, check::HANDLER_SHAPE))?;
+    Ok(expand::handler(&function, &checked))
 }

@@ -2,12 +2,16 @@
 //! the outbox.
 
 mod error;
+mod read;
 
 pub use error::StageError;
+pub(crate) use read::ReadScope;
+pub use read::{ETag, Query, ReadError, Versioned};
 
 use std::sync::Arc;
 
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::broker::Broker;
@@ -79,6 +83,10 @@ pub struct HandlerContext {
     direct: Vec<BrokeredMessage>,
     /// The configured broker, asked whether it could ever carry a sent message.
     broker: Arc<dyn Broker>,
+    /// The delivery's partition, for reads (`None` when the delivery passes through).
+    reads: Option<ReadScope>,
+    /// The application state the runtime was given.
+    state: Arc<crate::state::AppState>,
 }
 
 impl std::fmt::Debug for HandlerContext {
@@ -97,16 +105,69 @@ impl HandlerContext {
     pub(crate) fn new(
         message_id: String,
         redelivered: bool,
-        handle: Option<AtomicWriteHandle>,
+        handle: Option<(AtomicWriteHandle, ReadScope)>,
         broker: Arc<dyn Broker>,
+        state: Arc<crate::state::AppState>,
     ) -> Self {
+        let (handle, reads) = handle.unzip();
         Self {
             message_id,
             redelivered,
             handle,
             direct: Vec::new(),
             broker,
+            reads,
+            state,
         }
+    }
+
+    /// The application state of type `T` the runtime was given, if it was.
+    pub(crate) fn state<T: Send + Sync + 'static>(&self) -> Option<crate::state::State<T>> {
+        self.state.get::<T>()
+    }
+
+    /// Reads the document `id` of this delivery's partition as a `T`, with its [`ETag`];
+    /// `None` when there is none. The read sees what is committed now (it is not part of the
+    /// batch); its request charge counts to the command.
+    ///
+    /// # Errors
+    ///
+    /// No batch is active (nothing to read), the store failed, or the document is not a `T`.
+    pub async fn read<T: DeserializeOwned>(
+        &self,
+        id: &str,
+    ) -> Result<Option<Versioned<T>>, ReadError> {
+        self.reads
+            .as_ref()
+            .ok_or(ReadError::NoActiveBatch)?
+            .read(id)
+            .await
+    }
+
+    /// Runs `query` within this delivery's partition and returns every item as a `T`, with its
+    /// [`ETag`] (select whole documents, `SELECT * FROM c WHERE ...`, to get them). Like
+    /// [`read`](Self::read), it sees committed state and its charge counts to the command.
+    ///
+    /// ```no_run
+    /// # async fn demo(ctx: &chatter_runtime::HandlerContext) -> Result<(), Box<dyn std::error::Error>> {
+    /// use chatter_runtime::Query;
+    /// let query = Query::from("SELECT * FROM c WHERE c.kind = @kind").with_parameter("@kind", "seat")?;
+    /// let seats = ctx.query::<serde_json::Value>(query).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`read`](Self::read).
+    pub async fn query<T: DeserializeOwned>(
+        &self,
+        query: Query,
+    ) -> Result<Vec<Versioned<T>>, ReadError> {
+        self.reads
+            .as_ref()
+            .ok_or(ReadError::NoActiveBatch)?
+            .query(query)
+            .await
     }
 
     pub(crate) fn into_parts(self) -> (Option<AtomicWriteHandle>, Vec<BrokeredMessage>) {
@@ -164,24 +225,60 @@ impl HandlerContext {
 
     /// Stages a replace of the document `id` with `doc` in the batch.
     pub fn replace(&mut self, id: &str, doc: impl Serialize) -> Result<(), StageError> {
+        self.stage_replace(id, doc, None)
+    }
+
+    /// Stages a replace of the document `id` with `doc` that commits only while the stored
+    /// document is still the version `etag` names (from [`read`](Self::read) or
+    /// [`query`](Self::query)): if another delivery changed it since, the whole batch fails as
+    /// a conflict ([`BatchFailure::Conflict`](crate::BatchFailure::Conflict)), nothing commits,
+    /// and the delivery is tried again (the handler then reads the new version).
+    pub fn replace_if_match(
+        &mut self,
+        id: &str,
+        doc: impl Serialize,
+        etag: &ETag,
+    ) -> Result<(), StageError> {
+        self.stage_replace(id, doc, Some(etag.0.clone()))
+    }
+
+    fn stage_replace(
+        &mut self,
+        id: &str,
+        doc: impl Serialize,
+        if_match: Option<String>,
+    ) -> Result<(), StageError> {
         document::guard_not_reserved(id)?;
         let id = id.to_owned();
         let doc = serde_json::to_value(doc).map_err(StageError::Encode)?;
         let handle = self.handle()?;
         handle.ensure_room()?;
         handle.check_document(&doc)?;
-        handle.writes.push(BatchOperation::Replace { id, doc });
+        handle
+            .writes
+            .push(BatchOperation::Replace { id, doc, if_match });
         Ok(())
     }
 
     /// Stages a delete of the document `id` (in this delivery's partition) in the batch.
     pub fn delete(&mut self, id: &str) -> Result<(), StageError> {
+        self.stage_delete(id, None)
+    }
+
+    /// Stages a delete of the document `id` that commits only while it is still the version
+    /// `etag` names (see [`replace_if_match`](Self::replace_if_match)).
+    pub fn delete_if_match(&mut self, id: &str, etag: &ETag) -> Result<(), StageError> {
+        self.stage_delete(id, Some(etag.0.clone()))
+    }
+
+    fn stage_delete(&mut self, id: &str, if_match: Option<String>) -> Result<(), StageError> {
         document::guard_not_reserved(id)?;
         let handle = self.handle()?;
         handle.ensure_room()?;
-        handle
-            .writes
-            .push(BatchOperation::Delete { id: id.to_owned() });
+        handle.writes.push(BatchOperation::Delete {
+            id: id.to_owned(),
+            if_match,
+        });
         Ok(())
     }
 

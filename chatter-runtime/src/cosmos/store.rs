@@ -8,7 +8,9 @@
 use azure_data_cosmos::TransactionalBatch;
 use azure_data_cosmos::clients::ContainerClient;
 use azure_data_cosmos::models::{PartitionKey, PatchInstructions, PatchOperation};
-use azure_data_cosmos::options::{PatchItemOptions, PatchStrategy};
+use azure_data_cosmos::options::{
+    BatchDeleteOptions, BatchReplaceOptions, PatchItemOptions, PatchStrategy, Precondition,
+};
 use serde_json::Value;
 
 use super::error::CosmosStoreError;
@@ -43,12 +45,38 @@ pub enum BatchOperation {
         id: String,
         /// The new document.
         doc: Value,
+        /// Only while the stored document's ETag is this one (412 otherwise).
+        if_match: Option<String>,
     },
     /// Delete the document `id` (404 if missing).
     Delete {
         /// Id of the document to delete.
         id: String,
+        /// Only while the stored document's ETag is this one (412 otherwise).
+        if_match: Option<String>,
     },
+}
+
+impl BatchOperation {
+    /// The operation's name, as errors say it (`create`, `upsert`, `replace`, `delete`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Create(_) => "create",
+            Self::Upsert(_) => "upsert",
+            Self::Replace { .. } => "replace",
+            Self::Delete { .. } => "delete",
+        }
+    }
+
+    /// The id of the document it writes (empty when the document has none).
+    pub fn id(&self) -> &str {
+        match self {
+            Self::Create(doc) | Self::Upsert(doc) => {
+                doc.get("id").and_then(Value::as_str).unwrap_or_default()
+            }
+            Self::Replace { id, .. } | Self::Delete { id, .. } => id,
+        }
+    }
 }
 
 /// The result of one operation of a transactional batch.
@@ -121,8 +149,18 @@ pub async fn execute_batch(
         batch = match operation {
             BatchOperation::Create(doc) => batch.create_item(doc),
             BatchOperation::Upsert(doc) => batch.upsert_item(doc, None),
-            BatchOperation::Replace { id, doc } => batch.replace_item(id, doc, None),
-            BatchOperation::Delete { id } => Ok(batch.delete_item(id, None)),
+            BatchOperation::Replace { id, doc, if_match } => {
+                let options = if_match.map(|etag| {
+                    BatchReplaceOptions::default().with_precondition(Precondition::if_match(etag))
+                });
+                batch.replace_item(id, doc, options)
+            }
+            BatchOperation::Delete { id, if_match } => {
+                let options = if_match.map(|etag| {
+                    BatchDeleteOptions::default().with_precondition(Precondition::if_match(etag))
+                });
+                Ok(batch.delete_item(id, options))
+            }
         }
         .map_err(|e| CosmosStoreError::codec(OPERATION, e))?;
     }

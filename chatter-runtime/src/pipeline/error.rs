@@ -60,6 +60,20 @@ pub enum PipelineError {
         #[source]
         source: BoxError,
     },
+    /// The handler rejected the command ([`Rejection`](crate::Rejection)): nothing was
+    /// committed, and it is never tried again (the consumer dead-letters it at once with the
+    /// reason).
+    #[error(
+        "handler of `{command}` rejected message '{message_id}': {rejection}; nothing was committed and it is not tried again"
+    )]
+    Rejected {
+        /// The command name.
+        command: &'static str,
+        /// The message id.
+        message_id: String,
+        /// The handler's rejection.
+        rejection: crate::Rejection,
+    },
     /// The handler (or the command's deserialization) panicked; nothing was committed. Counted
     /// as a failed attempt: retried, then dead-lettered.
     #[error(
@@ -135,6 +149,7 @@ impl PipelineError {
             Self::Decode { .. } => "chatter_runtime::PipelineError::Decode",
             Self::Marker { .. } => "chatter_runtime::PipelineError::Marker",
             Self::Handler { .. } => "chatter_runtime::PipelineError::Handler",
+            Self::Rejected { .. } => "chatter_runtime::PipelineError::Rejected",
             Self::HandlerPanicked { .. } => "chatter_runtime::PipelineError::HandlerPanicked",
             Self::TimedOut { .. } => "chatter_runtime::PipelineError::TimedOut",
             Self::BatchFailed { .. } => "chatter_runtime::PipelineError::BatchFailed",
@@ -160,9 +175,9 @@ impl PipelineError {
     }
 
     /// Whether this delivery can never succeed, however often it is tried: its body does not
-    /// decode into the command (or is not JSON), it has no message id, or no inbox marker can be built for its
-    /// message id. The consumer dead-letters such a delivery at once; every other failure is
-    /// tried again.
+    /// decode into the command (or is not JSON), it has no message id, no inbox marker can be
+    /// built for its message id, or its handler rejected it. The consumer dead-letters such a
+    /// delivery at once; every other failure is tried again.
     pub fn is_permanent(&self) -> bool {
         matches!(
             self,
@@ -170,7 +185,16 @@ impl PipelineError {
                 | Self::NotJson { .. }
                 | Self::Decode { .. }
                 | Self::Marker { .. }
+                | Self::Rejected { .. }
         )
+    }
+
+    /// The handler's rejection, when it rejected the command.
+    pub fn rejection(&self) -> Option<&crate::Rejection> {
+        match self {
+            Self::Rejected { rejection, .. } => Some(rejection),
+            _ => None,
+        }
     }
 }
 
@@ -182,6 +206,33 @@ pub enum BatchFailure {
     /// codes say which).
     #[error("Cosmos rejected the batch")]
     Rejected,
+    /// A write conditioned on an ETag (`replace_if_match`, `delete_if_match`) found the
+    /// document changed since it was read (412): another delivery wrote it first. Tried again:
+    /// the handler then reads the new version.
+    #[error(
+        "document '{id}' changed since the handler read it ({operation}, 412 precondition failed); the delivery is tried again and reads the new version"
+    )]
+    Conflict {
+        /// The operation (`replace`, `delete`).
+        operation: &'static str,
+        /// The document's id.
+        id: String,
+    },
+    /// One of the handler's writes (or outbox documents) failed: the operation, the document
+    /// and what the status means. Tried again like any failure (a handler that wants a 409 on
+    /// its `create` or a 404 on its `replace` to be final reads first and rejects).
+    #[error("{operation} of document '{id}' failed with {status}: {meaning}")]
+    WriteFailed {
+        /// The operation (`create`, `upsert`, `replace`, `delete`; `outbox create` for an
+        /// outbox document).
+        operation: &'static str,
+        /// The document's id.
+        id: String,
+        /// Its status code.
+        status: u16,
+        /// What the status means for that operation.
+        meaning: &'static str,
+    },
     /// The inbox marker conflicted with a document that is not this message id's inbox marker.
     #[error(
         "the inbox marker conflicted with document '{marker_id}', which is not the inbox marker of this message id"

@@ -7,8 +7,10 @@
 //! for the same message id.
 
 mod error;
+mod rejection;
 
 pub use error::{BatchFailure, PipelineError};
+pub use rejection::Rejection;
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
@@ -18,7 +20,7 @@ use futures::FutureExt;
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use crate::atomic_write::{AtomicWriteHandle, HandlerContext};
+use crate::atomic_write::{AtomicWriteHandle, HandlerContext, ReadScope};
 use crate::backoff;
 use crate::broker::Broker;
 use crate::cosmos::charge::RequestMeter;
@@ -29,6 +31,7 @@ use crate::cosmos::{
 use crate::document;
 use crate::partition_key;
 use crate::registry::RegisteredCommand;
+use crate::state::AppState;
 
 /// How a delivery ended when it did not fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +56,7 @@ pub(crate) struct Pipeline {
     cosmos: CosmosConnection,
     broker: Arc<dyn Broker>,
     charges: Arc<RequestMeter>,
+    state: Arc<AppState>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -70,11 +74,13 @@ impl Pipeline {
         cosmos: CosmosConnection,
         broker: Arc<dyn Broker>,
         charges: Arc<RequestMeter>,
+        state: Arc<AppState>,
     ) -> Self {
         Self {
             cosmos,
             broker,
             charges,
+            state,
         }
     }
 
@@ -125,11 +131,17 @@ impl Pipeline {
             writes: Vec::new(),
             outbox: Vec::new(),
         };
+        let reads = ReadScope {
+            container: Arc::clone(&container),
+            partition_key: key.clone(),
+            charges: Arc::clone(&self.charges),
+        };
         let mut ctx = HandlerContext::new(
             message_id.to_owned(),
             redelivered,
-            Some(handle),
+            Some((handle, reads)),
             Arc::clone(&self.broker),
+            Arc::clone(&self.state),
         );
         run_handler(command, body, &mut ctx).await?;
         let (handle, _) = ctx.into_parts();
@@ -138,8 +150,22 @@ impl Pipeline {
         let mut operations = Vec::with_capacity(handle.staged_operation_count());
         operations.push(BatchOperation::Create(marker));
         operations.extend(handle.writes);
+        let writes = operations.len();
         operations.extend(handle.outbox.into_iter().map(BatchOperation::Create));
         let count = operations.len();
+        // What each operation is, to name the one that fails (the batch consumes them).
+        let labels: Vec<(&'static str, String)> = operations
+            .iter()
+            .enumerate()
+            .map(|(i, op)| {
+                let kind = if i >= writes {
+                    "outbox create"
+                } else {
+                    op.kind()
+                };
+                (kind, op.id().to_owned())
+            })
+            .collect();
 
         let outcome = store::execute_batch(&container, key.clone(), operations)
             .await
@@ -169,7 +195,7 @@ impl Pipeline {
         };
         let failed = |reason: BatchFailure| failed_because(reason, None);
         if statuses.first() != Some(&409) {
-            return Err(failed(BatchFailure::Rejected));
+            return Err(failed(failed_operation(&labels, &statuses)));
         }
         // A candidate duplicate: confirm against the conflicting document itself.
         match self
@@ -269,6 +295,7 @@ impl Pipeline {
             redelivered,
             None,
             Arc::clone(&self.broker),
+            Arc::clone(&self.state),
         );
         run_handler(command, body, &mut ctx).await?;
         let (_, direct) = ctx.into_parts();
@@ -282,6 +309,40 @@ impl Pipeline {
                 })?;
         }
         Ok(Outcome::HandledAtLeastOnce)
+    }
+}
+
+/// Which operation of a batch failed, from the per-operation status codes (the first that is
+/// not a success nor a 424, "failed because another did"): a conflict for a 412, a named write
+/// for any other; [`BatchFailure::Rejected`] when none can be told.
+fn failed_operation(labels: &[(&'static str, String)], statuses: &[u16]) -> BatchFailure {
+    let Some((position, status)) = statuses
+        .iter()
+        .enumerate()
+        .find(|(_, status)| **status >= 400 && **status != 424)
+    else {
+        return BatchFailure::Rejected;
+    };
+    let Some((operation, id)) = labels.get(position).cloned() else {
+        return BatchFailure::Rejected;
+    };
+    if *status == 412 {
+        return BatchFailure::Conflict { operation, id };
+    }
+    let meaning = match (*status, operation) {
+        (409, _) => "a document with this id already exists in the partition",
+        (404, _) => "no document with this id exists in the partition",
+        (413, _) => "the document is larger than Cosmos allows",
+        (400, _) => "Cosmos refused the document as malformed",
+        (403, _) => "the account refused the write (a permission, or the partition is full)",
+        (429, _) => "the request rate was too large (throttled)",
+        _ => "Cosmos refused the operation",
+    };
+    BatchFailure::WriteFailed {
+        operation,
+        id,
+        status: *status,
+        meaning,
     }
 }
 
@@ -314,11 +375,20 @@ async fn run_handler(
                 message_id: message_id.clone(),
                 source,
             })?;
-        future.await.map_err(|source| PipelineError::Handler {
-            command: name,
-            message_id: message_id.clone(),
-            source,
-        })
+        future
+            .await
+            .map_err(|source| match source.downcast::<crate::Rejection>() {
+                Ok(rejection) => PipelineError::Rejected {
+                    command: name,
+                    message_id: message_id.clone(),
+                    rejection: *rejection,
+                },
+                Err(source) => PipelineError::Handler {
+                    command: name,
+                    message_id: message_id.clone(),
+                    source,
+                },
+            })
     };
     // Unwind safety: after a panic the context and its staged writes are dropped unused.
     match AssertUnwindSafe(attempt).catch_unwind().await {

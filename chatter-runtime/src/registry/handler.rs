@@ -25,6 +25,32 @@ pub struct HandlerRegistration {
     ) -> Result<HandlerFuture<'a>, serde_json::Error>,
     /// Where the handler was written.
     pub location: SourceLocation,
+    /// The application state the handler takes as its third parameter (`State<T>`), if any.
+    pub state: Option<StateRequirement>,
+}
+
+/// The type of the application state a handler takes (`State<T>`): `start()` refuses the
+/// handler unless the runtime was given a `T`.
+#[derive(Debug, Clone, Copy)]
+pub struct StateRequirement {
+    /// `TypeId::of::<T>`.
+    pub type_id: fn() -> std::any::TypeId,
+    /// `type_name::<T>`, for the error.
+    pub type_name: fn() -> &'static str,
+}
+
+/// The state of type `T` of the delivery's runtime, for a handler's third parameter (called by
+/// `#[handler]`'s expansion).
+pub fn handler_state<T: Send + Sync + 'static>(
+    ctx: &HandlerContext,
+) -> Result<crate::State<T>, BoxError> {
+    ctx.state::<T>().ok_or_else(|| {
+        format!(
+            "no application state of type `{}` was given to the runtime (RuntimeBuilder::state)",
+            std::any::type_name::<T>()
+        )
+        .into()
+    })
 }
 
 /// What a handler function may return: `()` or `Result<(), E>` with `E` convertible into [`BoxError`].

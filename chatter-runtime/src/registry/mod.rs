@@ -15,7 +15,10 @@ pub use command::{
     CommandRegistration, DocumentReliable, SourceIdentityDeclaration, SourceLocation,
 };
 pub use error::{RegistrationProblem, RegistryError};
-pub use handler::{BoxError, HandlerFuture, HandlerRegistration, IntoHandlerResult};
+pub use handler::{
+    BoxError, HandlerFuture, HandlerRegistration, IntoHandlerResult, StateRequirement,
+    handler_state,
+};
 pub(crate) use validate::RegisteredCommand;
 pub use validate::Registry;
 

@@ -270,6 +270,7 @@ mod tests {
             handler_name: "h",
             invoke: |_, _| Ok(Box::pin(async { Ok(()) })),
             location: at(line),
+            state: None,
         }
     }
 

@@ -47,6 +47,19 @@ pub enum StartError {
         #[source]
         source: BrokerError,
     },
+    /// A handler takes application state (`State<T>`) of a type the runtime was not given
+    /// ([`RuntimeBuilder::state`](crate::RuntimeBuilder::state)).
+    #[error(
+        "handler `{handler}` ({location}) takes `State<{state_type}>`, but the runtime was given no `{state_type}`: add `.state(value)` to the RuntimeBuilder"
+    )]
+    MissingState {
+        /// The handler's path.
+        handler: &'static str,
+        /// Where it was written.
+        location: crate::registration::SourceLocation,
+        /// The state type.
+        state_type: &'static str,
+    },
     /// [`RuntimeBuilder::consumer_concurrency`](crate::RuntimeBuilder::consumer_concurrency)
     /// is 0 or above 65535, the largest prefetch a broker can be asked for.
     #[error(

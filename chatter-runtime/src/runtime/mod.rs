@@ -50,6 +50,7 @@ pub struct RuntimeBuilder {
     relay: Option<RelayOptions>,
     meter: telemetry::Source<opentelemetry::metrics::Meter>,
     tracer: telemetry::Source<opentelemetry::global::BoxedTracer>,
+    state: crate::state::AppState,
 }
 
 impl Default for RuntimeBuilder {
@@ -65,6 +66,7 @@ impl Default for RuntimeBuilder {
             relay: Some(RelayOptions::default()),
             meter: telemetry::Source::Global,
             tracer: telemetry::Source::Global,
+            state: crate::state::AppState::default(),
         }
     }
 }
@@ -87,6 +89,15 @@ impl RuntimeBuilder {
     #[cfg(feature = "test-support")]
     pub fn registry(mut self, registry: Registry) -> Self {
         self.registry = Some(registry);
+        self
+    }
+
+    /// Gives the handlers `value` as application state: a handler takes it as a third
+    /// parameter, [`State<T>`](crate::State) (shared, never cloned). One value per type; a
+    /// second of the same type replaces the first. `start()` refuses a handler whose state type
+    /// was not given, naming the handler and where it was written.
+    pub fn state<T: Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.state.insert(value);
         self
     }
 
@@ -227,6 +238,18 @@ impl RuntimeBuilder {
             Some(registry) => registry,
             None => Registry::from_inventory()?,
         };
+        for command in registry.commands() {
+            let handler = command.handler;
+            if let Some(needed) = handler.state
+                && !self.state.contains((needed.type_id)())
+            {
+                return Err(StartError::MissingState {
+                    handler: handler.handler_name,
+                    location: handler.location,
+                    state_type: (needed.type_name)(),
+                });
+            }
+        }
         let cosmos = match self.cosmos {
             Some(cosmos) => cosmos,
             None => CosmosConnection::resolve().await?,
@@ -285,7 +308,12 @@ impl RuntimeBuilder {
             }
             None => None,
         };
-        let pipeline = Pipeline::new(cosmos.clone(), broker.clone(), Arc::clone(&charges));
+        let pipeline = Pipeline::new(
+            cosmos.clone(),
+            broker.clone(),
+            Arc::clone(&charges),
+            Arc::new(self.state),
+        );
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
         let mut consumers = Vec::new();
