@@ -91,8 +91,9 @@ pub use registry::{BoxError, DocumentReliable};
 pub use relay::RelayOptions;
 pub use runtime::{
     ATTEMPTS_CONTEXT_KEY, ConsumerHealth, ConsumerState, DEAD_LETTER_REASON_CONTEXT_KEY,
-    DEFAULT_CONSUMER_CONCURRENCY, DEFAULT_DELIVERY_TIMEOUT, DEFAULT_MAX_DELIVERY_ATTEMPTS, Health,
-    LeaseHealth, Runtime, RuntimeBuilder, dead_letter_destination, start,
+    DEFAULT_CONSUMER_CONCURRENCY, DEFAULT_DELIVERY_TIMEOUT, DEFAULT_MAX_DELIVERY_ATTEMPTS,
+    DEFAULT_SHUTDOWN_DRAIN, Health, LeaseHealth, RelayNotIdle, Runtime, RuntimeBuilder,
+    dead_letter_destination, start,
 };
 pub use state::State;
 

@@ -10,8 +10,8 @@ use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::{CosmosConnection, provision};
 use chatter_runtime::{
     BatchFailure, BoxError, DEAD_LETTER_REASON_CONTEXT_KEY, DispatchError, DocumentReliable,
-    HandlerContext, PipelineError, Query, Rejection, Runtime, RuntimeBuilder, StartError, State,
-    dead_letter_destination, handler,
+    HandlerContext, PipelineError, Query, Rejection, RelayOptions, Runtime, RuntimeBuilder,
+    StartError, State, dead_letter_destination, handler,
 };
 use chatter_tests::broker::{next_delivery, publish_command, settled};
 use chatter_tests::store::find_document;
@@ -468,4 +468,87 @@ async fn a_query_reads_the_partition_and_its_charge_counts_to_the_command() {
         "the query's charge counts: {with_query} RU with it, {without_query} RU without"
     );
     runtime.shutdown().await;
+}
+
+// Until the relay caught up: a runtime that dispatches and shuts down at once still publishes
+// the event its handler sent (shutdown lets the relay drain what is pending).
+#[tokio::test]
+async fn shutdown_right_after_dispatch_publishes_the_event() {
+    let cosmos = store().await;
+    provision::ensure_lease_container(&cosmos, DB, "shows-leases")
+        .await
+        .unwrap();
+    let broker = InMemoryBroker::new();
+    let mut events = broker.subscribe("SeatReserved").await.unwrap();
+    // The relay reads its leases once, then waits 2 s before reading again: a shutdown right
+    // after the dispatch comes before that next read.
+    let runtime = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .broker(broker.clone())
+        .state(pricing())
+        .consume(false)
+        .relay_options(RelayOptions::default().poll_interval(Duration::from_secs(2)))
+        .start()
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while runtime
+            .relay_leases()
+            .await
+            .iter()
+            .all(|(_, l)| l.is_empty())
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    runtime
+        .dispatch(seat("s-quick", "E5", "ann"), "m-quick")
+        .await
+        .unwrap();
+    runtime.shutdown().await;
+    let event = next_delivery(&mut events, Duration::from_secs(1)).await;
+    assert_eq!(event.message.message_id, "seat-reserved-m-quick");
+}
+
+// `relay_idle` waits until nothing is pending, and says so when the runtime does not relay.
+#[tokio::test]
+async fn relay_idle_waits_for_the_relay_and_refuses_without_one() {
+    let cosmos = store().await;
+    provision::ensure_lease_container(&cosmos, DB, "shows-leases")
+        .await
+        .unwrap();
+    let writer = builder(&cosmos, &InMemoryBroker::new())
+        .consume(false)
+        .start()
+        .await
+        .unwrap();
+    writer
+        .dispatch(seat("s-idle", "F6", "ann"), "m-idle")
+        .await
+        .unwrap();
+    let error = writer.relay_idle(Duration::from_secs(1)).await.unwrap_err();
+    assert!(
+        matches!(error, chatter_runtime::RelayNotIdle::NoRelay),
+        "{error}"
+    );
+    writer.shutdown().await;
+
+    let broker = InMemoryBroker::new();
+    let mut events = broker.subscribe("SeatReserved").await.unwrap();
+    let relay = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .broker(broker.clone())
+        .state(pricing())
+        .consume(false)
+        .start()
+        .await
+        .unwrap();
+    relay.relay_idle(Duration::from_secs(30)).await.unwrap();
+    // Idle means published: the event is there to take at once.
+    let event = next_delivery(&mut events, Duration::from_millis(100)).await;
+    assert_eq!(event.message.message_id, "seat-reserved-m-idle");
+    relay.shutdown().await;
 }

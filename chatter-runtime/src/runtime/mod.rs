@@ -3,6 +3,7 @@
 mod consumer;
 mod error;
 mod health;
+mod idle;
 
 pub use crate::broker::dead_letter_destination;
 pub use consumer::{
@@ -11,6 +12,7 @@ pub use consumer::{
 };
 pub use error::{DispatchError, StartError};
 pub use health::{ConsumerHealth, ConsumerState, Health, LeaseHealth};
+pub use idle::RelayNotIdle;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +23,7 @@ use tokio_util::task::TaskTracker;
 use crate::broker::{Broker, InMemoryBroker};
 use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::{CosmosConnection, RequestCharges};
+use crate::error_chain::ErrorChain;
 use crate::pipeline::{Outcome, Pipeline};
 use crate::registry::{CommandRegistration, DocumentReliable, Registry};
 use crate::relay::RelayOptions;
@@ -51,7 +54,11 @@ pub struct RuntimeBuilder {
     meter: telemetry::Source<opentelemetry::metrics::Meter>,
     tracer: telemetry::Source<opentelemetry::global::BoxedTracer>,
     state: crate::state::AppState,
+    shutdown_drain: Duration,
 }
+
+/// How long [`Runtime::shutdown`] waits by default for the relay to publish what is pending.
+pub const DEFAULT_SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
 
 impl Default for RuntimeBuilder {
     fn default() -> Self {
@@ -67,6 +74,7 @@ impl Default for RuntimeBuilder {
             meter: telemetry::Source::Global,
             tracer: telemetry::Source::Global,
             state: crate::state::AppState::default(),
+            shutdown_drain: DEFAULT_SHUTDOWN_DRAIN,
         }
     }
 }
@@ -98,6 +106,14 @@ impl RuntimeBuilder {
     /// was not given, naming the handler and where it was written.
     pub fn state<T: Send + Sync + 'static>(mut self, value: T) -> Self {
         self.state.insert(value);
+        self
+    }
+
+    /// How long [`Runtime::shutdown`] lets the relay publish the Outbox Documents still pending
+    /// before it stops (default [`DEFAULT_SHUTDOWN_DRAIN`]; zero: not at all). What is left
+    /// stays pending for another instance or the next start: nothing is lost either way.
+    pub fn shutdown_drain(mut self, within: Duration) -> Self {
+        self.shutdown_drain = within;
         self
     }
 
@@ -389,6 +405,7 @@ impl RuntimeBuilder {
                 relay,
                 consumers,
                 charges,
+                shutdown_drain: self.shutdown_drain,
             }),
         })
     }
@@ -411,6 +428,7 @@ struct Inner {
     relay: tokio::sync::Mutex<Option<RelayHost>>,
     consumers: Vec<health::ConsumerStatus>,
     charges: Arc<RequestMeter>,
+    shutdown_drain: Duration,
 }
 
 impl std::fmt::Debug for Inner {
@@ -541,9 +559,27 @@ impl Runtime {
             .unwrap_or_default()
     }
 
+    /// Waits until the relay has published every Outbox Document pending in the containers
+    /// this runtime's commands write (as a test or an example waits for its events), at most
+    /// `within`.
+    ///
+    /// # Errors
+    ///
+    /// [`RelayNotIdle`]: the runtime does not relay, or documents were still pending at the
+    /// deadline ([`health`](Self::health) says whether a lease is suspended or blocked), or
+    /// they could not be counted.
+    pub async fn relay_idle(&self, within: Duration) -> Result<(), RelayNotIdle> {
+        if self.inner.relay.lock().await.is_none() {
+            return Err(RelayNotIdle::NoRelay);
+        }
+        idle::wait_until_idle(&self.inner.cosmos, &self.inner.registry, within).await
+    }
+
     /// Stops consuming and waits for deliveries in progress to settle (each at most its
     /// [delivery timeout](RuntimeBuilder::delivery_timeout); one that runs out counts as a
-    /// failed attempt and is republished), then stops the relay: pages in flight finish and
+    /// failed attempt and is republished), lets the relay publish what is pending (at most
+    /// [`shutdown_drain`](RuntimeBuilder::shutdown_drain); what is left stays pending for
+    /// another instance or the next start), then stops the relay: pages in flight finish and
     /// leases are released for other instances.
     ///
     /// Deliveries a consumer holds that have not started (waiting behind another delivery of
@@ -553,6 +589,18 @@ impl Runtime {
         self.inner.cancel.cancel();
         self.inner.tracker.close();
         self.inner.tracker.wait().await;
+        let relays = self.inner.relay.lock().await.is_some();
+        if relays && !self.inner.shutdown_drain.is_zero() {
+            let drained = idle::wait_until_idle(
+                &self.inner.cosmos,
+                &self.inner.registry,
+                self.inner.shutdown_drain,
+            )
+            .await;
+            if let Err(error) = drained {
+                tracing::warn!(error = %ErrorChain(&error), "chatter runtime stops with outbox documents still pending; another instance or the next start relays them");
+            }
+        }
         if let Some(relay) = self.inner.relay.lock().await.take() {
             relay.shutdown().await;
         }

@@ -1,0 +1,118 @@
+//! Whether the relay caught up: no pending Outbox Document left in the containers a runtime
+//! relays. What `Runtime::relay_idle` waits for, and what `Runtime::shutdown` gives the relay a
+//! moment to reach, so a process that dispatches and stops still publishes what it wrote.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use azure_data_cosmos::Query;
+use azure_data_cosmos::feed::FeedScope;
+use futures::StreamExt;
+use serde_json::Value;
+
+use crate::cosmos::{CosmosConnection, CosmosStoreError};
+use crate::document;
+use crate::registry::Registry;
+
+/// How often the pending documents are counted while waiting.
+const POLL: Duration = Duration::from_millis(100);
+
+/// [`Runtime::relay_idle`](crate::Runtime::relay_idle) gave up: pending Outbox Documents remain.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayNotIdle {
+    /// This runtime does not relay ([`RuntimeBuilder::without_relay`](crate::RuntimeBuilder::without_relay)).
+    #[error(
+        "this runtime does not relay; its pending outbox documents wait for a runtime that does"
+    )]
+    NoRelay,
+    /// The deadline passed with documents still pending (a broker that is down, a suspended or
+    /// blocked lease: [`Runtime::health`](crate::Runtime::health) says which).
+    #[error("{pending} outbox document(s) still pending after {after:?}; health() tells why")]
+    StillPending {
+        /// Pending Outbox Documents at the last count.
+        pending: usize,
+        /// The deadline.
+        after: Duration,
+    },
+    /// Counting the pending documents failed until the deadline.
+    #[error("could not count the pending outbox documents within {after:?}")]
+    Store {
+        /// The deadline.
+        after: Duration,
+        /// The last store error.
+        #[source]
+        source: Box<CosmosStoreError>,
+    },
+}
+
+/// The pending Outbox Documents of every container `registry`'s commands write, as the relay's
+/// gate sees them (documents that only look pending are not counted: the relay skips them).
+pub(crate) async fn pending_outbox_documents(
+    cosmos: &CosmosConnection,
+    registry: &Registry,
+) -> Result<usize, CosmosStoreError> {
+    const OPERATION: &str = "query_items";
+    let containers: BTreeSet<(&str, &str)> = registry
+        .commands()
+        .iter()
+        .map(|c| (c.registration.database, c.registration.container))
+        .collect();
+    let mut pending = 0;
+    for (database, name) in containers {
+        let container = cosmos.container(database, name).await?;
+        let query = Query::from(format!(
+            "SELECT c.id, c.{message_id}, c.{kind}, c.{status} FROM c WHERE c.{kind} = @kind AND c.{status} = @pending",
+            message_id = document::outbox::MESSAGE_ID_FIELD,
+            kind = document::outbox::DISCRIMINATOR_FIELD,
+            status = document::outbox::STATUS_FIELD,
+        ))
+        .with_parameter("@kind", document::id::OUTBOX_KIND)
+        .and_then(|q| q.with_parameter("@pending", document::outbox::STATUS_PENDING))
+        .map_err(|e| CosmosStoreError::codec(OPERATION, e))?;
+        let mut items = container
+            .query_items::<Value>(query, FeedScope::full_container(), None)
+            .await
+            .map_err(|e| CosmosStoreError::request(OPERATION, e))?;
+        while let Some(item) = items.next().await {
+            let item = item.map_err(|e| CosmosStoreError::request(OPERATION, e))?;
+            if document::is_pending_outbox(&item) {
+                pending += 1;
+            }
+        }
+    }
+    Ok(pending)
+}
+
+/// Waits until no Outbox Document is pending, at most `within`.
+pub(crate) async fn wait_until_idle(
+    cosmos: &CosmosConnection,
+    registry: &Registry,
+    within: Duration,
+) -> Result<(), RelayNotIdle> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let counted = crate::cosmos::store::bounded(
+            "query_items",
+            left.max(Duration::from_millis(1)),
+            pending_outbox_documents(cosmos, registry),
+        )
+        .await;
+        let last = match counted {
+            Ok(0) => return Ok(()),
+            Ok(pending) => RelayNotIdle::StillPending {
+                pending,
+                after: within,
+            },
+            Err(source) => RelayNotIdle::Store {
+                after: within,
+                source: Box::new(source),
+            },
+        };
+        if tokio::time::Instant::now() + POLL >= deadline {
+            return Err(last);
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
