@@ -417,33 +417,79 @@ fn record_progress(ctx: &WorkerContext, slot: &LeaseSlot) {
 /// Returns the position reached (handed-over pages and empty reads only), which a release
 /// writes even when the last checkpoint write failed.
 async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<String> {
-    let processor = ctx.store.processor.as_str();
-    // Failures back off from the poll interval up to `max_backoff`; a success starts over.
-    let mut backoff = Backoff::new(ctx.options.poll_interval, ctx.options.max_backoff);
-    // Where the next read starts. It advances after every handled page even when writing the
-    // checkpoint fails, so a `Now` start keeps its position and a handled page is not handed
-    // over again by this owner; the written checkpoint catches up on the next write.
-    let mut position = slot.lease.lock().await.continuation_token.clone();
-    // The continuation last written to the lease; a position ahead of it is written as soon as
-    // a write works again.
-    let mut written = position.clone();
-    // The checkpoint of the page just handled, written while the next page is read: a backlog
-    // pays one store round trip per page for both, not two.
-    let mut checkpoint: Option<(Option<String>, usize)> = None;
-    // The reader of the lease's range, kept across pages so a range over several physical
-    // partitions is read round all of them; dropped (and opened again from `position`) whenever
-    // a page it read is not handed over.
-    let mut reader: Option<RangeReader> = None;
-    // Empty pages in a row: only a whole round of the range's partitions without changes
-    // means the lease is caught up.
-    let mut empty_in_a_row = 0usize;
+    let mut poll = Poll::new(ctx, slot).await;
     while !slot.is_stopping() {
+        match poll.step().await {
+            Next::Read => {}
+            Next::Pause(delay) => {
+                slot.pause(delay).await;
+            }
+            Next::Lost => return poll.position,
+        }
+    }
+    poll.finish().await
+}
+
+/// What a lease's poller does after one step.
+enum Next {
+    /// Read the next page at once.
+    Read,
+    /// Wait (or until asked to stop), then read.
+    Pause(Duration),
+    /// The lease is someone else's now: stop without writing anything more.
+    Lost,
+}
+
+/// One lease's poller between steps: where it reads from, what it has written, and what it
+/// owes the lease.
+struct Poll<'a> {
+    ctx: &'a WorkerContext,
+    slot: &'a LeaseSlot,
+    /// Failures back off from the poll interval up to `max_backoff`; a success starts over.
+    backoff: Backoff,
+    /// Where the next read starts. It advances after every handled page even when writing the
+    /// checkpoint fails, so a `Now` start keeps its position and a handled page is not handed
+    /// over again by this owner; the written checkpoint catches up on the next write.
+    position: Option<String>,
+    /// The continuation last written to the lease; a position ahead of it is written as soon as
+    /// a write works again.
+    written: Option<String>,
+    /// The checkpoint of the page just handled (and its size), written while the next page is
+    /// read: a backlog pays one store round trip per page for both, not two.
+    checkpoint: Option<(Option<String>, usize)>,
+    /// The reader of the lease's range, kept across pages so a range over several physical
+    /// partitions is read round all of them; dropped (and opened again from `position`)
+    /// whenever a page it read is not handed over.
+    reader: Option<RangeReader>,
+    /// Empty pages in a row: only a whole round of the range's partitions without changes
+    /// means the lease is caught up.
+    empty_in_a_row: usize,
+}
+
+impl<'a> Poll<'a> {
+    async fn new(ctx: &'a WorkerContext, slot: &'a LeaseSlot) -> Self {
+        let position = slot.lease.lock().await.continuation_token.clone();
+        Self {
+            ctx,
+            slot,
+            backoff: Backoff::new(ctx.options.poll_interval, ctx.options.max_backoff),
+            written: position.clone(),
+            position,
+            checkpoint: None,
+            reader: None,
+            empty_in_a_row: 0,
+        }
+    }
+
+    /// Reads a page (beside the previous page's checkpoint) and does what it calls for.
+    async fn step(&mut self) -> Next {
+        let (ctx, slot) = (self.ctx, self.slot);
         let read = bounded(
             "query_change_feed",
             ctx.options.store_timeout,
-            read_page(ctx, &slot.range, position.as_deref(), &mut reader),
+            read_page(ctx, &slot.range, self.position.as_deref(), &mut self.reader),
         );
-        let (wrote, read) = match checkpoint.take() {
+        let (wrote, read) = match self.checkpoint.take() {
             Some((next, count)) => {
                 let (wrote, read) = tokio::join!(slot.checkpoint(ctx, &next), read);
                 (Some((wrote, next, count)), read)
@@ -453,107 +499,126 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
         if let Some((wrote, next, count)) = wrote {
             match wrote {
                 Ok(()) => {
-                    written = next;
-                    tracing::debug!(processor, lease = %slot.lease_token, documents = count, "checkpointed");
+                    self.written = next;
+                    tracing::debug!(processor = %ctx.store.processor, lease = %slot.lease_token, documents = count, "checkpointed");
                     record_progress(ctx, slot);
-                    backoff.reset();
+                    self.backoff.reset();
                 }
                 // The page read beside it is not handed over: the lease is someone else's.
-                Err(WriteError::Lost) => return position,
-                Err(WriteError::Failed) => {
-                    // The page read beside it is dropped and read again after the backoff;
-                    // the position stays ahead of the checkpoint until a write works.
-                    reader = None;
-                    empty_in_a_row = 0;
-                    record_fault(ctx, slot, &"the checkpoint could not be written");
-                    slot.pause(backoff.next_delay()).await;
-                    continue;
-                }
+                Err(WriteError::Lost) => return Next::Lost,
+                // The page read beside it is dropped and read again after the backoff; the
+                // position stays ahead of the checkpoint until a write works.
+                Err(WriteError::Failed) => return self.checkpoint_failed(true),
             }
         }
         // Asked to stop during the read: its page is not handed over (nor checkpointed).
         if slot.is_stopping() {
-            break;
+            return Next::Read;
         }
-        let (documents, next, request_charge, parts) = match read {
-            Ok(page) => page,
-            Err(error) => {
-                reader = None;
-                empty_in_a_row = 0;
-                // Shown in `lease_statuses` either way, so a lease held up by a long split or
-                // merge is not taken for a healthy one.
-                let operator = needs_operator(&error);
-                record_fault_of(ctx, slot, &ErrorChain(&error), operator);
-                if error.status() == Some(410) {
-                    tracing::info!(
-                        processor, lease = %slot.lease_token, error = %ErrorChain(&error),
-                        "feed range gone (split or merge in progress); re-reading the feed ranges"
-                    );
-                    ctx.wake.notify_one();
-                } else {
-                    ctx.report(&LeaseFault {
-                        lease_token: &slot.lease_token,
-                        stage: LeaseFaultStage::Read,
-                        error: &error,
-                    });
-                }
-                let delay = if operator {
-                    // It fails the same way until someone acts: tried again at the cap, not
-                    // hammered.
-                    ctx.options.max_backoff
-                } else {
-                    // A throttled read waits at least as long as the service asked.
-                    backoff.next_delay_at_least(
-                        error.failed_request().and_then(RequestError::retry_after),
-                    )
-                };
-                slot.pause(delay).await;
-                continue;
+        match read {
+            Err(error) => self.read_failed(&error),
+            Ok((documents, next, _, parts)) if documents.is_empty() => {
+                self.nothing_new(next, parts).await
             }
-        };
-
-        if documents.is_empty() {
-            // Nothing to hand over; keep the (possibly advanced) position, e.g. the first
-            // `Now` position of a fresh lease.
-            position = next.clone();
-            if next != written {
-                match slot.checkpoint(ctx, &next).await {
-                    Err(WriteError::Lost) => return position,
-                    Err(WriteError::Failed) => {
-                        record_fault(ctx, slot, &"the checkpoint could not be written");
-                        slot.pause(backoff.next_delay()).await;
-                        continue;
-                    }
-                    Ok(()) => written = next,
-                }
+            Ok((documents, next, request_charge, _)) => {
+                self.hand_over(documents, next, request_charge).await
             }
-            // One partition of the range has nothing new: read the next one at once, until a
-            // whole round found nothing.
-            empty_in_a_row += 1;
-            if empty_in_a_row < parts {
-                continue;
-            }
-            // A round as the reader knew it: the range may have split since it was opened (the
-            // SDK then reads the children too), so count its partitions again before calling
-            // the lease caught up.
-            if let Some(reader) = reader.as_mut()
-                && empty_in_a_row < reader.recount(&ctx.monitored, &slot.range).await
-            {
-                continue;
-            }
-            empty_in_a_row = 0;
-            record_progress(ctx, slot);
-            if let Some(empty_reads) = &ctx.empty_reads {
-                let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    empty_reads(&slot.lease_token);
-                }));
-            }
-            backoff.reset();
-            slot.pause(ctx.options.poll_interval).await;
-            continue;
         }
+    }
 
-        empty_in_a_row = 0;
+    /// A checkpoint could not be written: reported, tried again after the backoff (with a
+    /// fresh reader when the page read beside it is dropped).
+    fn checkpoint_failed(&mut self, drop_reader: bool) -> Next {
+        if drop_reader {
+            self.reader = None;
+            self.empty_in_a_row = 0;
+        }
+        record_fault(self.ctx, self.slot, &"the checkpoint could not be written");
+        Next::Pause(self.backoff.next_delay())
+    }
+
+    /// A read failed: reported (a 410 makes the coordinator look at the feed ranges again),
+    /// and tried again after the backoff, or at the cap when it needs an operator.
+    fn read_failed(&mut self, error: &StoreError) -> Next {
+        let (ctx, slot) = (self.ctx, self.slot);
+        self.reader = None;
+        self.empty_in_a_row = 0;
+        // Shown in `lease_statuses` either way, so a lease held up by a long split or merge is
+        // not taken for a healthy one.
+        let operator = needs_operator(error);
+        record_fault_of(ctx, slot, &ErrorChain(error), operator);
+        if error.status() == Some(410) {
+            tracing::info!(
+                processor = %ctx.store.processor, lease = %slot.lease_token, error = %ErrorChain(error),
+                "feed range gone (split or merge in progress); re-reading the feed ranges"
+            );
+            ctx.wake.notify_one();
+        } else {
+            ctx.report(&LeaseFault {
+                lease_token: &slot.lease_token,
+                stage: LeaseFaultStage::Read,
+                error,
+            });
+        }
+        Next::Pause(if operator {
+            // It fails the same way until someone acts: tried again at the cap, not hammered.
+            ctx.options.max_backoff
+        } else {
+            // A throttled read waits at least as long as the service asked.
+            self.backoff
+                .next_delay_at_least(error.failed_request().and_then(RequestError::retry_after))
+        })
+    }
+
+    /// A page without documents from one of the range's `parts` partitions: its position is
+    /// kept (and written, e.g. the first `Now` position of a fresh lease); the next partition
+    /// is read at once until a whole round found nothing, which is the lease caught up.
+    async fn nothing_new(&mut self, next: Option<String>, parts: usize) -> Next {
+        let (ctx, slot) = (self.ctx, self.slot);
+        self.position = next.clone();
+        if next != self.written {
+            match slot.checkpoint(ctx, &next).await {
+                Err(WriteError::Lost) => return Next::Lost,
+                Err(WriteError::Failed) => return self.checkpoint_failed(false),
+                Ok(()) => self.written = next,
+            }
+        }
+        self.empty_in_a_row += 1;
+        if self.empty_in_a_row < parts {
+            return Next::Read;
+        }
+        // A round as the reader knew it: the range may have split since it was opened (the SDK
+        // then reads the children too), so count its partitions again before calling the lease
+        // caught up.
+        if let Some(reader) = self.reader.as_mut()
+            && self.empty_in_a_row < reader.recount(&ctx.monitored, &slot.range).await
+        {
+            return Next::Read;
+        }
+        self.empty_in_a_row = 0;
+        record_progress(ctx, slot);
+        if let Some(empty_reads) = &ctx.empty_reads {
+            let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                empty_reads(&slot.lease_token);
+            }));
+        }
+        self.backoff.reset();
+        Next::Pause(ctx.options.poll_interval)
+    }
+
+    /// Hands a page to the batch handler. Handled: the position moves past it and its
+    /// checkpoint is written beside the next read (read until caught up: only an empty read
+    /// waits the poll interval; a short page is no sign of the end, as the service also cuts
+    /// pages at its response-size limit). Failed, panicked or timed out: reported, and the same
+    /// documents are read again after the backoff.
+    async fn hand_over(
+        &mut self,
+        documents: Vec<Value>,
+        next: Option<String>,
+        request_charge: f64,
+    ) -> Next {
+        let (ctx, slot) = (self.ctx, self.slot);
+        self.empty_in_a_row = 0;
         let count = documents.len();
         let batch = ChangeFeedBatch {
             documents,
@@ -577,39 +642,38 @@ async fn poll_until_stopped(ctx: &WorkerContext, slot: &LeaseSlot) -> Option<Str
                 after: ctx.options.handler_timeout,
             }) as BoxError),
         };
-        if let Some(error) = &failure {
-            // Read again from the position before this page.
-            reader = None;
-            empty_in_a_row = 0;
-            record_fault(ctx, slot, &ErrorChain(error.as_ref()));
-            ctx.report(&LeaseFault {
-                lease_token: &slot.lease_token,
-                stage: LeaseFaultStage::Handler,
-                error: error.as_ref(),
-            });
-            tracing::debug!(
-                processor, lease = %slot.lease_token, documents = count,
-                "the same documents are read again after a backoff"
-            );
-            slot.pause(backoff.next_delay()).await;
-            continue;
+        let Some(error) = failure else {
+            self.position = next.clone();
+            self.checkpoint = Some((next, count));
+            return Next::Read;
+        };
+        // Read again from the position before this page.
+        self.reader = None;
+        record_fault(ctx, slot, &ErrorChain(error.as_ref()));
+        ctx.report(&LeaseFault {
+            lease_token: &slot.lease_token,
+            stage: LeaseFaultStage::Handler,
+            error: error.as_ref(),
+        });
+        tracing::debug!(
+            processor = %ctx.store.processor, lease = %slot.lease_token, documents = count,
+            "the same documents are read again after a backoff"
+        );
+        Next::Pause(self.backoff.next_delay())
+    }
+
+    /// Asked to stop with a handled page not yet checkpointed: writes it now, so a split's
+    /// child leases start after it (a shutdown's release writes the position anyway; a lost
+    /// lease is someone else's to write). Returns the position reached.
+    async fn finish(self) -> Option<String> {
+        if let Some((next, _)) = self.checkpoint
+            && self.slot.reason() != StopReason::Lost
+            && self.slot.checkpoint(self.ctx, &next).await.is_err()
+        {
+            record_fault(self.ctx, self.slot, &"the checkpoint could not be written");
         }
-        position = next.clone();
-        // Read until caught up: a page with documents is followed by the next read at once,
-        // beside its checkpoint. Only an empty read waits the poll interval; a short page is no
-        // sign of the end (the service also cuts pages at its response-size limit).
-        checkpoint = Some((next, count));
+        self.position
     }
-    // Asked to stop with a handled page not yet checkpointed: write it now, so a split's child
-    // leases start after it (a shutdown's release writes the position anyway; a lost lease is
-    // someone else's to write).
-    if let Some((next, _)) = checkpoint
-        && slot.reason() != StopReason::Lost
-        && slot.checkpoint(ctx, &next).await.is_err()
-    {
-        record_fault(ctx, slot, &"the checkpoint could not be written");
-    }
-    position
 }
 
 /// Reads the next page of the lease's feed range with `reader`, opening it from `continuation`
