@@ -2,9 +2,12 @@
 //!
 //! Receives `CreateOrder` commands through the broker; the handler writes the order and sends an
 //! `OrderCreated` message through the outbox, and both commit in one Cosmos TransactionalBatch with
-//! the inbox marker. One command is delivered twice: the second delivery is deduplicated. The
-//! change-feed relay then publishes each `OrderCreated` to the `order-events` destination, where a
-//! consumer receives it, and stamps the outbox document delivered with a one-day TTL.
+//! the inbox marker. One command is delivered twice: the second delivery is deduplicated. Then the
+//! first order is cancelled (`CancelOrder` reads the order and writes it back only if it did not
+//! change meanwhile) and cancelled again, which the handler rejects for good: that delivery is
+//! dead-lettered at once with the reason. The change-feed relay publishes each `OrderCreated` and
+//! the `OrderCancelled` to the `order-events` destination, where a consumer receives them, and
+//! stamps each outbox document delivered with a one-day TTL.
 //!
 //! Uses the embedded in-memory Cosmos emulator, or the store named by `CHATTER_COSMOS_ENDPOINT`
 //! (e.g. a `chatter-emulator` started with `cargo run -p chatter-emulator`). Exits by itself once
@@ -23,7 +26,10 @@ use std::time::Duration;
 use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::{self, CosmosConnection, ReadOutcome, provision};
-use chatter_runtime::{BoxError, DocumentReliable, ErrorChain, HandlerContext, Runtime, handler};
+use chatter_runtime::{
+    BoxError, DEAD_LETTER_REASON_CONTEXT_KEY, DocumentReliable, HandlerContext, Rejection, Report,
+    Runtime, dead_letter_destination, handler,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -82,6 +88,49 @@ async fn create_order(command: CreateOrder, ctx: &mut HandlerContext) -> Result<
     Ok(())
 }
 
+/// Cancels a placed order.
+#[derive(Debug, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "shop", container = "orders", lease = "orders-leases")]
+#[partition_key(path = "/orderId")]
+#[serde(rename_all = "camelCase")]
+pub struct CancelOrder {
+    /// The order to cancel.
+    pub order_id: String,
+}
+
+/// An order document, as `create_order` writes it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Order {
+    id: String,
+    order_id: String,
+    quantity: u32,
+    state: String,
+}
+
+#[handler]
+async fn cancel_order(command: CancelOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    // A read sees what is committed; the write below commits only if it is still that version.
+    let Some(mut order) = ctx.read::<Order>(&command.order_id).await? else {
+        return Err(Rejection::new(format!("order {} does not exist", command.order_id)).into());
+    };
+    if order.document.state == "cancelled" {
+        // Wrong for good: never retried, dead-lettered at once with this reason.
+        return Err(
+            Rejection::new(format!("order {} is already cancelled", command.order_id)).into(),
+        );
+    }
+    println!("  handler: CancelOrder {}", command.order_id);
+    order.document.state = "cancelled".into();
+    ctx.replace_if_match(&command.order_id, &order.document, &order.etag)?;
+    ctx.send_json(
+        &format!("{}:OrderCancelled", ctx.message_id()),
+        "order-events",
+        &json!({ "orderId": command.order_id }),
+    )?;
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -91,14 +140,14 @@ async fn main() -> ExitCode {
     match run().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            // A sentence with its causes, not a `Debug` dump.
-            eprintln!("shop: {}", ErrorChain(&*error));
+            // A `Report` prints as a sentence with its causes, not a `Debug` dump.
+            eprintln!("shop: {error}");
             ExitCode::FAILURE
         }
     }
 }
 
-async fn run() -> Result<(), BoxError> {
+async fn run() -> Result<(), Report> {
     let cosmos = CosmosConnection::resolve().await?;
     println!(
         "store: {}",
@@ -120,6 +169,10 @@ async fn run() -> Result<(), BoxError> {
     let broker = InMemoryBroker::new();
     // A downstream service: consumes the events the relay publishes.
     let mut events = broker.subscribe("order-events").await?;
+    // An operator's view of the commands refused for good.
+    let mut refused = broker
+        .subscribe(&dead_letter_destination("CancelOrder"))
+        .await?;
     let received = std::sync::Arc::new(AtomicUsize::new(0));
     let consumer_count = received.clone();
     tokio::spawn(async move {
@@ -223,6 +276,44 @@ async fn run() -> Result<(), BoxError> {
         }
         outbox_ids.push((order_id.clone(), ids[2].clone()));
     }
+    // Cancel the first order, then cancel it again: the second is refused for good.
+    for attempt in ["cancel", "cancel-again"] {
+        let body = serde_json::to_string(&CancelOrder {
+            order_id: first_id.clone(),
+        })?;
+        broker
+            .publish(BrokeredMessage::json(
+                format!("{first_id}:{attempt}"),
+                "CancelOrder",
+                body,
+            ))
+            .await?;
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while broker.pending_count("CancelOrder") > 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .map_err(|_| "the cancellations were not settled within 60 s")?;
+    }
+    let letter = tokio::time::timeout(Duration::from_secs(10), refused.next())
+        .await
+        .map_err(|_| "the second cancellation was not dead-lettered within 10 s")?
+        .ok_or("the dead-letter subscription closed")??;
+    let reason = letter
+        .message
+        .context
+        .get(DEAD_LETTER_REASON_CONTEXT_KEY)
+        .and_then(|r| r.as_str())
+        .unwrap_or_default()
+        .to_owned();
+    println!("  refused {}: {reason}", letter.message.message_id);
+    letter.ack().await?;
+    outbox_ids.push((
+        first_id.clone(),
+        chatter_runtime::cosmos::outbox_id(&format!("{first_id}:cancel:OrderCancelled"))?,
+    ));
+
     let runs = HANDLER_RUNS.load(Ordering::SeqCst);
     println!(
         "handler ran {runs} times for 3 deliveries; the store holds {committed} documents \
@@ -260,7 +351,7 @@ async fn run() -> Result<(), BoxError> {
     })
     .await;
     let events = received.load(Ordering::SeqCst);
-    println!("the consumer received {events} OrderCreated events");
+    println!("the consumer received {events} events");
 
     if serve {
         println!(

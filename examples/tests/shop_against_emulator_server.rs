@@ -48,6 +48,13 @@ async fn a_second_process_reads_the_examples_documents_in_the_exact_shapes() {
         .map(str::trim)
         .collect();
     assert_eq!(orders.len(), 2, "{stdout}");
+    // The second cancellation of the first order was refused for good, with its reason.
+    assert!(
+        stdout.lines().any(|l| l.trim().starts_with("refused")
+            && l.contains(":cancel-again")
+            && l.contains("is already cancelled")),
+        "{stdout}"
+    );
 
     let reader = CosmosConnection::connect(server.endpoint(), None)
         .await

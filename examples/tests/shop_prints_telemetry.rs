@@ -52,12 +52,13 @@ fn the_example_prints_the_drain_instruments_and_the_send_spans_in_their_commands
         );
     }
     let spans = spans(&stdout);
-    let process: Vec<&String> = spans["process CreateOrder"]
+    let process: Vec<&String> = ["process CreateOrder", "process CancelOrder"]
         .iter()
-        .map(|(id, _)| id)
+        .flat_map(|name| spans[*name].iter().map(|(id, _)| id))
         .collect();
     let sends = &spans["send order-events"];
-    assert_eq!(sends.len(), 2, "one send span per relayed event: {spans:?}");
+    // Two OrderCreated and one OrderCancelled.
+    assert_eq!(sends.len(), 3, "one send span per relayed event: {spans:?}");
     for (_, parent) in sends {
         assert!(
             process.contains(&parent),

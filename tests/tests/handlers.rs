@@ -14,7 +14,6 @@ use chatter_runtime::{
     StartError, State, dead_letter_destination, handler,
 };
 use chatter_tests::broker::{next_delivery, publish_command, settled};
-use chatter_tests::store::find_document;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -189,9 +188,8 @@ fn pricing() -> Pricing {
 
 async fn store() -> CosmosConnection {
     let cosmos = CosmosConnection::embedded().await.unwrap();
-    provision::ensure_container(&cosmos, DB, CONTAINER, &["/showId"])
-        .await
-        .unwrap();
+    // The container and lease container `ReserveSeat`'s registration names.
+    provision::ensure_for::<ReserveSeat>(&cosmos).await.unwrap();
     cosmos
 }
 
@@ -205,8 +203,10 @@ fn builder(cosmos: &CosmosConnection, broker: &InMemoryBroker) -> RuntimeBuilder
 }
 
 async fn read(cosmos: &CosmosConnection, show: &str, id: &str) -> Option<Value> {
-    let c = cosmos.container(DB, CONTAINER).await.unwrap();
-    find_document(&c, &[json!(show)], id).await
+    cosmos
+        .read(DB, CONTAINER, &[json!(show)], id)
+        .await
+        .unwrap()
 }
 
 fn seat(show: &str, seat: &str, holder: &str) -> ReserveSeat {
@@ -230,8 +230,14 @@ async fn application_state_reaches_the_handler() {
         .dispatch(seat("s-state", "A1", "ann"), "m-state")
         .await
         .unwrap();
-    let stored = read(&cosmos, "s-state", "seat:A1").await.unwrap();
-    assert_eq!(stored["priceCents"], 4200);
+    // Read back typed.
+    let stored: Seat = cosmos
+        .read(DB, CONTAINER, &[json!("s-state")], "seat:A1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.price_cents, 4200);
+    assert_eq!(stored.show_id, "s-state");
     runtime.shutdown().await;
 }
 
@@ -475,9 +481,6 @@ async fn a_query_reads_the_partition_and_its_charge_counts_to_the_command() {
 #[tokio::test]
 async fn shutdown_right_after_dispatch_publishes_the_event() {
     let cosmos = store().await;
-    provision::ensure_lease_container(&cosmos, DB, "shows-leases")
-        .await
-        .unwrap();
     let broker = InMemoryBroker::new();
     let mut events = broker.subscribe("SeatReserved").await.unwrap();
     // The relay reads its leases once, then waits 2 s before reading again: a shutdown right
@@ -517,9 +520,6 @@ async fn shutdown_right_after_dispatch_publishes_the_event() {
 #[tokio::test]
 async fn relay_idle_waits_for_the_relay_and_refuses_without_one() {
     let cosmos = store().await;
-    provision::ensure_lease_container(&cosmos, DB, "shows-leases")
-        .await
-        .unwrap();
     let writer = builder(&cosmos, &InMemoryBroker::new())
         .consume(false)
         .start()

@@ -160,6 +160,17 @@ impl CosmosConnection {
             "chatter is using the embedded in-memory Cosmos store: data is NOT persisted and is \
              lost when the process exits (set {ENDPOINT_ENV} to use a real account or an emulator)"
         );
+        // Without a subscriber nobody would see that warning: say it on stderr, once.
+        if !tracing::dispatcher::has_been_set() {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                eprintln!(
+                    "warning: chatter is using the embedded in-memory Cosmos store: data is NOT \
+                     persisted and is lost when the process exits (set {ENDPOINT_ENV} to use a \
+                     real account or an emulator)"
+                );
+            });
+        }
         Ok(Self::from_parts(client, EMBEDDED_ENDPOINT.to_owned(), true))
     }
 
@@ -207,6 +218,30 @@ impl CosmosConnection {
     /// `https://myaccount.documents.azure.com:443/` (part of a change-feed source identity).
     pub fn endpoint(&self) -> &str {
         &self.inner.endpoint
+    }
+
+    /// Reads document `id` of `database/container` under the partition-key values
+    /// `partition_key` as a `T` (e.g. to show what a command wrote); `None` when there is none.
+    ///
+    /// # Errors
+    ///
+    /// The key cannot be a Cosmos key, the store failed, or the document is not a `T`
+    /// ([`CosmosStoreError::Codec`]).
+    pub async fn read<T: serde::de::DeserializeOwned>(
+        &self,
+        database: &str,
+        container: &str,
+        partition_key: &[serde_json::Value],
+        id: &str,
+    ) -> Result<Option<T>, CosmosStoreError> {
+        let key = crate::partition_key::sdk_key(partition_key)?;
+        let handle = self.container(database, container).await?;
+        match super::store::read_item(&handle, key, id).await? {
+            super::store::ReadOutcome::NotFound => Ok(None),
+            super::store::ReadOutcome::Found { document, .. } => T::deserialize(document)
+                .map(Some)
+                .map_err(|e| CosmosStoreError::codec("read_item", e)),
+        }
     }
 
     /// Whether this is the embedded in-memory store.

@@ -82,6 +82,28 @@ pub async fn ensure_lease_container(
     ensure_container(connection, database, lease, &[LEASE_PARTITION_KEY_PATH]).await
 }
 
+/// Ensures the containers command `C` needs, from its registration: its container with its
+/// partition-key path(s), and its lease container, in its database (what the derive's
+/// `#[cosmos]` and `#[partition_key]` name, so nothing is spelled twice).
+pub async fn ensure_for<C: crate::DocumentReliable>(
+    connection: &CosmosConnection,
+) -> Result<(), CosmosStoreError> {
+    let registration = C::registration();
+    let paths: Vec<&str> = registration
+        .partition_key
+        .iter()
+        .map(|path| path.path)
+        .collect();
+    ensure_container(
+        connection,
+        registration.database,
+        registration.container,
+        &paths,
+    )
+    .await?;
+    ensure_lease_container(connection, registration.database, registration.lease).await
+}
+
 /// Ensures `database` exists.
 pub async fn ensure_database(
     connection: &CosmosConnection,
