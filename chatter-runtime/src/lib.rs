@@ -90,7 +90,10 @@ pub use error_report::Report;
 pub use message::BrokeredMessage;
 pub use pipeline::{BatchFailure, Outcome, Rejection};
 pub use registry::{BoxError, DocumentReliable};
-pub use relay::RelayOptions;
+pub use relay::{
+    BodyResolver, DrainContext, RelayOptions, RunningRelays, StandaloneRelay,
+    StandaloneRelayBuilder, StandaloneRelayError,
+};
 pub use runtime::{
     ATTEMPTS_CONTEXT_KEY, ConsumerHealth, ConsumerState, DEAD_LETTER_REASON_CONTEXT_KEY,
     DEFAULT_CONSUMER_CONCURRENCY, DEFAULT_DELIVERY_TIMEOUT, DEFAULT_MAX_DELIVERY_ATTEMPTS,

@@ -53,3 +53,22 @@ pub fn record_every_instrument(drain: &Drain, lease_token: &str, document: &serd
     metrics.suspension(lease_token);
     metrics.backlog(lease_token, 3);
 }
+
+/// `drain` on the standalone relay's resolver path: each admitted document's message built by a
+/// resolver `factory` makes for it.
+pub fn drain_with_resolver<F, R>(drain: Drain, factory: F) -> Drain
+where
+    F: Fn() -> R + Send + Sync + 'static,
+    R: crate::BodyResolver,
+{
+    drain.with_resolver(Some(crate::relay::resolver::factory(factory)))
+}
+
+/// `drain` admitting only the pending documents `filter` also accepts, as a standalone relay's
+/// additional pending filter.
+pub fn drain_with_pending_filter(
+    drain: Drain,
+    filter: impl Fn(&serde_json::Value) -> bool + Send + Sync + 'static,
+) -> Drain {
+    drain.with_pending_filter(Some(std::sync::Arc::new(filter)))
+}

@@ -92,7 +92,8 @@ async fn a_genuine_pending_document_is_published_verbatim_and_stamped_delivered_
         DrainReport {
             published: 1,
             skipped: 0,
-            undeliverable: 0
+            undeliverable: 0,
+            dropped: 0,
         }
     );
     // R3.23: the message reconstructed verbatim.
@@ -108,7 +109,8 @@ async fn a_genuine_pending_document_is_published_verbatim_and_stamped_delivered_
         DrainReport {
             published: 0,
             skipped: 1,
-            undeliverable: 0
+            undeliverable: 0,
+            dropped: 0,
         }
     );
     assert_eq!(broker.published_count("orders"), 1);
@@ -181,7 +183,8 @@ async fn documents_that_are_not_pending_outbox_documents_are_never_published_or_
         DrainReport {
             published: 0,
             skipped: stored_docs.len(),
-            undeliverable: 0
+            undeliverable: 0,
+            dropped: 0,
         }
     );
     assert_eq!(broker.published_count("orders"), 0);

@@ -78,7 +78,8 @@ async fn a_document_without_destination_is_stamped_undeliverable_without_ttl_and
         DrainReport {
             published: 0,
             skipped: 0,
-            undeliverable: 1
+            undeliverable: 1,
+            dropped: 0,
         }
     );
     assert_eq!(broker.published_count("orders"), 0, "nothing published");
@@ -216,7 +217,8 @@ async fn good_documents_after_a_poison_in_the_same_page_are_delivered() {
         DrainReport {
             published: 2,
             skipped: 0,
-            undeliverable: 1
+            undeliverable: 1,
+            dropped: 0,
         }
     );
     for doc in &page[1..] {

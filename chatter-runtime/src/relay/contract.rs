@@ -27,8 +27,9 @@ use std::time::Duration;
 use crate::cosmos::store::{self, ContainerSettings};
 use crate::cosmos::{ContainerClient, CosmosConnection, CosmosStoreError};
 use crate::document::outbox::RELAY_STAMPED_PATHS;
-use crate::partition_key;
+use crate::partition_key::{self, PartitionKeyPath};
 
+#[cfg(any(test, feature = "test-support"))]
 use super::identity::RelaySource;
 
 /// One way a monitored container breaks the contract. Its `Display` is the .NET module's verbatim
@@ -255,26 +256,54 @@ fn stamped_path(actual: &str) -> Option<&'static str> {
 /// reported as [`MonitoredContainerError::Unreadable`], and so is one whose handle or
 /// properties do not arrive within `timeout` (a [`CosmosStoreError::Timeout`]). The containers
 /// are checked concurrently.
+#[cfg(any(test, feature = "test-support"))]
 pub async fn verify_all(
     connection: &CosmosConnection,
     sources: &[RelaySource],
     timeout: Duration,
 ) -> Result<(), MonitoredContainersError> {
-    let checks = sources.iter().map(|source| async move {
+    verify_targets(
+        sources.iter().map(|source| Target {
+            connection,
+            database: source.database,
+            container: source.container,
+            partition_key_paths: source.partition_key_paths,
+        }),
+        timeout,
+    )
+    .await
+}
+
+/// One monitored container to verify: where it is and the partition-key paths declared for it.
+pub(crate) struct Target<'a> {
+    pub(crate) connection: &'a CosmosConnection,
+    pub(crate) database: &'a str,
+    pub(crate) container: &'a str,
+    pub(crate) partition_key_paths: &'a [PartitionKeyPath],
+}
+
+/// [`verify_all`] over any monitored containers (the pipeline relay's sources, the standalone
+/// relays' containers): concurrently, every failure reported in one error, in order.
+pub(crate) async fn verify_targets(
+    targets: impl Iterator<Item = Target<'_>>,
+    timeout: Duration,
+) -> Result<(), MonitoredContainersError> {
+    let checks = targets.map(|target| async move {
         let unreadable = |source_error| MonitoredContainerError::Unreadable {
-            database: source.database.to_owned(),
-            container: source.container.to_owned(),
+            database: target.database.to_owned(),
+            container: target.container.to_owned(),
             source: Box::new(source_error),
         };
-        let handle = connection
-            .container_within(source.database, source.container, timeout)
+        let handle = target
+            .connection
+            .container_within(target.database, target.container, timeout)
             .await
             .map_err(unreadable)?;
         let verified = verify(
             &handle,
-            source.database,
-            source.container,
-            source.partition_key_paths,
+            target.database,
+            target.container,
+            target.partition_key_paths,
         );
         tokio::time::timeout(timeout, verified)
             .await

@@ -98,6 +98,18 @@ pub(crate) fn refused(
     });
 }
 
+/// A standalone relay's pending filter panicked on a document: the document is not admitted.
+pub(crate) fn pending_filter_panicked(source_identity: &str, id: &str) {
+    guarded(|| {
+        tracing::error!(
+            source_identity,
+            id,
+            "The Cosmos Outbox Relay's additional pending filter panicked on document {id}; the \
+             document is not admitted (it stays as it is)."
+        );
+    });
+}
+
 /// The broker took a page of a lease it had refused: the lease drains again.
 pub(crate) fn refusal_lifted(source_identity: &str, lease_token: &str) {
     guarded(|| {

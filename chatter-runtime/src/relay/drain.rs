@@ -53,12 +53,14 @@ use tokio::sync::Semaphore;
 use super::delivery::DeliverySettings;
 use super::diagnostics;
 use super::error::DrainError;
+use super::resolver::{DrainContext, PendingFilter, ResolverFactory};
 use super::suspension::{Admission, ConfirmationReceipt, DrainGate};
 use crate::broker::{self, Broker, BrokerError};
 use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::{self, ContainerClient, CosmosStoreError};
 use crate::document::{self, ContractViolations, outbox, outbox_contract};
 use crate::error_chain::ErrorChain;
+use crate::message::BrokeredMessage;
 use crate::partition_key::{self, PartitionKeyPath};
 use crate::telemetry::Telemetry;
 use crate::telemetry::metrics::{DrainOutcome, SourceMetrics};
@@ -73,6 +75,9 @@ pub struct DrainReport {
     pub skipped: usize,
     /// Pending but never publishable: stamped `undeliverable`, not published.
     pub undeliverable: usize,
+    /// Pending, but the body resolver of a standalone relay built no message for it: stamped
+    /// delivered, nothing published.
+    pub dropped: usize,
 }
 
 impl std::ops::AddAssign for DrainReport {
@@ -80,6 +85,7 @@ impl std::ops::AddAssign for DrainReport {
         self.published += other.published;
         self.skipped += other.skipped;
         self.undeliverable += other.undeliverable;
+        self.dropped += other.dropped;
     }
 }
 
@@ -139,6 +145,7 @@ pub(crate) enum UndeliverableReason {
 enum Processed {
     Published(ConfirmationReceipt),
     Undeliverable(ConfirmationReceipt),
+    Dropped(ConfirmationReceipt),
 }
 
 /// A genuine pending Outbox Document of a page, its `id` (the pending gate admits only
@@ -211,6 +218,11 @@ pub struct Drain {
     charges: Arc<RequestMeter>,
     metrics: Option<Arc<SourceMetrics>>,
     tracer: SharedTracer,
+    /// The standalone relay's body resolver: without one, the verbatim path (the document is
+    /// the message, under the Outbox Document Contract).
+    resolver: Option<Arc<dyn ResolverFactory>>,
+    /// The standalone relay's additional pending filter (narrowing only).
+    pending_filter: Option<PendingFilter>,
 }
 
 /// The default bound of one publish and of one stamp.
@@ -249,6 +261,41 @@ impl Drain {
             charges: Arc::default(),
             metrics: None,
             tracer: None,
+            resolver: None,
+            pending_filter: None,
+        }
+    }
+
+    /// Builds each admitted document's message with a resolver from `factory` instead of
+    /// reading it from the document (the standalone relay's resolver path).
+    pub(crate) fn with_resolver(mut self, factory: Option<Arc<dyn ResolverFactory>>) -> Self {
+        self.resolver = factory;
+        self
+    }
+
+    /// Admits only the pending documents `filter` also accepts (evaluated once per document).
+    pub(crate) fn with_pending_filter(mut self, filter: Option<PendingFilter>) -> Self {
+        self.pending_filter = filter;
+        self
+    }
+
+    /// Whether a pending document passes the additional filter: evaluated exactly once; a
+    /// filter that panics admits nothing, and says so at Error.
+    fn passes_filter(&self, doc: &Value) -> bool {
+        let Some(filter) = &self.pending_filter else {
+            return true;
+        };
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| filter(doc))) {
+            Ok(admitted) => admitted,
+            Err(_) => {
+                diagnostics::pending_filter_panicked(
+                    self.gate.source_identity(),
+                    doc.get(outbox::ID_FIELD)
+                        .and_then(Value::as_str)
+                        .unwrap_or_default(),
+                );
+                false
+            }
         }
     }
 
@@ -450,7 +497,8 @@ impl Drain {
         let mut skipped = 0;
         for doc in documents {
             let id = doc.get(outbox::ID_FIELD).and_then(Value::as_str);
-            let (true, Some(id)) = (document::is_pending_outbox(doc), id) else {
+            let admitted = document::is_pending_outbox(doc) && self.passes_filter(doc);
+            let (true, Some(id)) = (admitted, id) else {
                 skipped += 1;
                 if let Some(metrics) = &self.metrics {
                     metrics.document(DrainOutcome::Skipped);
@@ -494,6 +542,10 @@ impl Drain {
                     outcome.report.published += 1;
                     outcome.receipt = Some(minted);
                 }
+                Ok(Processed::Dropped(minted)) => {
+                    outcome.report.dropped += 1;
+                    outcome.receipt = Some(minted);
+                }
                 Ok(Processed::Undeliverable(minted)) => {
                     outcome.report.undeliverable += 1;
                     outcome.receipt = Some(minted);
@@ -521,12 +573,18 @@ impl Drain {
         if let Some(metrics) = &self.metrics {
             metrics.lag(doc);
         }
-        let mut message = match outbox_contract::verify(doc) {
-            Ok(verified) => verified.into_message(),
-            Err(violations) => {
-                let reason = UndeliverableReason::Contract(violations);
-                return self.give_up(lease_token, key, id, &reason).await;
-            }
+        let mut message = match &self.resolver {
+            None => match outbox_contract::verify(doc) {
+                Ok(verified) => verified.into_message(),
+                Err(violations) => {
+                    let reason = UndeliverableReason::Contract(violations);
+                    return self.give_up(lease_token, key, id, &reason).await;
+                }
+            },
+            Some(factory) => match self.resolve(factory.as_ref(), pending).await? {
+                Some(message) => message,
+                None => return self.drop_document(key, id).await,
+            },
         };
         let message_id = message.message_id.clone();
         let destination = message.destination.clone();
@@ -599,6 +657,59 @@ impl Drain {
             "chatter relay published outbox message"
         );
         Ok(Processed::Published(receipt))
+    }
+
+    /// The resolver path: builds a resolver for the document and asks it for the message
+    /// (the Outbox Document Contract is not evaluated: thin documents are fine). Its error
+    /// fails the page with nothing published or stamped.
+    async fn resolve(
+        &self,
+        factory: &dyn ResolverFactory,
+        pending: &Pending<'_>,
+    ) -> Result<Option<BrokeredMessage>, DrainError> {
+        let message_id = pending
+            .doc
+            .get(outbox::MESSAGE_ID_FIELD)
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let context = DrainContext {
+            document: pending.doc,
+            message_id,
+            partition_key: &pending.key,
+            partition_key_paths: self.partition_key_paths,
+        };
+        factory
+            .resolve(&context)
+            .await
+            .map_err(|source| DrainError::Resolver {
+                message_id: message_id.to_owned(),
+                source,
+            })
+    }
+
+    /// The resolver built no message: publishes nothing and stamps the document delivered
+    /// (outcome `dropped`). A failed stamp fails the page as itself: nothing was published, so
+    /// it is no Confirmation Failure.
+    async fn drop_document(&self, key: &[Value], id: &str) -> Result<Processed, DrainError> {
+        let stamp = outbox::delivered_stamp(
+            &self.settings.delivered_status,
+            self.settings.delivered_ttl_seconds,
+        );
+        let receipt =
+            self.patch(key, id, &stamp)
+                .await
+                .map_err(|source| DrainError::DroppedStamp {
+                    id: id.to_owned(),
+                    source,
+                })?;
+        if let Some(metrics) = &self.metrics {
+            metrics.document(DrainOutcome::Dropped);
+        }
+        tracing::debug!(
+            id,
+            "chatter relay dropped an outbox document its resolver built no message for"
+        );
+        Ok(Processed::Dropped(receipt))
     }
 
     /// Stamps `undeliverable` (one op, no ttl: the document is kept for a person to inspect),

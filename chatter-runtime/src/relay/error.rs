@@ -47,31 +47,60 @@ pub enum RelayError {
     #[error(transparent)]
     Contract(#[from] MonitoredContainersError),
     /// A monitored or lease container could not be reached.
-    #[error(
-        "the relay of `{database}/{container}` could not reach container `{database}/{missing}`"
-    )]
+    #[error("the relay of `{database}/{container}` could not reach container `{missing}`")]
     Container {
         /// The database.
-        database: &'static str,
+        database: String,
         /// The monitored container.
-        container: &'static str,
-        /// The container that could not be reached.
-        missing: &'static str,
+        container: String,
+        /// The container that could not be reached, as `database/container`.
+        missing: String,
         /// The store error (boxed: it is large, and this error is returned by value).
         #[source]
         source: Box<CosmosStoreError>,
+    },
+    /// Two standalone relays declare the same `(monitored, lease)` source identity: they
+    /// would share one change-feed processor and its leases.
+    #[error(
+        "A standalone Cosmos outbox relay with the same declared source identity (MonitoredSourceIdentity '{monitored}', LeaseSourceIdentity '{lease}') is already registered. Two relays sharing a declared identity would share one change-feed processor and its leases, each draining half of the other's documents with its own settings. Supply DISTINCT MonitoredSourceIdentity/LeaseSourceIdentity values for distinct standalone relays over the same containers."
+    )]
+    DuplicateDeclaredIdentity {
+        /// The declared monitored identity.
+        monitored: String,
+        /// The declared lease identity.
+        lease: String,
+    },
+    /// Two relays without declared identities resolve to the same containers (account endpoint,
+    /// database and container of the monitored and the lease container), and so to one
+    /// change-feed processor name.
+    #[error(
+        "Two standalone Cosmos outbox relays resolved to the same ground-truth source identity (the same monitored and lease containers) and thus the same change-feed processor name '{processor_name}'. They would share that processor's leases, each draining part of the other's documents with its own settings. Declare distinct source identities for them, or register the relay once."
+    )]
+    SameGroundTruth {
+        /// The shared processor name.
+        processor_name: String,
     },
     /// A change-feed processor did not start.
     #[error("the change-feed processor of `{database}/{container}` did not start")]
     Processor {
         /// The database.
-        database: &'static str,
+        database: String,
         /// The monitored container.
-        container: &'static str,
+        container: String,
         /// Why.
         #[source]
         source: ChangeFeedError,
     },
+}
+
+impl RelayError {
+    /// Whether this is a refusal of a relay's identity (raised before any container is read).
+    pub fn is_identity_conflict(&self) -> bool {
+        matches!(
+            self,
+            Self::DuplicateDeclaredIdentity { .. } | Self::SameGroundTruth { .. }
+        )
+    }
 }
 
 /// Why a page failed; the processor reads it again.
@@ -153,6 +182,29 @@ pub enum DrainError {
         /// The lost lease.
         lease_token: String,
     },
+    /// A standalone relay's body resolver failed: nothing was published or stamped.
+    #[error(
+        "the body resolver failed on outbox message '{message_id}'; it stays pending and is resolved again"
+    )]
+    Resolver {
+        /// The document's message id.
+        message_id: String,
+        /// The resolver's error.
+        #[source]
+        source: crate::BoxError,
+    },
+    /// A document the body resolver built no message for could not be stamped delivered;
+    /// nothing was published, so this is no Confirmation Failure.
+    #[error(
+        "outbox document '{id}' needs no message (its resolver built none) and stamping it delivered failed"
+    )]
+    DroppedStamp {
+        /// The document id.
+        id: String,
+        /// The store error.
+        #[source]
+        source: CosmosStoreError,
+    },
     /// An undeliverable document could not be stamped; nothing was published, so this is no
     /// Confirmation Failure.
     #[error("outbox document '{id}' is undeliverable and stamping it so failed")]
@@ -175,6 +227,8 @@ impl DrainError {
             Self::Confirmation { .. } => "chatter_runtime::DrainError::Confirmation",
             Self::Cancelled { .. } => "chatter_runtime::DrainError::Cancelled",
             Self::LeaseLost { .. } => "chatter_runtime::DrainError::LeaseLost",
+            Self::Resolver { .. } => "chatter_runtime::DrainError::Resolver",
+            Self::DroppedStamp { .. } => "chatter_runtime::DrainError::DroppedStamp",
             Self::UndeliverableStamp { .. } => "chatter_runtime::DrainError::UndeliverableStamp",
         }
     }

@@ -17,12 +17,14 @@ use super::contract;
 use super::diagnostics;
 use super::drain::{Drain, InFlightLimit};
 use super::error::RelayError;
-use super::identity::{self, RelaySource};
+use super::identity::{self, RelaySource, SourceIdentity};
 use super::options::RelayOptions;
+use super::resolver::{PendingFilter, ResolverFactory};
 use super::suspension::DrainGate;
 use crate::broker::Broker;
 use crate::cosmos::CosmosConnection;
 use crate::cosmos::charge::RequestMeter;
+use crate::partition_key::PartitionKeyPath;
 use crate::telemetry::Telemetry;
 
 /// The running relays.
@@ -34,33 +36,91 @@ pub(crate) struct RelayHost {
     estimators: TaskTracker,
 }
 
-impl RelayHost {
-    /// Verifies every monitored container, then starts one processor per source. `options`
-    /// were validated by [`RuntimeBuilder::start`](crate::RuntimeBuilder::start), before it
-    /// checked any container with their store timeout.
-    pub(crate) async fn start(
+/// One change-feed processor to start: its source, its containers, how it drains.
+#[derive(Clone)]
+pub(crate) struct RelaySpec {
+    pub(crate) cosmos: CosmosConnection,
+    pub(crate) identity: SourceIdentity,
+    pub(crate) processor_name: String,
+    pub(crate) database: String,
+    pub(crate) container: String,
+    pub(crate) lease_database: String,
+    pub(crate) lease_container: String,
+    pub(crate) partition_key_paths: &'static [PartitionKeyPath],
+    pub(crate) options: RelayOptions,
+    /// The standalone relay's body resolver (`None`: the verbatim path).
+    pub(crate) resolver: Option<Arc<dyn ResolverFactory>>,
+    /// The standalone relay's additional pending filter.
+    pub(crate) pending_filter: Option<PendingFilter>,
+}
+
+impl RelaySpec {
+    /// The pipeline relay's processor of `source` (the verbatim path, `options` shared).
+    pub(crate) fn of_source(
         cosmos: &CosmosConnection,
-        broker: Arc<dyn Broker>,
-        sources: &[RelaySource],
+        source: &RelaySource,
         options: &RelayOptions,
+    ) -> Self {
+        Self {
+            cosmos: cosmos.clone(),
+            identity: source.identity.clone(),
+            processor_name: source.processor_name.clone(),
+            database: source.database.to_owned(),
+            container: source.container.to_owned(),
+            lease_database: source.database.to_owned(),
+            lease_container: source.lease.to_owned(),
+            partition_key_paths: source.partition_key_paths,
+            options: options.clone(),
+            resolver: None,
+            pending_filter: None,
+        }
+    }
+}
+
+impl RelayHost {
+    /// Verifies every monitored container, then starts one processor per spec, all sharing
+    /// one in-flight limit (the first spec's `max_in_flight`: the broker and the RU budget are
+    /// shared). Options were validated before, ahead of any container check. A processor that
+    /// does not start stops the ones that did; its error is the one returned.
+    pub(crate) async fn start_specs(
+        broker: Arc<dyn Broker>,
+        specs: Vec<RelaySpec>,
         charges: &Arc<RequestMeter>,
         telemetry: &Telemetry,
     ) -> Result<Self, RelayError> {
-        contract::verify_all(cosmos, sources, options.processor.store_timeout).await?;
+        let timeout = specs
+            .iter()
+            .map(|spec| spec.options.processor.store_timeout)
+            .max()
+            .unwrap_or_default();
+        contract::verify_targets(
+            specs.iter().map(|spec| contract::Target {
+                connection: &spec.cosmos,
+                database: &spec.database,
+                container: &spec.container,
+                partition_key_paths: spec.partition_key_paths,
+            }),
+            timeout,
+        )
+        .await?;
 
         let instance = identity::instance_name();
-        // One limit for every lease of every source: the broker and the RU budget are shared.
-        let in_flight = InFlightLimit::new(options.max_in_flight);
-        let mut processors = Vec::with_capacity(sources.len());
-        for source in sources {
+        let in_flight = InFlightLimit::new(
+            specs
+                .first()
+                .map_or(super::drain::DEFAULT_MAX_IN_FLIGHT, |s| {
+                    s.options.max_in_flight
+                }),
+        );
+        let mut processors = Vec::with_capacity(specs.len());
+        for spec in &specs {
             let shared = Shared {
                 instance: &instance,
-                options,
                 in_flight: &in_flight,
                 charges,
                 telemetry,
             };
-            match start_one(cosmos, &broker, source, &shared).await {
+            match start_one(&broker, spec, &shared).await {
                 Ok(processor) => processors.push(processor),
                 Err(error) => {
                     // Stop what already started; the original error is what the caller sees.
@@ -144,41 +204,43 @@ impl RelayHost {
     }
 }
 
-/// What every processor of one relay shares.
+/// What every processor of one relay host shares.
 struct Shared<'a> {
     instance: &'a str,
-    options: &'a RelayOptions,
     in_flight: &'a InFlightLimit,
     charges: &'a Arc<RequestMeter>,
     telemetry: &'a Telemetry,
 }
 
 async fn start_one(
-    cosmos: &CosmosConnection,
     broker: &Arc<dyn Broker>,
-    source: &RelaySource,
+    source: &RelaySpec,
     shared: &Shared<'_>,
 ) -> Result<Started, RelayError> {
     let Shared {
         instance,
-        options,
         in_flight,
         charges,
         telemetry,
     } = *shared;
-    let container = |name: &'static str| async move {
-        cosmos
-            .container_within(source.database, name, options.processor.store_timeout)
-            .await
-            .map_err(|e| RelayError::Container {
-                database: source.database,
-                container: source.container,
-                missing: name,
-                source: Box::new(e),
-            })
+    let options = &source.options;
+    let container = |database: &str, name: &str| {
+        let (database, name) = (database.to_owned(), name.to_owned());
+        async move {
+            source
+                .cosmos
+                .container_within(&database, &name, options.processor.store_timeout)
+                .await
+                .map_err(|e| RelayError::Container {
+                    database: source.database.clone(),
+                    container: source.container.clone(),
+                    missing: format!("{database}/{name}"),
+                    source: Box::new(e),
+                })
+        }
     };
-    let monitored = container(source.container).await?;
-    let leases = container(source.lease).await?;
+    let monitored = container(&source.database, &source.container).await?;
+    let leases = container(&source.lease_database, &source.lease_container).await?;
     let drain = Drain::new(
         source.processor_name.clone(),
         broker.clone(),
@@ -186,6 +248,8 @@ async fn start_one(
         source.partition_key_paths,
         options.delivery.clone(),
     )
+    .with_resolver(source.resolver.clone())
+    .with_pending_filter(source.pending_filter.clone())
     .with_timeouts(options.publish_timeout, options.processor.store_timeout)
     .with_in_flight_limit(in_flight.clone())
     .with_request_meter(Arc::clone(charges))
@@ -261,8 +325,8 @@ async fn start_one(
             })
             .await
             .map_err(|e| RelayError::Processor {
-                database: source.database,
-                container: source.container,
+                database: source.database.clone(),
+                container: source.container.clone(),
                 source: e,
             })?;
     tracing::info!(processor = processor_name, instance, container = %format!("{}/{}", source.database, source.container), "chatter relay started");

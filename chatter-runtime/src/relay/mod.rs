@@ -5,7 +5,9 @@
 //! | --- | --- |
 //! | `identity.rs` | change-feed source identities and processor names |
 //! | `contract.rs` | the Monitored Container Contract, checked before any processor starts |
-//! | `drain.rs` | what one page does: pending gate, Outbox Document Contract, publish, stamps |
+//! | `drain.rs` | what one page does: pending gate, Outbox Document Contract (or the body resolver), publish, stamps |
+//! | `resolver.rs` | the standalone relay's body-resolver seam and pending filter |
+//! | `standalone.rs` | the standalone relay: a container chatter's commands do not write, built and validated by its builder |
 //! | `suspension.rs` | Drain Suspension: the per-lease gate over Confirmation Failures |
 //! | `delivery.rs` | what a delivered document is stamped with |
 //! | `options.rs` | [`RelayOptions`] |
@@ -22,6 +24,12 @@ pub(crate) mod error;
 pub(crate) mod host;
 pub(crate) mod identity;
 mod options;
+pub(crate) mod resolver;
+pub(crate) mod standalone;
 pub(crate) mod suspension;
 
 pub use options::RelayOptions;
+pub use resolver::{BodyResolver, DrainContext};
+pub use standalone::{
+    RunningRelays, StandaloneRelay, StandaloneRelayBuilder, StandaloneRelayError,
+};

@@ -27,8 +27,9 @@ use crate::error_chain::ErrorChain;
 use crate::pipeline::{Outcome, Pipeline};
 use crate::registry::{CommandRegistration, DocumentReliable, Registry};
 use crate::relay::RelayOptions;
-use crate::relay::host::RelayHost;
+use crate::relay::host::{RelayHost, RelaySpec};
 use crate::relay::identity;
+use crate::relay::standalone::StandaloneRelay;
 use crate::telemetry::{self, Telemetry};
 
 /// Starts chatter from every registration in the binary, with settings from the environment.
@@ -55,6 +56,7 @@ pub struct RuntimeBuilder {
     tracer: telemetry::Source<opentelemetry::global::BoxedTracer>,
     state: crate::state::AppState,
     shutdown_drain: Duration,
+    standalone: Vec<StandaloneRelay>,
 }
 
 /// How long [`Runtime::shutdown`] waits by default for the relay to publish what is pending.
@@ -75,6 +77,7 @@ impl Default for RuntimeBuilder {
             tracer: telemetry::Source::Global,
             state: crate::state::AppState::default(),
             shutdown_drain: DEFAULT_SHUTDOWN_DRAIN,
+            standalone: Vec::new(),
         }
     }
 }
@@ -114,6 +117,16 @@ impl RuntimeBuilder {
     /// stays pending for another instance or the next start: nothing is lost either way.
     pub fn shutdown_drain(mut self, within: Duration) -> Self {
         self.shutdown_drain = within;
+        self
+    }
+
+    /// Adds a standalone relay ([`StandaloneRelay`]): it drains its container beside the
+    /// commands' pipeline relay, sharing the broker, the in-flight limit, `health()` and the
+    /// shutdown. Add several for several containers (each its own change-feed processor);
+    /// `start()` refuses two with one source identity, or one with a pipeline source's.
+    /// [`without_relay`](Self::without_relay) turns off the pipeline relay only.
+    pub fn standalone_relay(mut self, relay: StandaloneRelay) -> Self {
+        self.standalone.push(relay);
         self
     }
 
@@ -270,6 +283,9 @@ impl RuntimeBuilder {
             Some(cosmos) => cosmos,
             None => CosmosConnection::resolve().await?,
         };
+        // Every processor the relay will run, its identity checked against the others before
+        // any container is read.
+        let relay_specs = relay_specs(&registry, &cosmos, self.relay.as_ref(), &self.standalone)?;
         // Start-time store calls are bounded like the relay's: a store that does not answer
         // fails the start instead of hanging it.
         let defaults = RelayOptions::default();
@@ -307,20 +323,9 @@ impl RuntimeBuilder {
         let telemetry = Telemetry::resolve(self.meter, self.tracer);
         // The relay verifies every monitored container before any processor or consumer starts.
         let charges = Arc::new(RequestMeter::default());
-        let relay = match &self.relay {
-            Some(options) => {
-                let sources = identity::distinct_sources(&registry, cosmos.endpoint());
-                Some(
-                    RelayHost::start(
-                        &cosmos,
-                        broker.clone(),
-                        &sources,
-                        options,
-                        &charges,
-                        &telemetry,
-                    )
-                    .await?,
-                )
+        let relay = match relay_specs {
+            Some(specs) => {
+                Some(RelayHost::start_specs(broker.clone(), specs, &charges, &telemetry).await?)
             }
             None => None,
         };
@@ -409,6 +414,27 @@ impl RuntimeBuilder {
             }),
         })
     }
+}
+
+/// The processors the runtime's relay runs: one per distinct source of the registry (with
+/// `pipeline` options; none without them) and one per standalone relay. `None` when there are
+/// none. Two with one identity are refused.
+fn relay_specs(
+    registry: &Registry,
+    cosmos: &CosmosConnection,
+    pipeline: Option<&RelayOptions>,
+    standalone: &[StandaloneRelay],
+) -> Result<Option<Vec<RelaySpec>>, StartError> {
+    let mut specs: Vec<RelaySpec> = match pipeline {
+        Some(options) => identity::distinct_sources(registry, cosmos.endpoint())
+            .iter()
+            .map(|source| RelaySpec::of_source(cosmos, source, options))
+            .collect(),
+        None => Vec::new(),
+    };
+    let standalone = crate::relay::standalone::specs(&specs, standalone)?;
+    specs.extend(standalone);
+    Ok((!specs.is_empty()).then_some(specs))
 }
 
 /// A started chatter runtime: consumes its commands' destinations, dispatches in process, shuts

@@ -57,6 +57,9 @@ pub(crate) enum DrainOutcome {
     Admitted,
     /// Not a pending Outbox Document: never drained.
     Skipped,
+    /// A pending document a standalone relay's resolver built no message for: stamped
+    /// delivered, nothing published.
+    Dropped,
 }
 
 impl DrainOutcome {
@@ -64,6 +67,7 @@ impl DrainOutcome {
         match self {
             Self::Admitted => "admitted",
             Self::Skipped => "skipped",
+            Self::Dropped => "dropped",
         }
     }
 }
