@@ -80,7 +80,7 @@ impl StandaloneRelay {
 
     /// The relay's change-feed source identity: the declared pair when one was given, else the
     /// containers' ground truth (account endpoint, database, container of each).
-    pub fn source_identity(&self) -> SourceIdentity {
+    pub(crate) fn source_identity(&self) -> SourceIdentity {
         match &self.declared {
             Some((monitored, lease)) => SourceIdentity::Declared {
                 monitored: monitored.clone(),
@@ -97,7 +97,9 @@ impl StandaloneRelay {
         }
     }
 
-    /// Its change-feed processor name ([`SourceIdentity::processor_name`]).
+    /// Its change-feed processor name: `chatter-cosmos-outbox-relay:` and a hash of its source
+    /// identity (the declared pair, or the containers' account endpoint, database and name), the
+    /// same in every process that relays the same source.
     pub fn processor_name(&self) -> String {
         self.source_identity().processor_name()
     }
