@@ -251,77 +251,35 @@ impl RuntimeBuilder {
     /// [`StartError::ZeroDeliveryTimeout`], [`StartError::Relay`]). Each container check is
     /// bounded by the relay's `store_timeout` (30 s without the relay).
     pub async fn start(self) -> Result<Runtime, StartError> {
-        let concurrency = u16::try_from(self.consumer_concurrency)
-            .ok()
-            .filter(|n| *n >= 1)
-            .ok_or(StartError::ConsumerConcurrency {
-                concurrency: self.consumer_concurrency,
-            })?;
-        if self.delivery_timeout.is_zero() {
-            return Err(StartError::ZeroDeliveryTimeout);
-        }
-        if let Some(options) = &self.relay {
-            options.validate()?;
-        }
+        // 1. Settings, before anything connects.
+        let concurrency = self.checked_concurrency()?;
         let registry = match self.registry {
             Some(registry) => registry,
             None => Registry::from_inventory()?,
         };
-        for command in registry.commands() {
-            let handler = command.handler;
-            if let Some(needed) = handler.state
-                && !self.state.contains((needed.type_id)())
-            {
-                return Err(StartError::MissingState {
-                    handler: handler.handler_name,
-                    location: handler.location,
-                    state_type: (needed.type_name)(),
-                });
-            }
-        }
+        check_state(&registry, &self.state)?;
+        // 2. The store, and every relay processor's identity against the others, before any
+        // container is read.
         let cosmos = match self.cosmos {
             Some(cosmos) => cosmos,
             None => CosmosConnection::resolve().await?,
         };
-        // Every processor the relay will run, its identity checked against the others before
-        // any container is read.
         let relay_specs = relay_specs(&registry, &cosmos, self.relay.as_ref(), &self.standalone)?;
-        // Start-time store calls are bounded like the relay's: a store that does not answer
-        // fails the start instead of hanging it.
+        // Start-time store calls are bounded like the relay's, and every broker wait of the
+        // consumers (subscribing, retry copies, dead letters) like its publishes.
         let defaults = RelayOptions::default();
         let options = self.relay.as_ref().unwrap_or(&defaults);
-        let store_timeout = options.processor.store_timeout;
-        // Every broker wait of the consumers (subscribing, retry copies, dead letters) is
-        // bounded like the relay's publishes.
-        let publish_timeout = options.publish_timeout;
-        for command in registry.commands() {
-            let r = command.registration;
-            cosmos
-                .container_within(r.database, r.container, store_timeout)
-                .await
-                .map_err(|source| StartError::Container {
-                    command: r.command_name,
-                    database: r.database,
-                    container: r.container,
-                    source: Box::new(source),
-                })?;
-            tracing::info!(
-                command = r.command_name,
-                destination = r.destination,
-                database = r.database,
-                container = r.container,
-                lease = r.lease,
-                handler = command.handler.handler_name,
-                "chatter registered command"
-            );
-        }
+        let (store_timeout, publish_timeout) =
+            (options.processor.store_timeout, options.publish_timeout);
+        // 3. The commands' containers.
+        check_command_containers(&registry, &cosmos, store_timeout).await?;
+        // 4. The relay: every monitored container verified, then every processor started.
         let broker: Arc<dyn Broker> = match self.broker {
             Some(broker) => broker,
             None => Arc::new(InMemoryBroker::new()),
         };
         // The global providers are read now: set them before `start()`.
         let telemetry = Telemetry::resolve(self.meter, self.tracer);
-        // The relay verifies every monitored container before any processor or consumer starts.
         let charges = Arc::new(RequestMeter::default());
         let relay = match relay_specs {
             Some(specs) => {
@@ -335,85 +293,202 @@ impl RuntimeBuilder {
             Arc::clone(&charges),
             Arc::new(self.state),
         );
-        let cancel = CancellationToken::new();
-        let tracker = TaskTracker::new();
-        let mut consumers = Vec::new();
-        if self.consume {
-            // A dead letter the broker could never carry would loop forever: refuse to start.
-            for command in registry.commands() {
-                let dead_letters = dead_letter_destination(command.registration.destination);
-                let probe = crate::message::BrokeredMessage::json(
-                    "dead-letter-check",
-                    dead_letters.clone(),
-                    "{}",
-                );
-                if let Err(source) = broker.check(&probe) {
-                    if let Some(relay) = relay {
-                        relay.shutdown().await;
-                    }
-                    return Err(StartError::DeadLetters {
-                        command: command.registration.command_name,
-                        dead_letters,
-                        source,
-                    });
+        // 5. The consumers. A failure stops the relay: nothing runs behind a failed start.
+        let plan = ConsumerPlan {
+            broker: &broker,
+            pipeline: &pipeline,
+            concurrency,
+            redelivery_delay: self.redelivery_delay,
+            delivery_timeout: self.delivery_timeout,
+            publish_timeout,
+            tracer: &telemetry.tracer,
+        };
+        let started = if self.consume {
+            start_consumers(&registry, plan).await
+        } else {
+            Ok(Consumers::none())
+        };
+        let consumers = match started {
+            Ok(consumers) => consumers,
+            Err(error) => {
+                if let Some(relay) = relay {
+                    relay.shutdown().await;
                 }
+                return Err(error);
             }
-            for command in registry.commands() {
-                let destination = command.registration.destination;
-                let subscribing = broker.subscribe_with_prefetch(destination, concurrency);
-                let operation = || format!("subscribe to `{destination}`");
-                let subscribed =
-                    crate::broker::bounded(operation, publish_timeout, subscribing).await;
-                let subscription = match subscribed {
-                    Ok(subscription) => subscription,
-                    Err(source) => {
-                        // Leave nothing running behind a failed start.
-                        cancel.cancel();
-                        tracker.close();
-                        tracker.wait().await;
-                        if let Some(relay) = relay {
-                            relay.shutdown().await;
-                        }
-                        return Err(StartError::Subscribe {
-                            destination,
-                            source,
-                        });
-                    }
-                };
-                let status =
-                    health::ConsumerStatus::new(command.registration.command_name, destination);
-                consumers.push(status.clone());
-                let consumer = consumer::Consumer {
-                    command: *command,
-                    broker: broker.clone(),
-                    pipeline: pipeline.clone(),
-                    cancel: cancel.clone(),
-                    redelivery_delay: self.redelivery_delay,
-                    delivery_timeout: self.delivery_timeout,
-                    publish_timeout,
-                    status,
-                    concurrency,
-                    tracer: telemetry.tracer.clone(),
-                };
-                tracker.spawn(consumer.run(subscription));
-            }
-        }
-        let relay = tokio::sync::Mutex::new(relay);
+        };
         Ok(Runtime {
             inner: Arc::new(Inner {
                 registry,
                 cosmos,
                 broker,
                 pipeline,
-                cancel,
-                tracker,
-                relay,
-                consumers,
+                cancel: consumers.cancel,
+                tracker: consumers.tracker,
+                relay: tokio::sync::Mutex::new(relay),
+                consumers: consumers.statuses,
                 charges,
                 shutdown_drain: self.shutdown_drain,
             }),
         })
     }
+
+    /// The consumer concurrency as the prefetch a broker is asked for, after checking the
+    /// settings that cannot work: the concurrency, the delivery timeout, the relay options.
+    fn checked_concurrency(&self) -> Result<u16, StartError> {
+        let concurrency = u16::try_from(self.consumer_concurrency)
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or(StartError::ConsumerConcurrency {
+                concurrency: self.consumer_concurrency,
+            })?;
+        if self.delivery_timeout.is_zero() {
+            return Err(StartError::ZeroDeliveryTimeout);
+        }
+        if let Some(options) = &self.relay {
+            options.validate()?;
+        }
+        Ok(concurrency)
+    }
+}
+
+/// Refuses a handler whose application state the runtime was not given.
+fn check_state(registry: &Registry, state: &crate::state::AppState) -> Result<(), StartError> {
+    for command in registry.commands() {
+        let handler = command.handler;
+        if let Some(needed) = handler.state
+            && !state.contains((needed.type_id)())
+        {
+            return Err(StartError::MissingState {
+                handler: handler.handler_name,
+                location: handler.location,
+                state_type: (needed.type_name)(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Derives every command's container (chatter never creates one), each bounded by
+/// `store_timeout`, and logs the registration.
+async fn check_command_containers(
+    registry: &Registry,
+    cosmos: &CosmosConnection,
+    store_timeout: Duration,
+) -> Result<(), StartError> {
+    for command in registry.commands() {
+        let r = command.registration;
+        cosmos
+            .container_within(r.database, r.container, store_timeout)
+            .await
+            .map_err(|source| StartError::Container {
+                command: r.command_name,
+                database: r.database,
+                container: r.container,
+                source: Box::new(source),
+            })?;
+        tracing::info!(
+            command = r.command_name,
+            destination = r.destination,
+            database = r.database,
+            container = r.container,
+            lease = r.lease,
+            handler = command.handler.handler_name,
+            "chatter registered command"
+        );
+    }
+    Ok(())
+}
+
+/// What every consumer of a runtime shares.
+struct ConsumerPlan<'a> {
+    broker: &'a Arc<dyn Broker>,
+    pipeline: &'a Pipeline,
+    concurrency: u16,
+    redelivery_delay: Duration,
+    delivery_timeout: Duration,
+    publish_timeout: Duration,
+    tracer: &'a crate::telemetry::trace_context::SharedTracer,
+}
+
+/// The running consumers: what stops them, and their health.
+struct Consumers {
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+    statuses: Vec<health::ConsumerStatus>,
+}
+
+impl Consumers {
+    /// No consumer (a runtime that does not consume).
+    fn none() -> Self {
+        Self {
+            cancel: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            statuses: Vec::new(),
+        }
+    }
+}
+
+/// Checks that every command's dead letters could be carried (one the broker never could would
+/// loop forever), then subscribes to every command's destination and starts its consumer. A
+/// failed subscription stops the consumers already started.
+async fn start_consumers(
+    registry: &Registry,
+    plan: ConsumerPlan<'_>,
+) -> Result<Consumers, StartError> {
+    for command in registry.commands() {
+        let dead_letters = dead_letter_destination(command.registration.destination);
+        let probe =
+            crate::message::BrokeredMessage::json("dead-letter-check", dead_letters.clone(), "{}");
+        if let Err(source) = plan.broker.check(&probe) {
+            return Err(StartError::DeadLetters {
+                command: command.registration.command_name,
+                dead_letters,
+                source,
+            });
+        }
+    }
+    let consumers = Consumers::none();
+    let mut statuses = Vec::new();
+    for command in registry.commands() {
+        let destination = command.registration.destination;
+        let subscribing = plan
+            .broker
+            .subscribe_with_prefetch(destination, plan.concurrency);
+        let operation = || format!("subscribe to `{destination}`");
+        let subscription =
+            match crate::broker::bounded(operation, plan.publish_timeout, subscribing).await {
+                Ok(subscription) => subscription,
+                Err(source) => {
+                    consumers.cancel.cancel();
+                    consumers.tracker.close();
+                    consumers.tracker.wait().await;
+                    return Err(StartError::Subscribe {
+                        destination,
+                        source,
+                    });
+                }
+            };
+        let status = health::ConsumerStatus::new(command.registration.command_name, destination);
+        statuses.push(status.clone());
+        let consumer = consumer::Consumer {
+            command: *command,
+            broker: plan.broker.clone(),
+            pipeline: plan.pipeline.clone(),
+            cancel: consumers.cancel.clone(),
+            redelivery_delay: plan.redelivery_delay,
+            delivery_timeout: plan.delivery_timeout,
+            publish_timeout: plan.publish_timeout,
+            status,
+            concurrency: plan.concurrency,
+            tracer: plan.tracer.clone(),
+        };
+        consumers.tracker.spawn(consumer.run(subscription));
+    }
+    Ok(Consumers {
+        statuses,
+        ..consumers
+    })
 }
 
 /// The processors the runtime's relay runs: one per distinct source of the registry (with
