@@ -513,3 +513,47 @@ async fn a_document_drained_twice_gives_two_send_spans_under_the_persisted_paren
         spans[1].span_context.span_id()
     );
 }
+
+/// A body resolver that builds no message for `msg-none` and one for any other document.
+struct DropsNone;
+
+impl chatter_runtime::BodyResolver for DropsNone {
+    async fn resolve(
+        &self,
+        context: &chatter_runtime::DrainContext<'_>,
+    ) -> Result<Option<BrokeredMessage>, chatter_runtime::BoxError> {
+        Ok((context.message_id != "msg-none")
+            .then(|| BrokeredMessage::json(context.message_id, "orders", "{}")))
+    }
+}
+
+// R8.06, R8.10, R8.11: on the standalone relay's resolver path, a document the resolver builds no
+// message for counts once as `dropped`, a published one once as `admitted` with one lag each, and
+// a document that is no Outbox Document once as `skipped`.
+#[tokio::test]
+async fn the_resolver_path_counts_dropped_admitted_and_skipped_once_each() {
+    let f = Fixture::new().await;
+    let drain = chatter_runtime::testing::drain_with_resolver(f.drain(), || DropsNone);
+    let dropped = f.pending("msg-none", None).await;
+    let published = f.pending("msg-some", None).await;
+    let domain = json!({ "id": "order-1", "tenantId": "t", "status": "placed" });
+    let report = drain
+        .drain("lease-r", &[dropped, published, domain])
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.published, report.dropped, report.skipped),
+        (1, 1, 1)
+    );
+    assert_eq!(f.sum(DOCUMENTS, Some((OUTCOME, "dropped"))), 1.0);
+    assert_eq!(f.sum(DOCUMENTS, Some((OUTCOME, "admitted"))), 1.0);
+    assert_eq!(f.sum(DOCUMENTS, Some((OUTCOME, "skipped"))), 1.0);
+    let lag = f.metrics.of(LAG);
+    let Measured::Histogram { count, .. } = &lag[0].value else {
+        panic!("{lag:?}")
+    };
+    assert_eq!(
+        *count, 2,
+        "one lag per admitted document, published or dropped"
+    );
+}
