@@ -72,6 +72,7 @@ mod document;
 pub mod error;
 mod error_chain;
 mod error_report;
+pub mod inbox;
 mod message;
 mod partition_key;
 mod pipeline;

@@ -287,14 +287,12 @@ fn write_outcome(response: &azure_data_cosmos::models::ItemResponse) -> WriteOut
     }
 }
 
-#[cfg(any(test, feature = "test-support"))]
 fn document_id<'a>(operation: &'static str, doc: &'a Value) -> Result<&'a str, CosmosStoreError> {
     doc.get("id")
         .and_then(Value::as_str)
         .ok_or(CosmosStoreError::MissingDocumentId { operation })
 }
 
-#[cfg(any(test, feature = "test-support"))]
 /// Creates `doc` (its `id` field names it) in `partition_key`; 409 if it exists.
 pub async fn create_item(
     container: &ContainerClient,

@@ -67,6 +67,54 @@ pub(crate) fn inbox_marker(
     Ok(Value::Object(doc))
 }
 
+/// The field a Claimed Inbox Marker's second phase sets to `true`.
+pub(crate) const COMPLETED_FIELD: &str = "Completed";
+
+/// The field of a positive marker time-to-live (Cosmos's own `ttl`).
+pub(crate) const TTL_FIELD: &str = "ttl";
+
+/// The root fields a standalone inbox's partition-key path must not target: the marker's own,
+/// and `Completed`, which the second phase patches.
+pub(crate) const CLAIMED_MARKER_RESERVED_ROOT_FIELDS: [&str; 5] = [
+    ID_FIELD,
+    DISCRIMINATOR_FIELD,
+    MESSAGE_ID_FIELD,
+    RECEIVED_AT_UTC_FIELD,
+    COMPLETED_FIELD,
+];
+
+/// The Claimed Inbox Marker (0.4) of the standalone inbox, first phase: `id`, `_chatterType`,
+/// `MessageId`, `ReceivedAtUtc`, `ttl` (only when `ttl_seconds` is positive), `Completed: false`,
+/// then the message id at `pk_path` (the marker's partition value is the message id).
+///
+/// # Errors
+/// [`DocumentError::IdTooLong`], [`DocumentError::TimestampOutOfRange`], or a stamping error.
+pub(crate) fn claimed_marker(
+    message_id: &str,
+    pk_path: &str,
+    ttl_seconds: Option<i64>,
+    received_at: OffsetDateTime,
+) -> Result<Value, DocumentError> {
+    let mut doc = base_marker(message_id, received_at)?;
+    if let Some(ttl) = ttl_seconds.filter(|ttl| *ttl > 0) {
+        doc.insert(TTL_FIELD.to_owned(), Value::from(ttl));
+    }
+    doc.insert(COMPLETED_FIELD.to_owned(), Value::Bool(false));
+    crate::partition_key::stamp(
+        &mut doc,
+        &[pk_path],
+        &[Value::String(message_id.to_owned())],
+        &CLAIMED_MARKER_RESERVED_ROOT_FIELDS,
+    )?;
+    Ok(Value::Object(doc))
+}
+
+/// Whether a genuine marker says its message was handled (`Completed` is JSON `true`; false,
+/// absent or anything else is a pending claim).
+pub(crate) fn is_completed(doc: &Value) -> bool {
+    doc.get(COMPLETED_FIELD) == Some(&Value::Bool(true))
+}
+
 /// Whether a conflicting document is a genuine Chatter Inbox Marker for `message_id`: a JSON
 /// object whose `_chatterType` is the string `"inbox"` and whose `MessageId` is the string
 /// `message_id` (ordinal). Anything else is not.

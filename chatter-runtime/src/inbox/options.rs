@@ -1,0 +1,132 @@
+//! [`InboxOptions`]: where the standalone inbox keeps its markers and how it confirms a
+//! conflict; checked when the inbox is built, with the .NET module's texts.
+
+use std::time::Duration;
+
+use crate::document::inbox_marker::{CLAIMED_MARKER_RESERVED_ROOT_FIELDS, TTL_FIELD};
+use crate::partition_key;
+
+/// The default partition-key path of an idempotency container.
+pub const DEFAULT_IDEMPOTENCY_KEY_PATH: &str = "/idempotencyKey";
+
+/// Settings of a [`StandaloneInbox`](super::StandaloneInbox).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InboxOptions {
+    /// The database of the idempotency container.
+    pub database: String,
+    /// The idempotency container (its partition key: [`partition_key_path`](Self::partition_key_path)).
+    pub container: String,
+    /// Where a marker carries its partition value, the message id. Default `/idempotencyKey`;
+    /// one path (the partition value is the message id alone).
+    pub partition_key_path: String,
+    /// Seconds after which Cosmos deletes a marker (its `ttl`); `None` (default) or not positive:
+    /// markers are kept, and the container's default time-to-live decides.
+    pub marker_ttl_seconds: Option<i64>,
+    /// Point reads that try to confirm a conflicting marker (default 5, at least 1).
+    pub read_back_attempts: u32,
+    /// The wait between two of them (default 50 ms).
+    pub read_back_interval: Duration,
+    /// The bound of each store call (default 30 s).
+    pub store_timeout: Duration,
+}
+
+impl InboxOptions {
+    /// The defaults, for the idempotency container `database/container`.
+    pub fn new(database: impl Into<String>, container: impl Into<String>) -> Self {
+        Self {
+            database: database.into(),
+            container: container.into(),
+            partition_key_path: DEFAULT_IDEMPOTENCY_KEY_PATH.to_owned(),
+            marker_ttl_seconds: None,
+            read_back_attempts: 5,
+            read_back_interval: Duration::from_millis(50),
+            store_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// Sets [`partition_key_path`](Self::partition_key_path).
+    pub fn partition_key_path(mut self, path: impl Into<String>) -> Self {
+        self.partition_key_path = path.into();
+        self
+    }
+
+    /// Sets [`marker_ttl_seconds`](Self::marker_ttl_seconds).
+    pub fn marker_ttl_seconds(mut self, seconds: i64) -> Self {
+        self.marker_ttl_seconds = Some(seconds);
+        self
+    }
+
+    /// Sets [`read_back_attempts`](Self::read_back_attempts) and
+    /// [`read_back_interval`](Self::read_back_interval).
+    pub fn read_back(mut self, attempts: u32, interval: Duration) -> Self {
+        self.read_back_attempts = attempts;
+        self.read_back_interval = interval;
+        self
+    }
+
+    /// Refuses what cannot work, in the .NET module's order.
+    pub fn validate(&self) -> Result<(), InboxOptionsError> {
+        if self.database.trim().is_empty() {
+            return Err(InboxOptionsError::BlankDatabase);
+        }
+        if self.container.trim().is_empty() {
+            return Err(InboxOptionsError::BlankContainer);
+        }
+        let path = self.partition_key_path.as_str();
+        if path.trim().is_empty() || partition_key::segments(path).next().is_none() {
+            return Err(InboxOptionsError::NoPartitionKeyPath);
+        }
+        if partition_key::segments(path).any(|segment| segment.trim().is_empty()) {
+            return Err(InboxOptionsError::BlankPartitionKeySegment);
+        }
+        let root = partition_key::segments(path).next().unwrap_or_default();
+        if CLAIMED_MARKER_RESERVED_ROOT_FIELDS.contains(&root) {
+            return Err(InboxOptionsError::ReservedRoot {
+                root: root.to_owned(),
+            });
+        }
+        if self.read_back_attempts == 0 {
+            return Err(InboxOptionsError::NoReadBack);
+        }
+        if self.marker_ttl_seconds.is_some_and(|ttl| ttl > 0) && root == TTL_FIELD {
+            return Err(InboxOptionsError::TtlPath);
+        }
+        Ok(())
+    }
+}
+
+/// Why [`InboxOptions`] were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InboxOptionsError {
+    /// The database is blank.
+    #[error("A non-null, non-whitespace database is required.")]
+    BlankDatabase,
+    /// The container is blank.
+    #[error("A non-null, non-whitespace container is required.")]
+    BlankContainer,
+    /// No partition-key path.
+    #[error("A container partition-key path is required.")]
+    NoPartitionKeyPath,
+    /// A blank segment in the path.
+    #[error("Every container partition-key path segment must be non-null and non-whitespace.")]
+    BlankPartitionKeySegment,
+    /// The path is rooted at a field the marker owns (`id`, `_chatterType`, `MessageId`,
+    /// `ReceivedAtUtc`) or the one its second phase patches (`Completed`).
+    #[error(
+        "The standalone inbox's partition-key path is rooted at '{root}', a field the Claimed Inbox Marker owns; the partition-value stamp would overwrite it. Use another path (default '/idempotencyKey')."
+    )]
+    ReservedRoot {
+        /// The root segment.
+        root: String,
+    },
+    /// No read-back attempt.
+    #[error("ReadBackMaxAttempts must be at least 1 so the confirm read-back runs at least once.")]
+    NoReadBack,
+    /// A positive ttl with a path rooted at `/ttl`.
+    #[error(
+        "A positive MarkerTimeToLive stamps the Cosmos-reserved 'ttl' field, which collides with a partition-key path rooted at '/ttl' (the partition-value stamp would overwrite the numeric TTL). Use a non-'/ttl' partition-key path (default '/idempotencyKey') or leave MarkerTimeToLive unset."
+    )]
+    TtlPath,
+}

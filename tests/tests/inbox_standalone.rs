@@ -1,0 +1,425 @@
+//! The Standalone Inbox Gate (catalog section 7): a Claimed Inbox Marker per message id in an
+//! idempotency container, two phases, take-over of an attempt that did not complete, a conflict
+//! confirmed by reading back, markers never deleted. Against the embedded store, and a
+//! `chatter-emulator` server where a fault is needed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use chatter_runtime::cosmos::{CosmosConnection, inbox_id, partition_key, provision};
+use chatter_runtime::inbox::{
+    InboxError, InboxOptions, InboxOptionsError, InboxOutcome, InboxSetupError, StandaloneInbox,
+};
+use chatter_runtime::testing::upsert_item;
+use chatter_tests::store::{emulator_server, find_document};
+use serde_json::{Value, json};
+
+const DB: &str = "payments";
+const CONTAINER: &str = "idempotency";
+
+async fn inbox_on(cosmos: &CosmosConnection, options: InboxOptions) -> StandaloneInbox {
+    provision::ensure_container(cosmos, DB, CONTAINER, &["/idempotencyKey"])
+        .await
+        .unwrap();
+    StandaloneInbox::new(cosmos, options).await.unwrap()
+}
+
+async fn embedded_inbox() -> (CosmosConnection, StandaloneInbox) {
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    let inbox = inbox_on(&cosmos, InboxOptions::new(DB, CONTAINER)).await;
+    (cosmos, inbox)
+}
+
+/// The marker of `message_id`, as stored.
+async fn marker(cosmos: &CosmosConnection, message_id: &str) -> Option<Value> {
+    let c = cosmos.container(DB, CONTAINER).await.unwrap();
+    find_document(&c, &[json!(message_id)], &inbox_id(message_id).unwrap()).await
+}
+
+/// A handler that counts its runs and succeeds.
+fn counting(
+    runs: &Arc<AtomicUsize>,
+) -> impl FnOnce() -> std::future::Ready<Result<(), std::io::Error>> {
+    let runs = Arc::clone(runs);
+    move || {
+        runs.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(()))
+    }
+}
+
+/// Stores `marker` at its id, as another process (or the .NET module) left it.
+async fn seed(cosmos: &CosmosConnection, message_id: &str, marker: Value) {
+    let c = cosmos.container(DB, CONTAINER).await.unwrap();
+    upsert_item(&c, partition_key(&[json!(message_id)]).unwrap(), &marker)
+        .await
+        .unwrap();
+}
+
+/// A Claimed Inbox Marker exactly as the .NET module writes it (section 0.4).
+fn dotnet_marker(message_id: &str, completed: bool) -> Value {
+    json!({
+        "id": inbox_id(message_id).unwrap(),
+        "_chatterType": "inbox",
+        "MessageId": message_id,
+        "ReceivedAtUtc": "2026-11-30T08:15:00.1234567Z",
+        "Completed": completed,
+        "idempotencyKey": message_id,
+    })
+}
+
+fn user_keys(doc: &Value) -> Vec<&str> {
+    doc.as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !k.starts_with('_') || *k == "_chatterType")
+        .collect()
+}
+
+// R7.20, R7.36, R7.39: a new id runs the handler once and leaves a completed marker in the
+// exact wire shape, keyed by the message id; R7.21, R7.28: a redelivery skips the handler.
+#[tokio::test]
+async fn a_new_message_id_runs_the_handler_once_and_a_redelivery_skips_it() {
+    let (cosmos, inbox) = embedded_inbox().await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    assert_eq!(
+        inbox.receive("evt-1", counting(&runs)).await.unwrap(),
+        InboxOutcome::Handled
+    );
+    assert_eq!(
+        inbox.receive("evt-1", counting(&runs)).await.unwrap(),
+        InboxOutcome::AlreadyCompleted
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let stored = marker(&cosmos, "evt-1").await.unwrap();
+    assert_eq!(
+        user_keys(&stored),
+        [
+            "id",
+            "_chatterType",
+            "MessageId",
+            "ReceivedAtUtc",
+            "Completed",
+            "idempotencyKey"
+        ]
+    );
+    assert_eq!(stored["id"], inbox_id("evt-1").unwrap());
+    assert_eq!(stored["_chatterType"], "inbox");
+    assert_eq!(stored["MessageId"], "evt-1");
+    assert_eq!(stored["Completed"], true);
+    assert_eq!(stored["idempotencyKey"], "evt-1");
+    assert!(stored["ReceivedAtUtc"].as_str().unwrap().ends_with('Z'));
+}
+
+// R7.37, R7.38: a positive marker ttl is stamped as an integer; zero or negative stamps none.
+#[tokio::test]
+async fn a_positive_marker_ttl_is_stamped_and_no_other() {
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    let with = inbox_on(
+        &cosmos,
+        InboxOptions::new(DB, CONTAINER).marker_ttl_seconds(3600),
+    )
+    .await;
+    with.receive("ttl-1", || async { Ok::<(), std::io::Error>(()) })
+        .await
+        .unwrap();
+    assert_eq!(marker(&cosmos, "ttl-1").await.unwrap()["ttl"], 3600);
+    let zero = inbox_on(
+        &cosmos,
+        InboxOptions::new(DB, CONTAINER).marker_ttl_seconds(0),
+    )
+    .await;
+    zero.receive("ttl-0", || async { Ok::<(), std::io::Error>(()) })
+        .await
+        .unwrap();
+    assert!(marker(&cosmos, "ttl-0").await.unwrap().get("ttl").is_none());
+}
+
+// R7.22, R7.41, interop: a pending marker (an attempt that crashed, here as the .NET module
+// writes it) is taken over: the handler runs once and the marker is completed.
+#[tokio::test]
+async fn a_pending_marker_of_a_crashed_attempt_is_taken_over() {
+    let (cosmos, inbox) = embedded_inbox().await;
+    seed(&cosmos, "evt-crashed", dotnet_marker("evt-crashed", false)).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    assert_eq!(
+        inbox.receive("evt-crashed", counting(&runs)).await.unwrap(),
+        InboxOutcome::TakenOver
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        marker(&cosmos, "evt-crashed").await.unwrap()["Completed"],
+        true
+    );
+}
+
+// Interop: a completed marker the .NET module wrote is recognised: the handler does not run.
+#[tokio::test]
+async fn a_completed_marker_written_by_dotnet_skips_the_handler() {
+    let (cosmos, inbox) = embedded_inbox().await;
+    seed(&cosmos, "evt-dotnet", dotnet_marker("evt-dotnet", true)).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    assert_eq!(
+        inbox.receive("evt-dotnet", counting(&runs)).await.unwrap(),
+        InboxOutcome::AlreadyCompleted
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+// R7.24, R7.25: a conflicting document that is not this id's marker (another kind, another
+// message id) is not skipped: the receive fails loudly and the handler does not run.
+#[tokio::test]
+async fn a_conflict_with_a_document_that_is_not_the_marker_fails_loudly() {
+    let (cosmos, inbox) = embedded_inbox().await;
+    let mut outbox = dotnet_marker("evt-foreign", true);
+    outbox["_chatterType"] = json!("outbox");
+    seed(&cosmos, "evt-foreign", outbox).await;
+    let mut other = dotnet_marker("evt-other", true);
+    other["MessageId"] = json!("someone-else");
+    seed(&cosmos, "evt-other", other).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    for id in ["evt-foreign", "evt-other"] {
+        let error = inbox.receive(id, counting(&runs)).await.unwrap_err();
+        assert!(
+            matches!(error, InboxError::UnconfirmedConflict { .. }),
+            "{error:?}"
+        );
+        assert!(
+            error
+                .to_string()
+                .contains("could not confirm the conflicting document"),
+            "{error}"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+// R7.30, R7.32, R7.42: a failing handler leaves its marker pending (never deleted), and the next
+// delivery takes it over; once completed, a later delivery never runs the handler (the trap never
+// springs) and the marker stays completed.
+#[tokio::test]
+async fn a_failed_handler_leaves_a_pending_marker_that_the_next_delivery_takes_over() {
+    let (cosmos, inbox) = embedded_inbox().await;
+    let error = inbox
+        .receive("evt-flaky", || async {
+            Err(std::io::Error::other("the mail server said no"))
+        })
+        .await
+        .unwrap_err();
+    let InboxError::Handler { source, .. } = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(source.to_string(), "the mail server said no");
+    assert_eq!(
+        marker(&cosmos, "evt-flaky").await.unwrap()["Completed"],
+        false
+    );
+    let runs = Arc::new(AtomicUsize::new(0));
+    assert_eq!(
+        inbox.receive("evt-flaky", counting(&runs)).await.unwrap(),
+        InboxOutcome::TakenOver
+    );
+    let trap = inbox
+        .receive("evt-flaky", || async {
+            Err(std::io::Error::other("must never run"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(trap, InboxOutcome::AlreadyCompleted);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        marker(&cosmos, "evt-flaky").await.unwrap()["Completed"],
+        true
+    );
+}
+
+// R7.29, R7.35: a blank id, or one whose marker id is too long, fails before any store call.
+#[tokio::test]
+async fn a_blank_or_overlong_message_id_fails_before_any_store_call() {
+    let (emulator, cosmos) = emulator_server().await;
+    let inbox = inbox_on(&cosmos, InboxOptions::new(DB, CONTAINER)).await;
+    let posts = emulator.request_count("POST");
+    let runs = Arc::new(AtomicUsize::new(0));
+    for blank in ["", "   "] {
+        let error = inbox.receive(blank, counting(&runs)).await.unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("A brokered message must carry a non-null, non-whitespace message id"),
+            "{error}"
+        );
+    }
+    let error = inbox
+        .receive(&"x".repeat(1000), counting(&runs))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, InboxError::Marker { .. }), "{error:?}");
+    assert_eq!(emulator.request_count("POST"), posts, "no create was sent");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+// R7.23, R7.33: the handler ran but its completion patch was refused (503): the store error is
+// returned, the handler ran once, the marker stays pending (the next delivery runs it again).
+#[tokio::test]
+async fn a_refused_completion_is_an_error_after_the_handler_ran_once() {
+    let (emulator, cosmos) = emulator_server().await;
+    let inbox = inbox_on(&cosmos, InboxOptions::new(DB, CONTAINER)).await;
+    emulator
+        .faults()
+        .refuse("PATCH", 503, Duration::from_secs(3600));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let error = inbox
+        .receive("evt-patch", counting(&runs))
+        .await
+        .unwrap_err();
+    emulator.faults().clear();
+    let InboxError::Completion { source, .. } = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(source.status(), Some(503));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        marker(&cosmos, "evt-patch").await.unwrap()["Completed"],
+        false
+    );
+}
+
+// R7.26: a conflict whose read-back first finds nothing (404) reads again after the interval and
+// then finds the completed marker: skipped.
+#[tokio::test]
+async fn a_read_back_that_first_finds_nothing_reads_again_within_the_budget() {
+    let (emulator, cosmos) = emulator_server().await;
+    let inbox = inbox_on(
+        &cosmos,
+        InboxOptions::new(DB, CONTAINER).read_back(5, Duration::from_millis(1500)),
+    )
+    .await;
+    seed(&cosmos, "evt-late", dotnet_marker("evt-late", true)).await;
+    let gets = emulator.request_count("GET");
+    // The first read answers 404; the window ends before the second.
+    emulator
+        .faults()
+        .refuse("GET", 404, Duration::from_millis(700));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let outcome = inbox.receive("evt-late", counting(&runs)).await.unwrap();
+    emulator.faults().clear();
+    assert_eq!(outcome, InboxOutcome::AlreadyCompleted);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(emulator.request_count("GET") - gets, 2, "two reads");
+}
+
+// R7.27: reads that keep finding nothing use up the budget (one read per attempt), then the
+// receive fails loudly.
+#[tokio::test]
+async fn reads_that_keep_finding_nothing_use_up_the_budget_and_fail() {
+    let (emulator, cosmos) = emulator_server().await;
+    let inbox = inbox_on(
+        &cosmos,
+        InboxOptions::new(DB, CONTAINER).read_back(3, Duration::from_millis(10)),
+    )
+    .await;
+    seed(&cosmos, "evt-gone", dotnet_marker("evt-gone", true)).await;
+    let gets = emulator.request_count("GET");
+    emulator
+        .faults()
+        .refuse("GET", 404, Duration::from_secs(3600));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let error = inbox
+        .receive("evt-gone", counting(&runs))
+        .await
+        .unwrap_err();
+    emulator.faults().clear();
+    assert!(
+        matches!(error, InboxError::UnconfirmedConflict { .. }),
+        "{error:?}"
+    );
+    assert_eq!(
+        emulator.request_count("GET") - gets,
+        3,
+        "one read per attempt"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+// R7.01, R7.03 to R7.05, R7.07, R7.09 to R7.12: the options' defaults, and what they refuse.
+#[test]
+fn the_options_default_and_refuse_what_cannot_work() {
+    let defaults = InboxOptions::new(DB, CONTAINER);
+    assert_eq!(defaults.partition_key_path, "/idempotencyKey");
+    assert_eq!(defaults.marker_ttl_seconds, None);
+    assert_eq!(defaults.read_back_attempts, 5);
+    assert_eq!(defaults.read_back_interval, Duration::from_millis(50));
+    let refused = |options: InboxOptions| options.validate().unwrap_err();
+    assert_eq!(
+        refused(InboxOptions::new(" ", CONTAINER)),
+        InboxOptionsError::BlankDatabase
+    );
+    assert_eq!(
+        refused(InboxOptions::new(DB, "")),
+        InboxOptionsError::BlankContainer
+    );
+    assert_eq!(
+        refused(defaults.clone().partition_key_path("")),
+        InboxOptionsError::NoPartitionKeyPath
+    );
+    assert_eq!(
+        refused(defaults.clone().read_back(0, Duration::ZERO)).to_string(),
+        "ReadBackMaxAttempts must be at least 1 so the confirm read-back runs at least once."
+    );
+    assert_eq!(
+        refused(
+            defaults
+                .clone()
+                .partition_key_path("/ttl")
+                .marker_ttl_seconds(60)
+        ),
+        InboxOptionsError::TtlPath
+    );
+    assert!(
+        defaults
+            .clone()
+            .partition_key_path("/ttl")
+            .validate()
+            .is_ok(),
+        "R7.10"
+    );
+    for reserved in [
+        "/id",
+        "/_chatterType",
+        "/MessageId",
+        "/ReceivedAtUtc",
+        "/Completed",
+    ] {
+        assert!(
+            matches!(
+                refused(defaults.clone().partition_key_path(reserved)),
+                InboxOptionsError::ReservedRoot { .. }
+            ),
+            "{reserved}"
+        );
+    }
+}
+
+// Start-time check: an idempotency container partitioned by another path is refused.
+#[tokio::test]
+async fn an_idempotency_container_partitioned_otherwise_is_refused() {
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    provision::ensure_container(&cosmos, DB, "by-tenant", &["/tenantId"])
+        .await
+        .unwrap();
+    let error = StandaloneInbox::new(&cosmos, InboxOptions::new(DB, "by-tenant"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, InboxSetupError::PartitionKeyPath { .. }),
+        "{error:?}"
+    );
+    let missing = StandaloneInbox::new(&cosmos, InboxOptions::new(DB, "missing"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(missing, InboxSetupError::Container { .. }),
+        "{missing:?}"
+    );
+}
