@@ -6,7 +6,7 @@ mod internals;
 use proc_macro::TokenStream;
 
 #[doc = include_str!("../docs/document_reliable.md")]
-#[proc_macro_derive(DocumentReliable, attributes(cosmos, partition_key, chatter))]
+#[proc_macro_derive(DocumentReliable, attributes(cosmos, partition_key, chatter, inbox))]
 pub fn derive_document_reliable(input: TokenStream) -> TokenStream {
     let input = syn::parse_macro_input!(input as syn::DeriveInput);
     internals::document_reliable(&input)

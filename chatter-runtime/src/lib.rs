@@ -109,7 +109,8 @@ pub use state::State;
 pub mod registration {
     pub use crate::partition_key::PartitionKeyPath;
     pub use crate::registry::{
-        CommandRegistration, IntoHandlerResult, SourceIdentityDeclaration, SourceLocation,
+        CommandRegistration, InboxDeclaration, IntoHandlerResult, SourceIdentityDeclaration,
+        SourceLocation,
     };
 }
 
@@ -122,8 +123,9 @@ struct ReadmeDoctests;
 pub mod __private {
     pub use crate::partition_key::PartitionKeyPath;
     pub use crate::registry::{
-        CommandRegistration, HandlerFuture, HandlerRegistration, IntoHandlerResult,
-        SourceIdentityDeclaration, SourceLocation, StateRequirement, handler_state,
+        CommandRegistration, HandlerFuture, HandlerRegistration, InboxDeclaration,
+        IntoHandlerResult, SourceIdentityDeclaration, SourceLocation, StateRequirement,
+        handler_state,
     };
     pub use inventory;
     pub use serde_json;

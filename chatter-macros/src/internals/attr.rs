@@ -19,6 +19,16 @@ pub(crate) struct CosmosArgs {
     pub lease_source: Option<SpannedValue<String>>,
 }
 
+/// `#[inbox(...)]`: the command is handled through the Standalone Inbox Gate (a claimed marker
+/// per message id in an idempotency container) instead of a batch.
+#[derive(Debug, Default, FromMeta)]
+pub(crate) struct InboxArgs {
+    pub database: Option<SpannedValue<String>>,
+    pub container: Option<SpannedValue<String>>,
+    pub partition_key: Option<SpannedValue<String>>,
+    pub marker_ttl: Option<syn::Lit>,
+}
+
 /// `#[partition_key(path = "...")]` on the struct: the container's partition-key path(s), in order.
 #[derive(Debug, Default, FromMeta)]
 pub(crate) struct PartitionKeyArgs {
@@ -66,6 +76,7 @@ pub(crate) struct Command {
     pub cosmos: Option<Attr<CosmosArgs>>,
     pub partition_key: Option<Attr<PartitionKeyArgs>>,
     pub chatter: Option<Attr<ChatterArgs>>,
+    pub inbox: Option<Attr<InboxArgs>>,
     pub fields: Vec<Field>,
 }
 
@@ -137,6 +148,7 @@ ident.span(),
         cosmos: single_attr(cx, &input.attrs, "cosmos", false),
         partition_key: single_attr(cx, &input.attrs, "partition_key", false),
         chatter: single_attr(cx, &input.attrs, "chatter", false),
+        inbox: single_attr(cx, &input.attrs, "inbox", false),
         fields,
     }
 }

@@ -7,7 +7,9 @@ use proc_macro2::TokenStream;
 use syn::spanned::Spanned;
 use syn::{FnArg, ItemFn, Signature, Type};
 
-use super::attr::{Attr, ChatterArgs, Command, CosmosArgs, Field, FieldPartitionKeyArgs};
+use super::attr::{
+    Attr, ChatterArgs, Command, CosmosArgs, Field, FieldPartitionKeyArgs, InboxArgs,
+};
 use super::ctxt::Ctxt;
 
 /// Root fields chatter writes on its documents: a partition-key path rooted at
@@ -47,6 +49,8 @@ pub(crate) struct Checked {
     pub partition_key_sources: Vec<String>,
     /// The Rust field supplying each path, for the generated docs.
     pub partition_key_fields: Vec<String>,
+    /// `#[inbox]`: the idempotency container's partition-key path and the marker ttl.
+    pub inbox: Option<(String, Option<i64>)>,
 }
 
 /// The partition-key part of [`Checked`], one entry per path in all three.
@@ -64,6 +68,9 @@ struct PartitionKey {
 /// Every rule of `#[derive(DocumentReliable)]`. `None` when a rule could not produce its part of
 /// the result (it reported why); errors of the other rules are reported all the same.
 pub(crate) fn command(cx: &Ctxt, cmd: &Command) -> Option<Checked> {
+    if let Some(inbox) = &cmd.inbox {
+        return inbox_command(cx, cmd, inbox);
+    }
     let cosmos = cosmos_attribute_is_present(cx, cmd);
     let database = cosmos.and_then(|c| {
         resource_name(
@@ -111,7 +118,137 @@ pub(crate) fn command(cx: &Ctxt, cmd: &Command) -> Option<Checked> {
         partition_key_paths: partition_key.paths,
         partition_key_sources: partition_key.sources,
         partition_key_fields: partition_key.fields,
+        inbox: None,
     })
+}
+
+/// The roots a standalone inbox's partition-key path must not have: the Claimed Inbox Marker's
+/// own fields and the one its second phase patches.
+const INBOX_RESERVED_ROOTS: [&str; 5] = [
+    "id",
+    "_chatterType",
+    "MessageId",
+    "ReceivedAtUtc",
+    "Completed",
+];
+
+/// Every rule of a standalone-inbox command (`#[inbox(...)]`): no batch attributes, the
+/// idempotency container named, a single-segment partition-key path no marker field owns, a
+/// marker ttl that is an integer and does not collide with a `/ttl` path.
+fn inbox_command(cx: &Ctxt, cmd: &Command, inbox: &Attr<InboxArgs>) -> Option<Checked> {
+    if let Some(cosmos) = &cmd.cosmos {
+        cx.error(
+            cosmos.span,
+            "a standalone-inbox command (`#[inbox]`) has no batch container: remove `#[cosmos]` (its handler's writes are not in Cosmos; the inbox keeps one marker per message id)",
+        );
+    }
+    let field_keys = cmd
+        .fields
+        .iter()
+        .filter_map(|f| f.partition_key.as_ref().map(|k| k.span));
+    for span in cmd.partition_key.iter().map(|k| k.span).chain(field_keys) {
+        cx.error(
+            span,
+            "a standalone-inbox command is partitioned by its message id in the idempotency container: remove `#[partition_key]` (set `#[inbox(partition_key = \"...\")]` for the container's path)",
+        );
+    }
+    let name = |value: &Option<SpannedValue<String>>, key: &str, what: &str| {
+        if value.is_none() && inbox.parsed {
+            cx.error(
+                inbox.span,
+                format!("`#[inbox]` is missing `{key} = \"...\"`: {what}"),
+            );
+        }
+        let value = value.as_ref()?;
+        (is_not_blank(cx, value, key, "inbox") && is_a_resource_name(cx, value, key, "inbox"))
+            .then(|| value.as_str().to_owned())
+    };
+    let database = name(
+        &inbox.args.database,
+        "database",
+        "the database of the idempotency container",
+    );
+    let container = name(
+        &inbox.args.container,
+        "container",
+        "the idempotency container",
+    );
+    let ttl = match &inbox.args.marker_ttl {
+        None => Some(None),
+        Some(syn::Lit::Int(int)) => match int.base10_parse::<i64>() {
+            Ok(ttl) => Some(Some(ttl)),
+            Err(_) => {
+                cx.error(
+                    int.span(),
+                    "`marker_ttl` is a number of seconds that fits an i64",
+                );
+                None
+            }
+        },
+        Some(other) => {
+            cx.error(
+                other.span(),
+                "`marker_ttl` is a number of seconds, e.g. `marker_ttl = 604800`",
+            );
+            None
+        }
+    };
+    let path = inbox_path(cx, inbox.args.partition_key.as_ref(), ttl.flatten());
+    let chatter = cmd.chatter.as_ref().map(|c| &c.args);
+    let command_name = command_name(cx, cmd, chatter);
+    let destination = chatter.and_then(|c| destination(cx, c));
+    let max_delivery_attempts = chatter.and_then(|c| max_delivery_attempts(cx, c));
+    let command_name = command_name?;
+    Some(Checked {
+        destination: destination.unwrap_or_else(|| command_name.clone()),
+        max_delivery_attempts,
+        command_name,
+        database: database?,
+        container: container?,
+        lease: String::new(),
+        declared_source_identity: None,
+        partition_key_paths: Vec::new(),
+        partition_key_sources: Vec::new(),
+        partition_key_fields: Vec::new(),
+        inbox: Some((path?, ttl?)),
+    })
+}
+
+/// The idempotency container's partition-key path (default `/idempotencyKey`): one segment (the
+/// partition value is the message id), not rooted at a marker field, not `/ttl` beside a positive
+/// marker ttl.
+fn inbox_path(cx: &Ctxt, path: Option<&SpannedValue<String>>, ttl: Option<i64>) -> Option<String> {
+    let Some(path) = path else {
+        return Some("/idempotencyKey".to_owned());
+    };
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let error = if segments.is_empty() || segments.iter().any(|s| s.trim().is_empty()) {
+        Some(
+            "`#[inbox(partition_key = ...)]` must name a path, e.g. \"/idempotencyKey\"".to_owned(),
+        )
+    } else if segments.len() > 1 {
+        Some(format!(
+            "the standalone inbox supports only a single-segment partition-key path (the partition value is the inbound message id); `{}` has {} segments",
+            path.as_str(),
+            segments.len()
+        ))
+    } else if INBOX_RESERVED_ROOTS.contains(&segments[0]) {
+        Some(format!(
+            "`/{}` is a field of the Claimed Inbox Marker itself: the partition-value stamp would overwrite it; use another path (default \"/idempotencyKey\")",
+            segments[0]
+        ))
+    } else if segments[0] == "ttl" && ttl.is_some_and(|t| t > 0) {
+        Some("a positive `marker_ttl` stamps the Cosmos-reserved 'ttl' field, which collides with a partition-key path rooted at '/ttl' (the partition-value stamp would overwrite the numeric TTL); use a non-'/ttl' partition-key path (default '/idempotencyKey') or leave `marker_ttl` unset".to_owned())
+    } else {
+        None
+    };
+    match error {
+        Some(message) => {
+            cx.error(path.span(), message);
+            None
+        }
+        None => Some(format!("/{}", segments[0])),
+    }
 }
 
 /// The command has a `#[cosmos(...)]` attribute.

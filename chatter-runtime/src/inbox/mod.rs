@@ -94,6 +94,9 @@ pub enum InboxError {
         #[source]
         source: BoxError,
     },
+    /// The runtime has no gate for this command (it was not started with it).
+    #[error("no standalone inbox was started for this command")]
+    NotStarted,
     /// The handler ran, but marking it completed failed: the next delivery takes the pending
     /// marker over and runs the handler again.
     #[error(

@@ -129,6 +129,18 @@ pub enum PipelineError {
         #[source]
         source: Box<CosmosStoreError>,
     },
+    /// The Standalone Inbox Gate of a standalone-inbox command failed (the source says at which
+    /// step: the claim, an unconfirmed conflict, the completion).
+    #[error("the standalone inbox of `{command}` failed on message '{message_id}'")]
+    Inbox {
+        /// The command name.
+        command: &'static str,
+        /// The message id.
+        message_id: String,
+        /// The gate's error.
+        #[source]
+        source: crate::inbox::InboxError,
+    },
     /// A pass-through delivery's message could not be published.
     #[error("publishing a message sent by the handler of `{command}` failed")]
     Publish {
@@ -155,6 +167,7 @@ impl PipelineError {
             Self::BatchFailed { .. } => "chatter_runtime::PipelineError::BatchFailed",
             Self::Cosmos { .. } => "chatter_runtime::PipelineError::Cosmos",
             Self::Publish { .. } => "chatter_runtime::PipelineError::Publish",
+            Self::Inbox { .. } => "chatter_runtime::PipelineError::Inbox",
         }
     }
 
@@ -186,6 +199,11 @@ impl PipelineError {
                 | Self::Decode { .. }
                 | Self::Marker { .. }
                 | Self::Rejected { .. }
+                | Self::Inbox {
+                    source: crate::inbox::InboxError::BlankMessageId
+                        | crate::inbox::InboxError::Marker { .. },
+                    ..
+                }
         )
     }
 

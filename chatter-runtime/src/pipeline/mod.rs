@@ -29,9 +29,11 @@ use crate::cosmos::{
     ContainerClient, CosmosConnection, CosmosStoreError, PartitionKey, ReadOutcome,
 };
 use crate::document;
+use crate::inbox::{InboxOutcome, StandaloneInbox};
 use crate::partition_key;
 use crate::registry::RegisteredCommand;
 use crate::state::AppState;
+use std::collections::HashMap;
 
 /// How a delivery ended when it did not fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +46,12 @@ pub enum Outcome {
     },
     /// The inbox marker already existed for this message id: nothing was committed again.
     Duplicate,
+    /// A standalone-inbox command's handler ran to completion and its marker is completed
+    /// (`taken_over`: a pending marker of an earlier attempt was taken over).
+    InboxCompleted {
+        /// Whether an earlier attempt's pending marker was taken over.
+        taken_over: bool,
+    },
     /// The command's partition key did not resolve, so exactly-once was **not** in force: no
     /// batch and no inbox marker guarded the delivery. The handler ran, its writes were refused
     /// and its messages were published directly; a redelivery runs it again.
@@ -57,6 +65,8 @@ pub(crate) struct Pipeline {
     broker: Arc<dyn Broker>,
     charges: Arc<RequestMeter>,
     state: Arc<AppState>,
+    /// The Standalone Inbox Gate of each standalone-inbox command, by command name.
+    inboxes: Arc<HashMap<&'static str, StandaloneInbox>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -81,7 +91,14 @@ impl Pipeline {
             broker,
             charges,
             state,
+            inboxes: Arc::default(),
         }
+    }
+
+    /// The same pipeline handling standalone-inbox commands through `inboxes` (by command name).
+    pub(crate) fn with_inboxes(mut self, inboxes: HashMap<&'static str, StandaloneInbox>) -> Self {
+        self.inboxes = Arc::new(inboxes);
+        self
     }
 
     /// Handles one delivery of `command` whose body (the command's JSON) is `body`.
@@ -94,6 +111,11 @@ impl Pipeline {
     ) -> Result<Outcome, PipelineError> {
         let registration = command.registration;
         let name = registration.command_name;
+        if registration.standalone_inbox.is_some() {
+            return self
+                .handle_inbox(command, body, message_id, redelivered)
+                .await;
+        }
         let Some(partition_key) = registration.resolve_partition_key(&body) else {
             return self
                 .pass_through(command, body, message_id, redelivered)
@@ -253,6 +275,10 @@ impl Pipeline {
         timeout: std::time::Duration,
     ) -> Option<bool> {
         let registration = command.registration;
+        // A standalone-inbox command has no batch marker: its gate decides on redelivery.
+        if registration.standalone_inbox.is_some() {
+            return None;
+        }
         let partition_key = registration.resolve_partition_key(body)?;
         let marker_id = document::inbox_id(message_id).ok()?;
         let key = partition_key::sdk_key(&partition_key).ok()?;
@@ -280,6 +306,50 @@ impl Pipeline {
                     tokio::time::sleep(delay).await;
                 }
             }
+        }
+    }
+
+    /// A standalone-inbox command: the handler runs inside the gate (no batch; its sent messages
+    /// are published directly once it succeeded, before the marker is completed).
+    async fn handle_inbox(
+        &self,
+        command: &RegisteredCommand,
+        body: Value,
+        message_id: &str,
+        redelivered: bool,
+    ) -> Result<Outcome, PipelineError> {
+        let name = command.registration.command_name;
+        let inbox_error = |source| PipelineError::Inbox {
+            command: name,
+            message_id: message_id.to_owned(),
+            source,
+        };
+        let Some(inbox) = self.inboxes.get(name) else {
+            return Err(inbox_error(crate::inbox::InboxError::NotStarted));
+        };
+        let handled = inbox
+            .receive(message_id, || async {
+                self.pass_through(command, body, message_id, redelivered)
+                    .await
+                    .map(|_| ())
+            })
+            .await;
+        match handled {
+            Ok(InboxOutcome::AlreadyCompleted) => Ok(Outcome::Duplicate),
+            Ok(outcome) => Ok(Outcome::InboxCompleted {
+                taken_over: outcome == InboxOutcome::TakenOver,
+            }),
+            // The handler's own failure keeps its meaning (a rejection stays permanent).
+            Err(crate::inbox::InboxError::Handler { source, message_id }) => {
+                match source.downcast::<PipelineError>() {
+                    Ok(error) => Err(*error),
+                    Err(source) => Err(inbox_error(crate::inbox::InboxError::Handler {
+                        message_id,
+                        source,
+                    })),
+                }
+            }
+            Err(error) => Err(inbox_error(error)),
         }
     }
 

@@ -61,8 +61,21 @@ pub struct CommandRegistration {
     /// `#[chatter(max_delivery_attempts = N)]`: deliveries of one message (the first included)
     /// before it is dead-lettered; `None` is the runtime's default.
     pub max_delivery_attempts: Option<u32>,
+    /// `#[inbox(...)]`: handled through the Standalone Inbox Gate instead of a batch
+    /// (`database`/`container` then name the idempotency container; there is no lease and no
+    /// command partition key).
+    pub standalone_inbox: Option<InboxDeclaration>,
     /// Where the derive was written.
     pub location: SourceLocation,
+}
+
+/// A standalone-inbox command's idempotency-container settings, from `#[inbox(...)]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InboxDeclaration {
+    /// Where a marker carries its partition value (the message id).
+    pub partition_key_path: &'static str,
+    /// The markers' ttl in seconds, when positive.
+    pub marker_ttl_seconds: Option<i64>,
 }
 
 impl CommandRegistration {
@@ -108,6 +121,7 @@ impl CommandRegistration {
             partition_key,
             declared_source_identity,
             max_delivery_attempts: None,
+            standalone_inbox: None,
             location: SourceLocation {
                 module_path: "tests",
                 file: "commands.rs",

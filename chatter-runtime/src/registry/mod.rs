@@ -12,7 +12,8 @@ mod handler;
 mod validate;
 
 pub use command::{
-    CommandRegistration, DocumentReliable, SourceIdentityDeclaration, SourceLocation,
+    CommandRegistration, DocumentReliable, InboxDeclaration, SourceIdentityDeclaration,
+    SourceLocation,
 };
 pub use error::{RegistrationProblem, RegistryError};
 pub use handler::{

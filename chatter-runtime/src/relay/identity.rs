@@ -193,7 +193,9 @@ pub fn distinct_sources(registry: &Registry, account_endpoint: &str) -> Vec<Rela
         registry
             .commands()
             .iter()
-            .map(|command| command.registration),
+            .map(|command| command.registration)
+            // A standalone-inbox command writes no Outbox Documents: nothing to relay.
+            .filter(|registration| registration.standalone_inbox.is_none()),
         account_endpoint,
     )
 }

@@ -574,6 +574,12 @@ fn log_outcome(name: &str, message_id: &str, outcome: Outcome) {
             message_id,
             "chatter duplicate delivery acknowledged"
         ),
+        Outcome::InboxCompleted { taken_over } => tracing::info!(
+            command = name,
+            message_id,
+            taken_over,
+            "chatter delivery handled through the standalone inbox"
+        ),
         Outcome::HandledAtLeastOnce => tracing::info!(
             command = name,
             message_id,

@@ -47,6 +47,16 @@ pub enum StartError {
         #[source]
         source: BrokerError,
     },
+    /// A standalone-inbox command's idempotency container cannot serve it (missing, or
+    /// partitioned by another path).
+    #[error("the standalone inbox of command `{command}` cannot start")]
+    Inbox {
+        /// The command name.
+        command: &'static str,
+        /// Why.
+        #[source]
+        source: Box<crate::inbox::InboxSetupError>,
+    },
     /// A handler takes application state (`State<T>`) of a type the runtime was not given
     /// ([`RuntimeBuilder::state`](crate::RuntimeBuilder::state)).
     #[error(

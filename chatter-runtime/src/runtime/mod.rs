@@ -271,8 +271,8 @@ impl RuntimeBuilder {
         let options = self.relay.as_ref().unwrap_or(&defaults);
         let (store_timeout, publish_timeout) =
             (options.processor.store_timeout, options.publish_timeout);
-        // 3. The commands' containers.
-        check_command_containers(&registry, &cosmos, store_timeout).await?;
+        // 3. The commands' containers, and each standalone-inbox command's gate.
+        let inboxes = check_command_containers(&registry, &cosmos, store_timeout).await?;
         // 4. The relay: every monitored container verified, then every processor started.
         let broker: Arc<dyn Broker> = match self.broker {
             Some(broker) => broker,
@@ -292,7 +292,8 @@ impl RuntimeBuilder {
             broker.clone(),
             Arc::clone(&charges),
             Arc::new(self.state),
-        );
+        )
+        .with_inboxes(inboxes);
         // 5. The consumers. A failure stops the relay: nothing runs behind a failed start.
         let plan = ConsumerPlan {
             broker: &broker,
@@ -370,14 +371,38 @@ fn check_state(registry: &Registry, state: &crate::state::AppState) -> Result<()
 }
 
 /// Derives every command's container (chatter never creates one), each bounded by
-/// `store_timeout`, and logs the registration.
+/// `store_timeout`, and logs the registration. A standalone-inbox command's gate is built
+/// instead: its idempotency container must exist and be partitioned by its path.
 async fn check_command_containers(
     registry: &Registry,
     cosmos: &CosmosConnection,
     store_timeout: Duration,
-) -> Result<(), StartError> {
+) -> Result<std::collections::HashMap<&'static str, crate::inbox::StandaloneInbox>, StartError> {
+    let mut inboxes = std::collections::HashMap::new();
     for command in registry.commands() {
         let r = command.registration;
+        if let Some(declared) = r.standalone_inbox {
+            let mut options = crate::inbox::InboxOptions::new(r.database, r.container)
+                .partition_key_path(declared.partition_key_path);
+            options.marker_ttl_seconds = declared.marker_ttl_seconds;
+            options.store_timeout = store_timeout;
+            let inbox = crate::inbox::StandaloneInbox::new(cosmos, options)
+                .await
+                .map_err(|source| StartError::Inbox {
+                    command: r.command_name,
+                    source: Box::new(source),
+                })?;
+            tracing::info!(
+                command = r.command_name,
+                destination = r.destination,
+                database = r.database,
+                idempotency_container = r.container,
+                handler = command.handler.handler_name,
+                "chatter registered standalone-inbox command"
+            );
+            inboxes.insert(r.command_name, inbox);
+            continue;
+        }
         cosmos
             .container_within(r.database, r.container, store_timeout)
             .await
@@ -397,7 +422,7 @@ async fn check_command_containers(
             "chatter registered command"
         );
     }
-    Ok(())
+    Ok(inboxes)
 }
 
 /// What every consumer of a runtime shares.

@@ -1,0 +1,169 @@
+//! Standalone-inbox commands (`#[inbox(...)]`) through the runtime: deliveries through the
+//! consumers handled at most once to completion per message id, a pending marker taken over,
+//! a rejection dead-lettered at once, sent messages published once the handler succeeded, and
+//! `start()` checking the idempotency container.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use chatter_runtime::broker::{Broker, InMemoryBroker};
+use chatter_runtime::cosmos::{CosmosConnection, inbox_id, partition_key, provision};
+use chatter_runtime::testing::upsert_item;
+use chatter_runtime::{
+    BoxError, DEAD_LETTER_REASON_CONTEXT_KEY, DocumentReliable, HandlerContext, Rejection, Runtime,
+    StartError, dead_letter_destination, handler,
+};
+use chatter_tests::broker::{next_delivery, publish_command, settled};
+use chatter_tests::store::find_document;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// Sends a receipt email: a side effect outside Cosmos, so no batch; once per message id.
+#[derive(Debug, Serialize, Deserialize, DocumentReliable)]
+#[inbox(database = "mail", container = "idempotency")]
+#[serde(rename_all = "camelCase")]
+pub struct SendReceipt {
+    pub order_id: String,
+    pub reject: bool,
+}
+
+/// Every handler run, by message id.
+static SENT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+#[handler]
+async fn send_receipt(command: SendReceipt, ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    if command.reject {
+        return Err(
+            Rejection::new(format!("order {} has no e-mail address", command.order_id)).into(),
+        );
+    }
+    SENT.lock().unwrap().push(ctx.message_id().to_owned());
+    ctx.send_json(
+        &format!("{}:ReceiptSent", ctx.message_id()),
+        "receipts",
+        &json!({ "orderId": command.order_id }),
+    )?;
+    Ok(())
+}
+
+fn runs_of(message_id: &str) -> usize {
+    SENT.lock()
+        .unwrap()
+        .iter()
+        .filter(|id| *id == message_id)
+        .count()
+}
+
+async fn store() -> CosmosConnection {
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    provision::ensure_container(&cosmos, "mail", "idempotency", &["/idempotencyKey"])
+        .await
+        .unwrap();
+    cosmos
+}
+
+async fn marker(cosmos: &CosmosConnection, message_id: &str) -> Option<Value> {
+    let c = cosmos.container("mail", "idempotency").await.unwrap();
+    find_document(&c, &[json!(message_id)], &inbox_id(message_id).unwrap()).await
+}
+
+async fn runtime(cosmos: &CosmosConnection, broker: &InMemoryBroker) -> Runtime {
+    Runtime::builder()
+        .cosmos(cosmos.clone())
+        .broker(broker.clone())
+        .redelivery_delay(Duration::from_millis(10))
+        .start()
+        .await
+        .unwrap()
+}
+
+fn body(order: &str, reject: bool) -> Value {
+    json!({ "orderId": order, "reject": reject })
+}
+
+// R7.39 through the consumers: a message id delivered twice runs the handler once; the marker
+// is completed; the message it sent is published once; no relay runs for it.
+#[tokio::test]
+async fn a_redelivered_message_id_runs_the_handler_once() {
+    let cosmos = store().await;
+    let broker = InMemoryBroker::new();
+    let mut receipts = broker.subscribe("receipts").await.unwrap();
+    let runtime = runtime(&cosmos, &broker).await;
+    for _ in 0..2 {
+        publish_command(&broker, "SendReceipt", "m-twice", &body("o-1", false)).await;
+        settled(&broker, "SendReceipt").await;
+    }
+    assert_eq!(runs_of("m-twice"), 1);
+    assert_eq!(marker(&cosmos, "m-twice").await.unwrap()["Completed"], true);
+    let receipt = next_delivery(&mut receipts, Duration::from_secs(5)).await;
+    assert_eq!(receipt.message.message_id, "m-twice:ReceiptSent");
+    assert!(runtime.relay_leases().await.is_empty(), "nothing to relay");
+    runtime.shutdown().await;
+}
+
+// R7.41 through the consumers: a pending marker (an attempt that died mid-handler) is taken over.
+#[tokio::test]
+async fn a_pending_marker_is_taken_over_by_the_next_delivery() {
+    let cosmos = store().await;
+    let c = cosmos.container("mail", "idempotency").await.unwrap();
+    let pending = json!({
+        "id": inbox_id("m-crashed").unwrap(), "_chatterType": "inbox", "MessageId": "m-crashed",
+        "ReceivedAtUtc": "2026-12-01T10:00:00Z", "Completed": false, "idempotencyKey": "m-crashed",
+    });
+    upsert_item(&c, partition_key(&[json!("m-crashed")]).unwrap(), &pending)
+        .await
+        .unwrap();
+    let broker = InMemoryBroker::new();
+    let runtime = runtime(&cosmos, &broker).await;
+    publish_command(&broker, "SendReceipt", "m-crashed", &body("o-2", false)).await;
+    settled(&broker, "SendReceipt").await;
+    assert_eq!(runs_of("m-crashed"), 1);
+    assert_eq!(
+        marker(&cosmos, "m-crashed").await.unwrap()["Completed"],
+        true
+    );
+    runtime.shutdown().await;
+}
+
+// A rejection keeps its meaning through the gate: dead-lettered at once, not retried, and its
+// marker stays pending (never deleted).
+#[tokio::test]
+async fn a_rejected_inbox_command_is_dead_lettered_at_once() {
+    let cosmos = store().await;
+    let broker = InMemoryBroker::new();
+    let mut dead = broker
+        .subscribe(&dead_letter_destination("SendReceipt"))
+        .await
+        .unwrap();
+    let runtime = runtime(&cosmos, &broker).await;
+    publish_command(&broker, "SendReceipt", "m-reject", &body("o-3", true)).await;
+    let letter = next_delivery(&mut dead, Duration::from_secs(30)).await;
+    let reason = letter.message.context[DEAD_LETTER_REASON_CONTEXT_KEY]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        reason.contains("order o-3 has no e-mail address"),
+        "{reason}"
+    );
+    assert_eq!(
+        letter.message.context.get("Chatter.Delivery.Attempts"),
+        Some(&json!(1))
+    );
+    assert_eq!(
+        marker(&cosmos, "m-reject").await.unwrap()["Completed"],
+        false
+    );
+    runtime.shutdown().await;
+}
+
+// start() checks the idempotency container: missing, it refuses to start, naming the command.
+#[tokio::test]
+async fn start_refuses_a_missing_idempotency_container() {
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    let error = Runtime::builder().cosmos(cosmos).start().await.unwrap_err();
+    let StartError::Inbox { command, .. } = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(*command, "SendReceipt");
+}
