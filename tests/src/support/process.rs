@@ -62,6 +62,12 @@ impl ChildProcess {
             .unwrap_or_else(|_| panic!("{name} printed `{prefix}` within {within:?}"))
     }
 
+    /// The next stdout line, if one comes within `within` (`None` also once the process
+    /// closed its stdout).
+    pub async fn try_line(&mut self, within: Duration) -> Option<String> {
+        timeout(within, self.lines.recv()).await.ok().flatten()
+    }
+
     /// The process id, e.g. to read `/proc/<pid>/status`.
     pub fn id(&self) -> u32 {
         self.child.id()
