@@ -623,3 +623,25 @@ async fn place_order(
 ) -> Result<(), BoxError> {
     Ok(())
 }
+
+// R6.33: a suspended lease's page is refused before any document is looked at: no resolver is
+// built for it.
+#[tokio::test]
+async fn a_suspended_lease_builds_no_resolver() {
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let (drain, _, built) = resolving(&broker, &c, Answer::Message);
+    let fault = std::io::Error::other("the stamp was refused");
+    for _ in 0..chatter_runtime::testing::CONFIRMATION_FAILURE_THRESHOLD {
+        drain.gate().record_confirmation_failure(LEASE, &fault);
+    }
+    assert!(drain.gate().is_suspended(LEASE));
+    let doc = stored(&c, thin("msg-suspended", "t1")).await;
+    let error = drain
+        .drain(LEASE, std::slice::from_ref(&doc))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, DrainError::Suspended { .. }), "{error:?}");
+    assert_eq!(built.load(Ordering::SeqCst), 0);
+    assert_eq!(read(&c, &doc).await["status"], "pending");
+}
