@@ -382,24 +382,7 @@ async fn check_command_containers(
     for command in registry.commands() {
         let r = command.registration;
         if let Some(declared) = r.standalone_inbox {
-            let mut options = crate::inbox::InboxOptions::new(r.database, r.container)
-                .partition_key_path(declared.partition_key_path);
-            options.marker_ttl_seconds = declared.marker_ttl_seconds;
-            options.store_timeout = store_timeout;
-            let inbox = crate::inbox::StandaloneInbox::new(cosmos, options)
-                .await
-                .map_err(|source| StartError::Inbox {
-                    command: r.command_name,
-                    source: Box::new(source),
-                })?;
-            tracing::info!(
-                command = r.command_name,
-                destination = r.destination,
-                database = r.database,
-                idempotency_container = r.container,
-                handler = command.handler.handler_name,
-                "chatter registered standalone-inbox command"
-            );
+            let inbox = start_inbox(command, declared, cosmos, store_timeout).await?;
             inboxes.insert(r.command_name, inbox);
             continue;
         }
@@ -423,6 +406,36 @@ async fn check_command_containers(
         );
     }
     Ok(inboxes)
+}
+
+/// The Standalone Inbox Gate of a standalone-inbox command, its idempotency container
+/// checked.
+async fn start_inbox(
+    command: &crate::registry::RegisteredCommand,
+    declared: crate::registry::InboxDeclaration,
+    cosmos: &CosmosConnection,
+    store_timeout: Duration,
+) -> Result<crate::inbox::StandaloneInbox, StartError> {
+    let r = command.registration;
+    let mut options = crate::inbox::InboxOptions::new(r.database, r.container)
+        .partition_key_path(declared.partition_key_path);
+    options.marker_ttl_seconds = declared.marker_ttl_seconds;
+    options.store_timeout = store_timeout;
+    let inbox = crate::inbox::StandaloneInbox::new(cosmos, options)
+        .await
+        .map_err(|source| StartError::Inbox {
+            command: r.command_name,
+            source: Box::new(source),
+        })?;
+    tracing::info!(
+        command = r.command_name,
+        destination = r.destination,
+        database = r.database,
+        idempotency_container = r.container,
+        handler = command.handler.handler_name,
+        "chatter registered standalone-inbox command"
+    );
+    Ok(inbox)
 }
 
 /// What every consumer of a runtime shares.
