@@ -29,6 +29,10 @@ pub struct SendReceipt {
 
 /// Every handler run, by message id.
 static SENT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// The order "waits" is handled only once the order "signals" was: both must run at once.
+static SIGNALLED: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+/// Every attempt of the order "waits".
+static WAITS_ATTEMPTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 #[handler]
 async fn send_receipt(command: SendReceipt, ctx: &mut HandlerContext) -> Result<(), BoxError> {
@@ -36,6 +40,18 @@ async fn send_receipt(command: SendReceipt, ctx: &mut HandlerContext) -> Result<
         return Err(
             Rejection::new(format!("order {} has no e-mail address", command.order_id)).into(),
         );
+    }
+    match command.order_id.as_str() {
+        "waits" => {
+            WAITS_ATTEMPTS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let signalled =
+                tokio::time::timeout(Duration::from_secs(10), SIGNALLED.acquire()).await;
+            signalled
+                .map_err(|_| "the other delivery never ran beside this one")??
+                .forget();
+        }
+        "signals" => SIGNALLED.add_permits(1),
+        _ => {}
     }
     SENT.lock().unwrap().push(ctx.message_id().to_owned());
     ctx.send_json(
@@ -166,4 +182,24 @@ async fn start_refuses_a_missing_idempotency_container() {
         panic!("{error:?}");
     };
     assert_eq!(*command, "SendReceipt");
+}
+
+// Deliveries of different message ids run concurrently (an inbox command has no partition key;
+// its deliveries are ordered by message id only): one waiting for another does not block it.
+#[tokio::test]
+async fn deliveries_of_different_message_ids_run_concurrently() {
+    let cosmos = store().await;
+    let broker = InMemoryBroker::new();
+    let runtime = runtime(&cosmos, &broker).await;
+    publish_command(&broker, "SendReceipt", "m-waits", &body("waits", false)).await;
+    publish_command(&broker, "SendReceipt", "m-signals", &body("signals", false)).await;
+    settled(&broker, "SendReceipt").await;
+    assert_eq!(
+        WAITS_ATTEMPTS.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the waiting delivery completed on its first attempt, beside the other"
+    );
+    assert_eq!(runs_of("m-waits"), 1);
+    assert_eq!(runs_of("m-signals"), 1);
+    runtime.shutdown().await;
 }

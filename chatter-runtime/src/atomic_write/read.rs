@@ -50,10 +50,10 @@ pub struct Versioned<T> {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReadError {
-    /// No batch is active (the command's partition key did not resolve), so there is no
-    /// partition to read.
+    /// No batch is active (a standalone-inbox command, or a command whose partition key did not
+    /// resolve), so there is no partition to read.
     #[error(
-        "no Cosmos batch is active for this delivery (its partition key did not resolve), so there is no partition to read"
+        "no Cosmos batch is active for this delivery (a standalone-inbox command, or a partition key that did not resolve), so there is no partition to read"
     )]
     NoActiveBatch,
     /// The store refused or did not answer.

@@ -89,6 +89,16 @@ pub async fn ensure_for<C: crate::DocumentReliable>(
     connection: &CosmosConnection,
 ) -> Result<(), CosmosStoreError> {
     let registration = C::registration();
+    if let Some(inbox) = registration.standalone_inbox {
+        // A standalone-inbox command's idempotency container; it has no lease container.
+        return ensure_container(
+            connection,
+            registration.database,
+            registration.container,
+            &[inbox.partition_key_path],
+        )
+        .await;
+    }
     let paths: Vec<&str> = registration
         .partition_key
         .iter()

@@ -1,7 +1,7 @@
-//! The Standalone Inbox Gate: exactly-once handling by message id for work whose side effects
-//! are not in Cosmos (an HTTP call, another database, an email). There is no batch to join, so
-//! a **Claimed Inbox Marker** per message id in a dedicated idempotency container makes the
-//! handling at-most-once-completed, in two phases:
+//! The Standalone Inbox Gate: handling by message id for work whose side effects are not in
+//! Cosmos (an HTTP call, another database, an email). There is no batch to join, so a **Claimed
+//! Inbox Marker** per message id in a dedicated idempotency container makes a message id whose
+//! handling completed never run again, in two phases:
 //!
 //! 1. create the marker with `Completed: false` (the claim);
 //! 2. on `201` run the handler, then patch `Completed: true`;
@@ -12,9 +12,12 @@
 //! Markers are never deleted (only their `ttl` removes them): a handler that fails leaves its
 //! marker pending, and the next delivery takes it over.
 //!
-//! **The at-least-once edge**: a handler that ran while its completion patch failed (or whose
+//! **The at-least-once edges**: a handler that ran while its completion patch failed (or whose
 //! process died between the two) runs again on the next delivery, which takes the pending marker
-//! over. Make the side effect idempotent, or accept that.
+//! over; and a duplicate delivered while the first attempt is still running (another instance)
+//! finds the marker pending and takes it over too, so both run. Make the side effect idempotent,
+//! or accept that. (Within one runtime, deliveries of one message id are handled one after
+//! another.)
 
 mod options;
 
@@ -224,9 +227,9 @@ impl StandaloneInbox {
         })
     }
 
-    /// Runs `handler` at most once to completion per `message_id`: claims the id with a marker,
-    /// runs the handler, marks the id completed (see the module docs for the conflict and
-    /// take-over paths).
+    /// Runs `handler` for `message_id` unless a completed marker says it ran: claims the id with
+    /// a marker, runs the handler, marks the id completed (see the module docs for the conflict
+    /// and take-over paths, and the at-least-once edges).
     ///
     /// # Errors
     ///

@@ -430,14 +430,15 @@ impl Drain {
             };
             tokio::pin!(work);
             tokio::select! {
+                // The loss first: once it is known, no further document starts.
                 biased;
-                outcomes = &mut work => outcomes,
                 () = lost => {
                     // Nothing new starts; what is in flight finishes, so no stamp is cut off.
                     lease_lost = true;
                     page.stop.store(true, Ordering::Release);
                     work.await
                 }
+                outcomes = &mut work => outcomes,
             }
         };
         page.finish();

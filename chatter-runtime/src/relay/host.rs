@@ -79,7 +79,7 @@ impl RelaySpec {
 
 impl RelayHost {
     /// Verifies every monitored container, then starts one processor per spec, all sharing
-    /// one in-flight limit (the first spec's `max_in_flight`: the broker and the RU budget are
+    /// one in-flight limit (the largest `max_in_flight` of the specs: the broker and the RU budget are
     /// shared). Options were validated before, ahead of any container check. A processor that
     /// does not start stops the ones that did; its error is the one returned.
     pub(crate) async fn start_specs(
@@ -107,10 +107,10 @@ impl RelayHost {
         let instance = identity::instance_name();
         let in_flight = InFlightLimit::new(
             specs
-                .first()
-                .map_or(super::drain::DEFAULT_MAX_IN_FLIGHT, |s| {
-                    s.options.max_in_flight
-                }),
+                .iter()
+                .map(|s| s.options.max_in_flight)
+                .max()
+                .unwrap_or(super::drain::DEFAULT_MAX_IN_FLIGHT),
         );
         let mut processors = Vec::with_capacity(specs.len());
         for spec in &specs {

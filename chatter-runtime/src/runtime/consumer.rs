@@ -192,11 +192,17 @@ impl Consumer {
         permit: OwnedSemaphorePermit,
     ) {
         let body = serde_json::from_str::<Value>(&delivery.message.body);
-        let key = body
-            .as_ref()
-            .ok()
-            .and_then(|body| self.command.registration.resolve_partition_key(body))
-            .map(|values| partition_key::ordering_key(&values));
+        let registration = self.command.registration;
+        // A standalone-inbox command has no partition key: its deliveries are ordered by
+        // message id (duplicates of one id one after another), all else concurrently.
+        let key = if registration.standalone_inbox.is_some() {
+            Some(format!("inbox:{}", delivery.message.message_id))
+        } else {
+            body.as_ref()
+                .ok()
+                .and_then(|body| registration.resolve_partition_key(body))
+                .map(|values| partition_key::ordering_key(&values))
+        };
         let pending = Pending {
             delivery,
             body,

@@ -57,6 +57,21 @@ pub enum StartError {
         #[source]
         source: Box<crate::inbox::InboxSetupError>,
     },
+    /// Two standalone-inbox commands name one idempotency container: its markers are keyed by
+    /// message id alone, so a message id handled by one would be skipped by the other.
+    #[error(
+        "standalone-inbox commands `{first}` and `{second}` share the idempotency container '{database}/{container}'; markers are keyed by message id alone, so one would skip the other's messages: give each its own container"
+    )]
+    SharedIdempotencyContainer {
+        /// The first command.
+        first: &'static str,
+        /// The second command.
+        second: &'static str,
+        /// The database.
+        database: &'static str,
+        /// The container.
+        container: &'static str,
+    },
     /// A handler takes application state (`State<T>`) of a type the runtime was not given
     /// ([`RuntimeBuilder::state`](crate::RuntimeBuilder::state)).
     #[error(

@@ -2,7 +2,6 @@
 //! relays. What `Runtime::relay_idle` waits for, and what `Runtime::shutdown` gives the relay a
 //! moment to reach, so a process that dispatches and stops still publishes what it wrote.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use azure_data_cosmos::Query;
@@ -12,7 +11,6 @@ use serde_json::Value;
 
 use crate::cosmos::{CosmosConnection, CosmosStoreError};
 use crate::document;
-use crate::registry::Registry;
 
 /// How often the pending documents are counted while waiting.
 const POLL: Duration = Duration::from_millis(100);
@@ -46,21 +44,26 @@ pub enum RelayNotIdle {
     },
 }
 
-/// The pending Outbox Documents of every container `registry`'s commands write, as the relay's
-/// gate sees them (documents that only look pending are not counted: the relay skips them).
+/// A container a relay drains: where to count its pending Outbox Documents.
+#[derive(Debug, Clone)]
+pub(crate) struct Drained {
+    pub(crate) cosmos: CosmosConnection,
+    pub(crate) database: String,
+    pub(crate) container: String,
+}
+
+/// The pending Outbox Documents of the containers the relays drain, as the relay's gate sees
+/// them (documents that only look pending are not counted: the relay skips them).
 pub(crate) async fn pending_outbox_documents(
-    cosmos: &CosmosConnection,
-    registry: &Registry,
+    drained: &[Drained],
 ) -> Result<usize, CosmosStoreError> {
     const OPERATION: &str = "query_items";
-    let containers: BTreeSet<(&str, &str)> = registry
-        .commands()
-        .iter()
-        .map(|c| (c.registration.database, c.registration.container))
-        .collect();
     let mut pending = 0;
-    for (database, name) in containers {
-        let container = cosmos.container(database, name).await?;
+    for target in drained {
+        let container = target
+            .cosmos
+            .container(&target.database, &target.container)
+            .await?;
         let query = Query::from(format!(
             "SELECT c.id, c.{message_id}, c.{kind}, c.{status} FROM c WHERE c.{kind} = @kind AND c.{status} = @pending",
             message_id = document::outbox::MESSAGE_ID_FIELD,
@@ -84,10 +87,9 @@ pub(crate) async fn pending_outbox_documents(
     Ok(pending)
 }
 
-/// Waits until no Outbox Document is pending, at most `within`.
+/// Waits until no Outbox Document is pending in `drained`, at most `within`.
 pub(crate) async fn wait_until_idle(
-    cosmos: &CosmosConnection,
-    registry: &Registry,
+    drained: &[Drained],
     within: Duration,
 ) -> Result<(), RelayNotIdle> {
     let deadline = tokio::time::Instant::now() + within;
@@ -96,7 +98,7 @@ pub(crate) async fn wait_until_idle(
         let counted = crate::cosmos::store::bounded(
             "query_items",
             left.max(Duration::from_millis(1)),
-            pending_outbox_documents(cosmos, registry),
+            pending_outbox_documents(drained),
         )
         .await;
         let last = match counted {

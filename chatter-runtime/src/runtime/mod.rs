@@ -281,6 +281,16 @@ impl RuntimeBuilder {
         // The global providers are read now: set them before `start()`.
         let telemetry = Telemetry::resolve(self.meter, self.tracer);
         let charges = Arc::new(RequestMeter::default());
+        // What `relay_idle` and the shutdown drain count: the containers the relay drains.
+        let drained: Vec<idle::Drained> = relay_specs
+            .iter()
+            .flatten()
+            .map(|spec| idle::Drained {
+                cosmos: spec.cosmos.clone(),
+                database: spec.database.clone(),
+                container: spec.container.clone(),
+            })
+            .collect();
         let relay = match relay_specs {
             Some(specs) => {
                 Some(RelayHost::start_specs(broker.clone(), specs, &charges, &telemetry).await?)
@@ -330,6 +340,7 @@ impl RuntimeBuilder {
                 consumers: consumers.statuses,
                 charges,
                 shutdown_drain: self.shutdown_drain,
+                drained,
             }),
         })
     }
@@ -379,9 +390,23 @@ async fn check_command_containers(
     store_timeout: Duration,
 ) -> Result<std::collections::HashMap<&'static str, crate::inbox::StandaloneInbox>, StartError> {
     let mut inboxes = std::collections::HashMap::new();
+    // Markers are keyed by message id alone: two commands sharing one idempotency container
+    // would take each other's handled ids for their own.
+    let mut idempotency: Vec<(&'static str, &'static str, &'static str)> = Vec::new();
     for command in registry.commands() {
         let r = command.registration;
         if let Some(declared) = r.standalone_inbox {
+            if let Some((first, ..)) = idempotency.iter().find(|(_, database, container)| {
+                (*database, *container) == (r.database, r.container)
+            }) {
+                return Err(StartError::SharedIdempotencyContainer {
+                    first,
+                    second: r.command_name,
+                    database: r.database,
+                    container: r.container,
+                });
+            }
+            idempotency.push((r.command_name, r.database, r.container));
             let inbox = start_inbox(command, declared, cosmos, store_timeout).await?;
             inboxes.insert(r.command_name, inbox);
             continue;
@@ -568,6 +593,8 @@ struct Inner {
     consumers: Vec<health::ConsumerStatus>,
     charges: Arc<RequestMeter>,
     shutdown_drain: Duration,
+    /// The containers the relay drains (what `relay_idle` counts).
+    drained: Vec<idle::Drained>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -698,9 +725,9 @@ impl Runtime {
             .unwrap_or_default()
     }
 
-    /// Waits until the relay has published every Outbox Document pending in the containers
-    /// this runtime's commands write (as a test or an example waits for its events), at most
-    /// `within`.
+    /// Waits until the relay has published every Outbox Document pending in the containers it
+    /// drains (the commands' and the standalone relays'), as a test or an example waits for
+    /// its events, at most `within`.
     ///
     /// # Errors
     ///
@@ -711,7 +738,7 @@ impl Runtime {
         if self.inner.relay.lock().await.is_none() {
             return Err(RelayNotIdle::NoRelay);
         }
-        idle::wait_until_idle(&self.inner.cosmos, &self.inner.registry, within).await
+        idle::wait_until_idle(&self.inner.drained, within).await
     }
 
     /// Stops consuming and waits for deliveries in progress to settle (each at most its
@@ -730,12 +757,8 @@ impl Runtime {
         self.inner.tracker.wait().await;
         let relays = self.inner.relay.lock().await.is_some();
         if relays && !self.inner.shutdown_drain.is_zero() {
-            let drained = idle::wait_until_idle(
-                &self.inner.cosmos,
-                &self.inner.registry,
-                self.inner.shutdown_drain,
-            )
-            .await;
+            let drained =
+                idle::wait_until_idle(&self.inner.drained, self.inner.shutdown_drain).await;
             if let Err(error) = drained {
                 tracing::warn!(error = %ErrorChain(&error), "chatter runtime stops with outbox documents still pending; another instance or the next start relays them");
             }
