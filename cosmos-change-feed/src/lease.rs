@@ -299,7 +299,7 @@ impl LeaseStore {
                 LeaseWrite::Written(_) => moved += 1,
                 LeaseWrite::Conflict => tracing::warn!(
                     processor = %self.processor, lease = %old.id,
-                    "an unscoped lease changed while it was moved to its scoped id; an instance of an earlier version still serves it, so its range may be handed over twice until that instance stops"
+                    "an unscoped lease changed or went while it was moved to its scoped id: another instance moved it first, or an instance of an earlier version still serves it (then its range may be handed over twice until that instance stops)"
                 ),
                 LeaseWrite::Failed(error) => return Err(error),
             }

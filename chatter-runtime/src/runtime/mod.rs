@@ -763,7 +763,9 @@ impl Runtime {
                 tracing::warn!(error = %ErrorChain(&error), "chatter runtime stops with outbox documents still pending; another instance or the next start relays them");
             }
         }
-        if let Some(relay) = self.inner.relay.lock().await.take() {
+        // Taken out first: the lock is not held while the relay stops, so `health()` answers.
+        let relay = self.inner.relay.lock().await.take();
+        if let Some(relay) = relay {
             relay.shutdown().await;
         }
         tracing::info!("chatter runtime stopped");
