@@ -254,6 +254,11 @@ async fn start_one(
     .with_in_flight_limit(in_flight.clone())
     .with_request_meter(Arc::clone(charges))
     .with_telemetry(telemetry);
+    #[cfg(feature = "test-support")]
+    let drain = match &options.suspension_clock {
+        Some(clock) => drain.with_clock(std::sync::Arc::clone(&clock.0)),
+        None => drain,
+    };
     let fault_metrics = drain.metrics().cloned();
     let backlogs = Backlogs::default();
     // With metrics on, the backlog is estimated from the same containers and options.

@@ -35,6 +35,21 @@ pub struct RelayOptions {
     pub(crate) publish_timeout: Duration,
     pub(crate) max_in_flight: usize,
     pub(crate) backlog_interval: Duration,
+    /// Test seam: the Drain Suspension gates' clock (the process's monotonic clock otherwise).
+    #[cfg(feature = "test-support")]
+    pub(crate) suspension_clock: Option<SuspensionClock>,
+}
+
+/// A Drain Suspension clock carried by the options (feature `test-support`).
+#[cfg(feature = "test-support")]
+#[derive(Clone)]
+pub(crate) struct SuspensionClock(pub(crate) std::sync::Arc<dyn super::suspension::MonotonicClock>);
+
+#[cfg(feature = "test-support")]
+impl std::fmt::Debug for SuspensionClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SuspensionClock")
+    }
 }
 
 /// The default [`RelayOptions::backlog_interval`].
@@ -48,6 +63,8 @@ impl Default for RelayOptions {
             publish_timeout: DEFAULT_DRAIN_TIMEOUT,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             backlog_interval: DEFAULT_BACKLOG_INTERVAL,
+            #[cfg(feature = "test-support")]
+            suspension_clock: None,
         }
     }
 }
@@ -152,6 +169,17 @@ impl RelayOptions {
     /// **10 s**.
     pub fn max_backoff(mut self, max_backoff: Duration) -> Self {
         self.processor.max_backoff = max_backoff;
+        self
+    }
+
+    /// Test seam (feature `test-support`): runs every Drain Suspension gate of the relay on
+    /// `clock`, so a test steps through the 60 s suspension window instead of waiting it out.
+    #[cfg(feature = "test-support")]
+    pub fn suspension_clock(
+        mut self,
+        clock: std::sync::Arc<dyn super::suspension::MonotonicClock>,
+    ) -> Self {
+        self.suspension_clock = Some(SuspensionClock(clock));
         self
     }
 
