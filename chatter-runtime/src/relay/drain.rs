@@ -454,8 +454,10 @@ impl Drain {
             failures.extend(outcome.error);
         }
         // Stamps that landed count whether or not the page failed: they are done either way.
-        self.charges
-            .relayed(u64::try_from(report.published + report.undeliverable).unwrap_or(u64::MAX));
+        self.charges.relayed(
+            u64::try_from(report.published + report.undeliverable + report.dropped)
+                .unwrap_or(u64::MAX),
+        );
         if lease_lost {
             // The page's own failures (if any) are the new owner's to meet again.
             failures.insert(
