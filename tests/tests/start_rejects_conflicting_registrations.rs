@@ -181,3 +181,61 @@ async fn every_problem_is_reported_in_one_error() {
         "{message}"
     );
 }
+
+/// Two standalone-inbox commands on one idempotency container (below the items whose lines the
+/// tests above quote).
+#[derive(Serialize, Deserialize, DocumentReliable)]
+#[inbox(database = "mail", container = "idempotency")]
+pub struct SendReceipt {
+    pub order_id: String,
+}
+
+#[derive(Serialize, Deserialize, DocumentReliable)]
+#[inbox(database = "mail", container = "idempotency")]
+pub struct SendInvoice {
+    pub order_id: String,
+}
+
+#[handler]
+async fn send_receipt(_c: SendReceipt, _ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    Ok(())
+}
+
+#[handler]
+async fn send_invoice(_c: SendInvoice, _ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    Ok(())
+}
+
+// Markers are keyed by message id alone: two standalone-inbox commands sharing an idempotency
+// container would skip each other's ids, so start() refuses them, naming both.
+#[tokio::test]
+async fn two_inbox_commands_on_one_idempotency_container_are_refused() {
+    use chatter_runtime::__private::{HandlerRegistration, inventory};
+    use chatter_runtime::cosmos::{CosmosConnection, provision};
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    provision::ensure_for::<SendReceipt>(&cosmos).await.unwrap();
+    let inbox_commands = [SendReceipt::registration(), SendInvoice::registration()];
+    let registry = chatter_runtime::testing::Registry::build(
+        inbox_commands,
+        inventory::iter::<HandlerRegistration>
+            .into_iter()
+            .filter(|h| {
+                let name = (h.command)().command_name;
+                name == "SendReceipt" || name == "SendInvoice"
+            }),
+    )
+    .unwrap();
+    let error = chatter_runtime::Runtime::builder()
+        .cosmos(cosmos)
+        .registry(registry)
+        .start()
+        .await
+        .unwrap_err();
+    let StartError::SharedIdempotencyContainer { first, second, .. } = &error else {
+        panic!("{error:?}");
+    };
+    let mut both = [*first, *second];
+    both.sort_unstable();
+    assert_eq!(both, ["SendInvoice", "SendReceipt"]);
+    assert!(error.to_string().contains("mail/idempotency"), "{error}");
+}
