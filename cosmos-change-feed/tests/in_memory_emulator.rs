@@ -9,13 +9,6 @@ use std::time::Duration;
 
 use azure_data_cosmos::clients::ContainerClient;
 use azure_data_cosmos::models::{ContainerProperties, PartitionKeyDefinition};
-use azure_data_cosmos::options::Region;
-use azure_data_cosmos::{
-    AccountEndpoint, AccountReference, CosmosClientBuilder, CosmosRuntimeBuilder, RoutingStrategy,
-};
-use azure_data_cosmos_driver::in_memory_emulator::{
-    ConsistencyLevel, InMemoryEmulatorHttpClient, VirtualAccountConfig, VirtualRegion,
-};
 use cosmos_change_feed::{
     BatchFuture, ChangeFeedBatch, ChangeFeedError, ChangeFeedProcessor, ChangeFeedProcessorOptions,
     InvalidOptions, ProcessorOption, read_leases,
@@ -23,30 +16,12 @@ use cosmos_change_feed::{
 use futures::FutureExt;
 use serde_json::json;
 
-const KEY: &str =
-    "C2y6yDjf5/R+ob0N8A7Cgv30VRDJIWEHLM+4QDU5DE2nQ9nDuVTqobD4b8mGGyPMbIZnqyMsEcaGQy67XIw/Jw==";
+mod support;
 
 /// A fresh in-memory account with database `db`, a monitored container `orders` (`/orderId`)
 /// and a lease container `leases` (`/id`).
 async fn containers() -> (Arc<ContainerClient>, Arc<ContainerClient>) {
-    let endpoint: AccountEndpoint = "https://cfp-test.emulator.local/".parse().unwrap();
-    let config =
-        VirtualAccountConfig::new(vec![VirtualRegion::new("East US", endpoint.url().clone())])
-            .unwrap()
-            .with_consistency(ConsistencyLevel::Session);
-    let emulator = Arc::new(InMemoryEmulatorHttpClient::try_new(config).unwrap());
-    let runtime = CosmosRuntimeBuilder::from(emulator.runtime_builder())
-        .build()
-        .await
-        .unwrap();
-    let client = CosmosClientBuilder::new()
-        .with_runtime(runtime)
-        .build(
-            AccountReference::with_authentication_key(endpoint, KEY),
-            RoutingStrategy::ProximityTo(Region::EAST_US),
-        )
-        .await
-        .unwrap();
+    let client = support::embedded().await;
     client.create_database("db", None).await.unwrap();
     let database = client.database_client("db");
     let mut handles = Vec::new();

@@ -12,7 +12,7 @@ use chatter_runtime::inbox::{
     InboxError, InboxOptions, InboxOptionsError, InboxOutcome, InboxSetupError, StandaloneInbox,
 };
 use chatter_runtime::testing::upsert_item;
-use chatter_tests::store::{emulator_server, find_document};
+use chatter_tests::store::{emulator_server, find_document, wire_keys};
 use serde_json::{Value, json};
 
 const DB: &str = "payments";
@@ -68,15 +68,6 @@ fn dotnet_marker(message_id: &str, completed: bool) -> Value {
     })
 }
 
-fn user_keys(doc: &Value) -> Vec<&str> {
-    doc.as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .filter(|k| !k.starts_with('_') || *k == "_chatterType")
-        .collect()
-}
-
 // R7.20, R7.36, R7.39: a new id runs the handler once and leaves a completed marker in the
 // exact wire shape, keyed by the message id; R7.21, R7.28: a redelivery skips the handler.
 #[tokio::test]
@@ -94,7 +85,7 @@ async fn a_new_message_id_runs_the_handler_once_and_a_redelivery_skips_it() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     let stored = marker(&cosmos, "evt-1").await.unwrap();
     assert_eq!(
-        user_keys(&stored),
+        wire_keys(&stored),
         [
             "id",
             "_chatterType",

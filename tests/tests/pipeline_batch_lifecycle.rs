@@ -10,7 +10,7 @@ use chatter_runtime::{
     BoxError, DispatchError, DocumentReliable, ErrorChain, HandlerContext, Runtime, handler,
 };
 use chatter_runtime::{Outcome, PipelineError};
-use chatter_tests::store::{document, find_document};
+use chatter_tests::store::{document, find_document, wire_keys};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -161,15 +161,6 @@ async fn read(cosmos: &CosmosConnection, container: &str, pk: Value, id: &str) -
     find_document(&c, &[pk], id).await
 }
 
-fn keys(doc: &Value) -> Vec<&str> {
-    doc.as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .filter(|k| !k.starts_with('_') || *k == "_chatterType")
-        .collect()
-}
-
 #[tokio::test]
 async fn participant_commits_marker_writes_and_outbox_in_one_batch() {
     let (runtime, cosmos) = runtime().await;
@@ -182,7 +173,7 @@ async fn participant_commits_marker_writes_and_outbox_in_one_batch() {
         .await
         .expect("marker committed");
     assert_eq!(
-        keys(&marker),
+        wire_keys(&marker),
         [
             "id",
             "_chatterType",
@@ -206,7 +197,7 @@ async fn participant_commits_marker_writes_and_outbox_in_one_batch() {
         .await
         .expect("outbox committed");
     assert_eq!(
-        keys(&outbox),
+        wire_keys(&outbox),
         [
             "id",
             "_chatterType",

@@ -17,6 +17,7 @@ use std::time::Duration;
 use chatter_runtime::broker::RabbitMqBroker;
 use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
+use chatter_tests::process::env;
 use chatter_tests::rabbitmq::URI as DEFAULT_RABBITMQ_URI;
 use chatter_tests::runtime::registry_at;
 use serde::{Deserialize, Serialize};
@@ -43,13 +44,6 @@ async fn charge_card(_command: ChargeCard, ctx: &mut HandlerContext) -> Result<(
         futures::future::pending::<()>().await;
     }
     Ok(())
-}
-
-fn env(name: &str) -> Option<String> {
-    std::env::var(name)
-        .ok()
-        .map(|v| v.trim().to_owned())
-        .filter(|v| !v.is_empty())
 }
 
 #[tokio::main]

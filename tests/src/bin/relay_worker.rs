@@ -22,6 +22,7 @@ use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, BrokerError, RabbitMqBroker, Subscription};
 use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
+use chatter_tests::process::env;
 use chatter_tests::rabbitmq::URI as DEFAULT_RABBITMQ_URI;
 use chatter_tests::relay::fast_relay;
 use futures::FutureExt;
@@ -59,13 +60,6 @@ impl Broker for HangAfterPublish {
     ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
         self.0.subscribe(destination)
     }
-}
-
-fn env(name: &str) -> Option<String> {
-    std::env::var(name)
-        .ok()
-        .map(|v| v.trim().to_owned())
-        .filter(|v| !v.is_empty())
 }
 
 #[tokio::main]

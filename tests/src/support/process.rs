@@ -8,6 +8,14 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::timeout;
 
+/// The environment variable `name` of a worker process, trimmed; `None` when unset or blank.
+pub fn env(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+}
+
 /// A running child process and its stdout lines; the process is killed (and reaped) when this
 /// drops, also when the test panics.
 #[derive(Debug)]

@@ -56,6 +56,17 @@ pub async fn provisioned_with_leases(
     cosmos.container(database, container).await.unwrap()
 }
 
+/// The top-level keys of a stored document in their order, without the system properties
+/// (`_rid`, `_etag`, ...) except `_chatterType`: what a wire-shape assertion compares.
+pub fn wire_keys(doc: &Value) -> Vec<&str> {
+    doc.as_object()
+        .expect("a stored document is a JSON object")
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !k.starts_with('_') || *k == "_chatterType")
+        .collect()
+}
+
 /// The document `id` under the partition-key values `key`, or `None` if there is none; panics
 /// if the read itself fails.
 pub async fn find_document(container: &ContainerClient, key: &[Value], id: &str) -> Option<Value> {
