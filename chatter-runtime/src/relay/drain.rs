@@ -23,8 +23,10 @@
 //!    processor's handler timeout after it published.
 //!
 //! **Order and concurrency.** The page's pending documents are grouped by partition-key value
-//! (a logical partition). Within a group they are published and stamped one after another, in
-//! change-feed order, which is the only order Cosmos DB gives (per logical partition); groups run
+//! (a logical partition). Within a group they are published one after another, in change-feed
+//! order, which is the only order Cosmos DB gives (per logical partition): the next document
+//! once the broker confirmed the previous one, while the confirmed ones are stamped
+//! concurrently (a crash republishes what was not stamped yet, in that order). Groups run
 //! concurrently. Every document in flight (publishing or being stamped) holds one permit of an
 //! [`InFlightLimit`] shared by every lease of the relay, so the broker and the RU budget see a
 //! bounded load however many leases a process owns. When a document fails, its group stops and
@@ -35,8 +37,9 @@
 //!
 //! While a lease is failing (it has failed confirmations, the page is its suspension's probe,
 //! or the broker refuses one of its documents) its pages are drained one document at a time
-//! instead, stopping at the first failure, so a failing page publishes one document, not one
-//! per group: the suspension's bound holds however wide the page.
+//! instead (the next starts once the previous one was stamped), stopping at the first failure,
+//! so a failing page publishes one document, not one per group or per confirm: the
+//! suspension's bound holds however wide the page.
 //!
 //! Every stamp that lands mints a [`ConfirmationReceipt`]; the page's receipts are presented to
 //! the gate once, after the whole page, and a failed page counts as one Confirmation Failure when
@@ -48,7 +51,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::sync::Semaphore;
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 use super::delivery::DeliverySettings;
 use super::diagnostics;
@@ -157,12 +161,75 @@ struct Pending<'a> {
     key: Vec<Value>,
 }
 
+/// What a published (or never publishable) document still needs: its one stamp.
+enum Stamp {
+    /// Published: stamped delivered with the TTL.
+    Delivered {
+        message_id: String,
+        destination: String,
+    },
+    /// Never publishable: stamped `undeliverable`.
+    Undeliverable(UndeliverableReason),
+    /// The resolver built no message: stamped delivered, nothing published.
+    Dropped,
+}
+
 /// What one partition-key group of a page did.
 #[derive(Default)]
 struct GroupOutcome {
     report: DrainReport,
     receipt: Option<ConfirmationReceipt>,
+    /// The group's first failure.
     error: Option<DrainError>,
+}
+
+impl GroupOutcome {
+    /// Records one document's settled stamp; a failure stops the page.
+    fn record(&mut self, settled: Result<Processed, DrainError>, page: &PageInFlight<'_>) {
+        let minted = match settled {
+            Ok(Processed::Published(minted)) => {
+                self.report.published += 1;
+                minted
+            }
+            Ok(Processed::Dropped(minted)) => {
+                self.report.dropped += 1;
+                minted
+            }
+            Ok(Processed::Undeliverable(minted)) => {
+                self.report.undeliverable += 1;
+                minted
+            }
+            Err(error) => {
+                page.stop.store(true, Ordering::Release);
+                self.error.get_or_insert(error);
+                return;
+            }
+        };
+        page.minted.store(true, Ordering::Release);
+        self.receipt = Some(minted);
+    }
+}
+
+/// Awaits `work` while the group's stamps in flight go on (each recorded as it settles).
+async fn settling<T, S>(
+    work: impl Future<Output = T>,
+    stamping: &mut FuturesUnordered<S>,
+    outcome: &mut GroupOutcome,
+    page: &PageInFlight<'_>,
+) -> T
+where
+    S: Future<Output = Result<Processed, DrainError>>,
+{
+    let mut work = std::pin::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            done = &mut work => return done,
+            Some(settled) = stamping.next(), if !stamping.is_empty() => {
+                outcome.record(settled, page);
+            }
+        }
+    }
 }
 
 /// One page being drained: what its groups share, and the guard that counts the page as a
@@ -413,7 +480,7 @@ impl Drain {
                     Admission::OneAtATime => {
                         let mut outcomes = Vec::with_capacity(groups.len());
                         for group in &groups {
-                            outcomes.push(self.drain_group(&page, group).await);
+                            outcomes.push(self.drain_group(&page, group, false).await);
                             if page.stop.load(Ordering::Acquire) {
                                 break;
                             }
@@ -422,7 +489,7 @@ impl Drain {
                     }
                     _ => {
                         futures::future::join_all(
-                            groups.iter().map(|group| self.drain_group(&page, group)),
+                            groups.iter().map(|group| self.drain_group(&page, group, true)),
                         )
                         .await
                     }
@@ -521,56 +588,66 @@ impl Drain {
         (groups, skipped)
     }
 
-    /// Publishes and stamps one group's documents one after another, each holding an in-flight
-    /// permit; stops at its first failure, or before its next document once another group's
-    /// failure stopped the page.
-    async fn drain_group(&self, page: &PageInFlight<'_>, group: &[Pending<'_>]) -> GroupOutcome {
+    /// Drains one group's documents in change-feed order, each holding an in-flight permit
+    /// from its publish until its stamp landed. `pipelined`: the next document is published as
+    /// soon as the broker confirmed the previous one, while the stamps of the confirmed ones
+    /// run concurrently (the broker sees the group's order, and a crash republishes what was not
+    /// stamped yet); otherwise (a failing lease) a document starts only once the previous one
+    /// was stamped. Stops at its first failure, or before its next document once another
+    /// group's failure stopped the page; the stamps in flight always finish.
+    async fn drain_group(
+        &self,
+        page: &PageInFlight<'_>,
+        group: &[Pending<'_>],
+        pipelined: bool,
+    ) -> GroupOutcome {
         let mut outcome = GroupOutcome::default();
+        let mut stamping = FuturesUnordered::new();
         for pending in group {
             if page.stop.load(Ordering::Acquire) {
                 break;
             }
             // The semaphore is never closed; without a permit the document would still be
             // drained, so an `Err` cannot lose anything.
-            let _permit = self.in_flight.0.acquire().await.ok();
+            let acquiring = self.in_flight.0.acquire();
+            let permit = settling(acquiring, &mut stamping, &mut outcome, page)
+                .await
+                .ok();
             if page.stop.load(Ordering::Acquire) {
                 break;
             }
-            let processed = self.process(page, pending).await;
-            if processed.is_ok() {
-                page.minted.store(true, Ordering::Release);
-            }
-            match processed {
-                Ok(Processed::Published(minted)) => {
-                    outcome.report.published += 1;
-                    outcome.receipt = Some(minted);
-                }
-                Ok(Processed::Dropped(minted)) => {
-                    outcome.report.dropped += 1;
-                    outcome.receipt = Some(minted);
-                }
-                Ok(Processed::Undeliverable(minted)) => {
-                    outcome.report.undeliverable += 1;
-                    outcome.receipt = Some(minted);
+            let publishing = self.publish_step(page, pending);
+            match settling(publishing, &mut stamping, &mut outcome, page).await {
+                Ok(stamp) => {
+                    // Stamped even when the page stopped meanwhile: it was published, and
+                    // every stamp that lands is one republish fewer.
+                    let settle = self.settle(page, pending, stamp, permit);
+                    if pipelined {
+                        stamping.push(settle);
+                    } else {
+                        outcome.record(settle.await, page);
+                    }
                 }
                 Err(error) => {
                     page.stop.store(true, Ordering::Release);
-                    outcome.error = Some(error);
+                    outcome.error.get_or_insert(error);
                     break;
                 }
             }
         }
+        while let Some(settled) = stamping.next().await {
+            outcome.record(settled, page);
+        }
         outcome
     }
 
-    /// Verifies, publishes and stamps one pending document.
-    async fn process(
+    /// Verifies and publishes one pending document: what it still needs is its stamp.
+    async fn publish_step(
         &self,
         page: &PageInFlight<'_>,
         pending: &Pending<'_>,
-    ) -> Result<Processed, DrainError> {
-        let lease_token = page.lease_token;
-        let Pending { doc, id, key } = pending;
+    ) -> Result<Stamp, DrainError> {
+        let doc = pending.doc;
         // Admitted past the pending gate: its age is taken now, before the contract, so an
         // undeliverable document and a publish that fails still report it.
         if let Some(metrics) = &self.metrics {
@@ -580,13 +657,14 @@ impl Drain {
             None => match outbox_contract::verify(doc) {
                 Ok(verified) => verified.into_message(),
                 Err(violations) => {
-                    let reason = UndeliverableReason::Contract(violations);
-                    return self.give_up(lease_token, key, id, &reason).await;
+                    return Ok(Stamp::Undeliverable(UndeliverableReason::Contract(
+                        violations,
+                    )));
                 }
             },
             Some(factory) => match self.resolve(factory.as_ref(), pending).await? {
                 Some(message) => message,
-                None => return self.drop_document(key, id).await,
+                None => return Ok(Stamp::Dropped),
             },
         };
         let message_id = message.message_id.clone();
@@ -616,36 +694,58 @@ impl Drain {
                 if let Some(metrics) = &self.metrics {
                     metrics.document(DrainOutcome::Admitted);
                 }
+                page.unconfirmed.fetch_add(1, Ordering::AcqRel);
+                Ok(Stamp::Delivered {
+                    message_id,
+                    destination,
+                })
             }
             // Only a protocol limit on the document's own fields: no broker setting lifts it.
             Err(refusal) if refusal.is_permanent() => {
-                let reason = UndeliverableReason::BrokerRefusal {
+                Ok(Stamp::Undeliverable(UndeliverableReason::BrokerRefusal {
                     message_id,
                     refusal: Arc::new(refusal),
-                };
-                return self.give_up(lease_token, key, id, &reason).await;
+                }))
             }
             // A setting an operator changes: the document waits for it, pending.
-            Err(source) if source.refusal().is_some() => {
-                return Err(DrainError::Refused {
-                    message_id,
-                    destination,
-                    source,
-                });
-            }
-            Err(source) => {
-                return Err(DrainError::Publish {
-                    message_id,
-                    destination,
-                    source,
-                });
-            }
+            Err(source) if source.refusal().is_some() => Err(DrainError::Refused {
+                message_id,
+                destination,
+                source,
+            }),
+            Err(source) => Err(DrainError::Publish {
+                message_id,
+                destination,
+                source,
+            }),
         }
+    }
+
+    /// Writes the stamp a document's publish step called for, holding its in-flight permit
+    /// until the stamp landed or failed.
+    async fn settle(
+        &self,
+        page: &PageInFlight<'_>,
+        pending: &Pending<'_>,
+        stamp: Stamp,
+        permit: Option<SemaphorePermit<'_>>,
+    ) -> Result<Processed, DrainError> {
+        let _permit = permit;
+        let Pending { id, key, .. } = pending;
+        let (message_id, destination) = match stamp {
+            Stamp::Undeliverable(reason) => {
+                return self.give_up(page.lease_token, key, id, &reason).await;
+            }
+            Stamp::Dropped => return self.drop_document(key, id).await,
+            Stamp::Delivered {
+                message_id,
+                destination,
+            } => (message_id, destination),
+        };
         let stamp = outbox::delivered_stamp(
             &self.settings.delivered_status,
             self.settings.delivered_ttl_seconds,
         );
-        page.unconfirmed.fetch_add(1, Ordering::AcqRel);
         let receipt =
             self.patch(key, id, &stamp)
                 .await
