@@ -162,17 +162,30 @@ impl Faults {
 struct RequestCounts(std::sync::Mutex<std::collections::BTreeMap<String, u64>>);
 
 impl RequestCounts {
-    fn record(&self, method: &str) {
+    /// Counts the request per method, and per method and path when the path names a feed
+    /// (`/dbs/shop/colls/orders/docs`: an odd number of segments), not one resource: the
+    /// feeds of an account are few, so the counters stay bounded.
+    fn record(&self, method: &str, path: &str) {
+        let method = method.to_ascii_uppercase();
         let mut counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        *counts.entry(method.to_ascii_uppercase()).or_default() += 1;
+        let segments = path.trim_matches('/').split('/').count();
+        if segments % 2 == 1 {
+            *counts
+                .entry(format!("{method} /{}", path.trim_matches('/')))
+                .or_default() += 1;
+        }
+        *counts.entry(method).or_default() += 1;
     }
 
-    fn get(&self, method: &str) -> u64 {
+    /// The count of `method`'s requests, or of its requests to the feed `path` too.
+    fn get(&self, method: &str, path: Option<&str>) -> u64 {
+        let method = method.to_ascii_uppercase();
+        let key = match path {
+            Some(path) => format!("{method} /{}", path.trim_matches('/')),
+            None => method,
+        };
         let counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        counts
-            .get(&method.to_ascii_uppercase())
-            .copied()
-            .unwrap_or(0)
+        counts.get(&key).copied().unwrap_or(0)
     }
 }
 
@@ -218,7 +231,7 @@ impl EmulatorServer {
 
     /// How many requests with HTTP `method` (e.g. `"PATCH"`) this server has answered.
     pub fn request_count(&self, method: &str) -> u64 {
-        self.counts.get(method)
+        self.counts.get(method, None)
     }
 
     /// Serves requests until the returned future is dropped or accepting connections fails
@@ -249,7 +262,7 @@ impl EmulatorServer {
                 let service = service_fn(move |request: hyper::Request<Incoming>| {
                     let emulator = Arc::clone(&emulator);
                     let endpoint = endpoint.clone();
-                    counts.record(request.method().as_str());
+                    counts.record(request.method().as_str(), request.uri().path());
                     let (latency, refusal, answer_delay) = faults.decide(request.method().as_str());
                     async move {
                         if !latency.is_zero() {
@@ -321,12 +334,42 @@ impl RunningEmulator {
 
     /// How many requests with HTTP `method` (e.g. `"PATCH"`) this server has answered.
     pub fn request_count(&self, method: &str) -> u64 {
-        self.counts.get(method)
+        self.counts.get(method, None)
+    }
+
+    /// How many requests with HTTP `method` to the feed `path` (e.g. `"GET"` and
+    /// `"dbs/shop/colls/orders/docs"`: the container's change feed) this server has answered.
+    pub fn feed_request_count(&self, method: &str, path: &str) -> u64 {
+        self.counts.get(method, Some(path))
     }
 
     /// The faults this server injects (none until set).
     pub fn faults(&self) -> Faults {
         self.faults.clone()
+    }
+
+    /// Merges the four physical partitions a container starts with into one, before anything
+    /// is written to it: one feed range, as most containers have (under 50 GB and 10,000
+    /// RU/s). Fails when the container does not have exactly the four it starts with.
+    pub async fn merge_into_one_partition(
+        &self,
+        database: &str,
+        container: &str,
+    ) -> io::Result<()> {
+        let lock = Duration::from_millis(1);
+        let merge = |a, b| {
+            self.store
+                .merge_partitions_and_wait(database, container, a, b, lock)
+        };
+        let failed = |e| {
+            io::Error::other(format!(
+                "cannot merge the partitions of {database}/{container}: {e}"
+            ))
+        };
+        let left = merge(0, 1).await.map_err(failed)?;
+        let right = merge(2, 3).await.map_err(failed)?;
+        merge(left, right).await.map_err(failed)?;
+        Ok(())
     }
 }
 

@@ -23,11 +23,15 @@
 //!   [`lease_acquire_interval`](ChangeFeedProcessorOptions::lease_acquire_interval) an instance
 //!   takes free and expired leases up to its fair share, `ceil(leases / live owners)`, and below
 //!   it takes one lease from an owner holding at least two more leases than itself.
-//! - **Checkpoints after the handler succeeds.** Per owned lease, one page at a time is read
-//!   from the lease's continuation and handed to your async handler as a [`ChangeFeedBatch`].
-//!   The new continuation is written to the lease only after the handler returned `Ok`. A page
-//!   with documents is followed by the next read at once (read until caught up); only an empty
-//!   read waits the poll interval.
+//! - **Checkpoints after the handler succeeds.** Per owned lease, one page at a time is handed
+//!   to your async handler as a [`ChangeFeedBatch`], in feed order. The new continuation is
+//!   written to the lease only after the handler returned `Ok` (and so after every earlier
+//!   page's). While a page is handled, the next one is read and the previous page's checkpoint
+//!   written, so a backlog waits for no store round trip between pages; at most one page is
+//!   held ahead, and it is dropped (read again) when the handler fails. A page with documents is
+//!   followed by the next at once (read until caught up); only an empty read waits the poll
+//!   interval. A page read ahead is the feed as it was during the previous page's handler: a
+//!   document that handler changed comes again, in its new version, in a later page.
 //! - **At-least-once delivery.** A batch can be handed over again after a handler error, a
 //!   failed checkpoint, or a lease changing hands mid-batch: the handler must tolerate
 //!   repeats (be idempotent).

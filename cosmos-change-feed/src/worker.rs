@@ -455,8 +455,11 @@ struct Poll<'a> {
     /// a write works again.
     written: Option<String>,
     /// The checkpoint of the page just handled (and its size), written while the next page is
-    /// read: a backlog pays one store round trip per page for both, not two.
+    /// handled (or read): a backlog pays no store round trip of its own for it.
     checkpoint: Option<(Option<String>, usize)>,
+    /// The page after the one just handled, read while it was handled: the next step hands it
+    /// over without waiting for a read. At most one page is held ahead.
+    ahead: Option<Result<PageRead, StoreError>>,
     /// The reader of the lease's range, kept across pages so a range over several physical
     /// partitions is read round all of them; dropped (and opened again from `position`)
     /// whenever a page it read is not handed over.
@@ -476,52 +479,78 @@ impl<'a> Poll<'a> {
             written: position.clone(),
             position,
             checkpoint: None,
+            ahead: None,
             reader: None,
             empty_in_a_row: 0,
         }
     }
 
-    /// Reads a page (beside the previous page's checkpoint) and does what it calls for.
+    /// Takes the page read ahead, or reads one (beside the previous page's checkpoint), and
+    /// does what it calls for.
     async fn step(&mut self) -> Next {
         let (ctx, slot) = (self.ctx, self.slot);
-        let read = bounded(
-            "query_change_feed",
-            ctx.options.store_timeout,
-            read_page(ctx, &slot.range, self.position.as_deref(), &mut self.reader),
-        );
-        let (wrote, read) = match self.checkpoint.take() {
-            Some((next, count)) => {
+        let read = match self.ahead.take() {
+            Some(read) => read,
+            None => {
+                let read = bounded(
+                    "query_change_feed",
+                    ctx.options.store_timeout,
+                    read_page(ctx, &slot.range, self.position.as_deref(), &mut self.reader),
+                );
+                let Some((next, count)) = self.checkpoint.take() else {
+                    let read = read.await;
+                    return self.take(read).await;
+                };
                 let (wrote, read) = tokio::join!(slot.checkpoint(ctx, &next), read);
-                (Some((wrote, next, count)), read)
-            }
-            None => (None, read.await),
-        };
-        if let Some((wrote, next, count)) = wrote {
-            match wrote {
-                Ok(()) => {
-                    self.written = next;
-                    tracing::debug!(processor = %ctx.store.processor, lease = %slot.lease_token, documents = count, "checkpointed");
-                    record_progress(ctx, slot);
-                    self.backoff.reset();
+                // The page read beside a failed write is dropped (read again after the
+                // backoff); beside a lost lease it is not handed over.
+                if let Err(next) = self.wrote(wrote, next, count) {
+                    return next;
                 }
-                // The page read beside it is not handed over: the lease is someone else's.
-                Err(WriteError::Lost) => return Next::Lost,
-                // The page read beside it is dropped and read again after the backoff; the
-                // position stays ahead of the checkpoint until a write works.
-                Err(WriteError::Failed) => return self.checkpoint_failed(true),
+                read
             }
-        }
+        };
+        self.take(read).await
+    }
+
+    /// Does what a read calls for: a failure backs off, an empty page moves on, a page is
+    /// handed over.
+    async fn take(&mut self, read: Result<PageRead, StoreError>) -> Next {
         // Asked to stop during the read: its page is not handed over (nor checkpointed).
-        if slot.is_stopping() {
+        if self.slot.is_stopping() {
             return Next::Read;
         }
         match read {
             Err(error) => self.read_failed(&error),
-            Ok((documents, next, _, parts)) if documents.is_empty() => {
-                self.nothing_new(next, parts).await
+            Ok(page) if page.documents.is_empty() => {
+                self.nothing_new(page.continuation, page.parts).await
             }
-            Ok((documents, next, request_charge, _)) => {
-                self.hand_over(documents, next, request_charge).await
+            Ok(page) => self.hand_over(page).await,
+        }
+    }
+
+    /// Records what writing a handled page's checkpoint `next` did: `Err` with the step to take
+    /// when it did not work (the checkpoint is kept, to be written with the next write).
+    fn wrote(
+        &mut self,
+        wrote: Result<(), WriteError>,
+        next: Option<String>,
+        count: usize,
+    ) -> Result<(), Next> {
+        let (ctx, slot) = (self.ctx, self.slot);
+        match wrote {
+            Ok(()) => {
+                self.written = next;
+                tracing::debug!(processor = %ctx.store.processor, lease = %slot.lease_token, documents = count, "checkpointed");
+                record_progress(ctx, slot);
+                self.backoff.reset();
+                Ok(())
+            }
+            Err(WriteError::Lost) => Err(Next::Lost),
+            // The position stays ahead of the checkpoint until a write works.
+            Err(WriteError::Failed) => {
+                self.checkpoint.get_or_insert((next, count));
+                Err(self.checkpoint_failed(true))
             }
         }
     }
@@ -530,6 +559,7 @@ impl<'a> Poll<'a> {
     /// fresh reader when the page read beside it is dropped).
     fn checkpoint_failed(&mut self, drop_reader: bool) -> Next {
         if drop_reader {
+            self.ahead = None;
             self.reader = None;
             self.empty_in_a_row = 0;
         }
@@ -576,6 +606,8 @@ impl<'a> Poll<'a> {
     async fn nothing_new(&mut self, next: Option<String>, parts: usize) -> Next {
         let (ctx, slot) = (self.ctx, self.slot);
         self.position = next.clone();
+        // A handled page's checkpoint still unwritten is behind this position, which replaces it.
+        self.checkpoint = None;
         if next != self.written {
             match slot.checkpoint(ctx, &next).await {
                 Err(WriteError::Lost) => return Next::Lost,
@@ -606,19 +638,23 @@ impl<'a> Poll<'a> {
         Next::Pause(ctx.options.poll_interval)
     }
 
-    /// Hands a page to the batch handler. Handled: the position moves past it and its
-    /// checkpoint is written beside the next read (read until caught up: only an empty read
-    /// waits the poll interval; a short page is no sign of the end, as the service also cuts
-    /// pages at its response-size limit). Failed, panicked or timed out: reported, and the same
-    /// documents are read again after the backoff.
-    async fn hand_over(
-        &mut self,
-        documents: Vec<Value>,
-        next: Option<String>,
-        request_charge: f64,
-    ) -> Next {
+    /// Hands a page to the batch handler, while the previous page's checkpoint is written and
+    /// the next page is read. Handled: the position moves past it, its checkpoint is written with
+    /// the next step, and the page read meanwhile is handed over next (read until caught up:
+    /// only an empty read waits the poll interval; a short page is no sign of the end, as the
+    /// service also cuts pages at its response-size limit). Failed, panicked or timed out:
+    /// reported, the page read ahead is dropped, and the same documents are read again after
+    /// the backoff. Checkpoints keep page order: a page's is written only after it was handled,
+    /// and so every page before it.
+    async fn hand_over(&mut self, page: PageRead) -> Next {
         let (ctx, slot) = (self.ctx, self.slot);
         self.empty_in_a_row = 0;
+        let PageRead {
+            documents,
+            continuation: next,
+            request_charge,
+            ..
+        } = page;
         let count = documents.len();
         let batch = ChangeFeedBatch {
             documents,
@@ -627,11 +663,24 @@ impl<'a> Poll<'a> {
             request_charge,
             lease_lost: LeaseLost(slot.lost.clone()),
         };
-        let handled = tokio::time::timeout(
+        let handling = tokio::time::timeout(
             ctx.options.handler_timeout,
             AssertUnwindSafe((ctx.handler)(batch)).catch_unwind(),
-        )
-        .await;
+        );
+        let previous = self.checkpoint.take();
+        let checkpointing = async {
+            match &previous {
+                Some((written, _)) => Some(slot.checkpoint(ctx, written).await),
+                None => None,
+            }
+        };
+        // The reader stands after this page: the read ahead continues from there.
+        let reading_ahead = bounded(
+            "query_change_feed",
+            ctx.options.store_timeout,
+            read_page(ctx, &slot.range, next.as_deref(), &mut self.reader),
+        );
+        let (handled, wrote, ahead) = tokio::join!(handling, checkpointing, reading_ahead);
         let failure = match handled {
             Ok(Ok(Ok(()))) => None,
             Ok(Ok(Err(error))) => Some(error),
@@ -642,9 +691,31 @@ impl<'a> Poll<'a> {
                 after: ctx.options.handler_timeout,
             }) as BoxError),
         };
-        let Some(error) = failure else {
+        if failure.is_none() {
+            // Handled: this page's checkpoint supersedes the previous one, written or not.
             self.position = next.clone();
             self.checkpoint = Some((next, count));
+        }
+        // A failed write backs off (the page read ahead dropped); a lost lease stops at once.
+        let mut backing_off = None;
+        if let (Some(wrote), Some((written, previous_count))) = (wrote, previous) {
+            let kept = self.checkpoint.take();
+            let outcome = self.wrote(wrote, written, previous_count);
+            // A failed write kept the previous checkpoint; a handled page's is newer.
+            if kept.is_some() {
+                self.checkpoint = kept;
+            }
+            match outcome {
+                Ok(()) => {}
+                Err(Next::Lost) => return Next::Lost,
+                Err(next) => backing_off = Some(next),
+            }
+        }
+        let Some(error) = failure else {
+            if let Some(next) = backing_off {
+                return next;
+            }
+            self.ahead = Some(ahead);
             return Next::Read;
         };
         // Read again from the position before this page.
@@ -659,7 +730,7 @@ impl<'a> Poll<'a> {
             processor = %ctx.store.processor, lease = %slot.lease_token, documents = count,
             "the same documents are read again after a backoff"
         );
-        Next::Pause(self.backoff.next_delay())
+        backing_off.unwrap_or_else(|| Next::Pause(self.backoff.next_delay()))
     }
 
     /// Asked to stop with a handled page not yet checkpointed: writes it now, so a split's
@@ -676,15 +747,25 @@ impl<'a> Poll<'a> {
     }
 }
 
+/// One page read from a lease's feed range.
+struct PageRead {
+    documents: Vec<Value>,
+    /// The continuation after the page.
+    continuation: Option<String>,
+    /// The Request Units the read was billed.
+    request_charge: f64,
+    /// How many pages make one round of the range's partitions.
+    parts: usize,
+}
+
 /// Reads the next page of the lease's feed range with `reader`, opening it from `continuation`
-/// first if there is none: the documents, the continuation after them, the Request Units the
-/// read was billed, and how many pages make one round of the range's partitions.
+/// first if there is none.
 async fn read_page(
     ctx: &WorkerContext,
     range: &FeedRange,
     continuation: Option<&str>,
     reader: &mut Option<RangeReader>,
-) -> Result<(Vec<Value>, Option<String>, f64, usize), StoreError> {
+) -> Result<PageRead, StoreError> {
     let reader = match reader {
         Some(reader) => reader,
         None => reader
@@ -692,12 +773,12 @@ async fn read_page(
     };
     let page = reader.next_page().await?;
     let (continuation, request_charge) = (page.continuation.clone(), page.request_charge);
-    Ok((
-        page.into_documents(),
+    Ok(PageRead {
+        documents: page.into_documents(),
         continuation,
         request_charge,
-        reader.parts(),
-    ))
+        parts: reader.parts(),
+    })
 }
 
 /// Clears the owner (keeping the checkpoint) so another instance may take the lease at once.

@@ -18,8 +18,8 @@ use cosmos_change_feed::{
 };
 use serde_json::json;
 use support::{
-    Seen, Store, embedded, eventually, fast_options, feed_range, midpoint, order_ids, recording,
-    served, upsert,
+    Seen, Store, client_of, embedded, eventually, fast_options, feed_range, midpoint, order_ids,
+    recording, served, upsert,
 };
 
 const DB: &str = "cfp";
@@ -1689,4 +1689,88 @@ async fn shutdown_within_a_deadline_names_the_leases_still_being_served() {
         .unwrap_err();
     assert_eq!(error.unreleased.len(), 1, "{error}");
     assert!(error.to_string().contains(&error.unreleased[0]), "{error}");
+}
+
+/// The monitored container's change feed, as `chatter-emulator` counts its reads.
+const FEED: &str = "dbs/cfp/colls/orders/docs";
+
+// The next page is read while a page is handled (the read is not a step of its own between
+// pages), and handing over stays in page order, each document once.
+#[tokio::test]
+async fn the_next_page_is_read_while_a_page_is_handled() {
+    let (emulator, _) = served_store().await;
+    // One feed range (one lease, so every change-feed read counted is this lease's), seen by a
+    // client that did not cache the four it started with: three pages of two.
+    emulator
+        .merge_into_one_partition(DB, MONITORED)
+        .await
+        .unwrap();
+    let store = store_on(&client_of(&emulator).await).await;
+    for i in 0..6 {
+        let id = format!("line-{i}");
+        upsert(
+            &store.monitored,
+            "order-1",
+            &json!({ "id": id, "orderId": "order-1" }),
+        )
+        .await;
+    }
+    let batches: Batches = Arc::default();
+    // Change-feed reads the store answered while the first page of order-1 was being handled.
+    let reads_meanwhile = Arc::new(Mutex::new(None::<u64>));
+    let emulator = Arc::new(emulator);
+    let processor = store
+        .processor("read-ahead", "host-1")
+        .options(fast_options().with_max_items_per_page(2))
+        .start({
+            let (batches, reads_meanwhile, emulator) =
+                (batches.clone(), reads_meanwhile.clone(), emulator.clone());
+            move |batch: ChangeFeedBatch| -> BatchFuture {
+                let first = batch.documents.iter().any(|d| d["id"] == "line-0");
+                record(&batches, &batch);
+                let (reads_meanwhile, emulator) = (reads_meanwhile.clone(), emulator.clone());
+                Box::pin(async move {
+                    if first {
+                        let reads = || emulator.feed_request_count("GET", FEED);
+                        let before = reads();
+                        // Until a read arrives, or long past any read a poller would make.
+                        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+                        while reads() == before && tokio::time::Instant::now() < deadline {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                        *reads_meanwhile.lock().unwrap() = Some(reads() - before);
+                    }
+                    Ok(())
+                })
+            }
+        })
+        .await
+        .unwrap();
+    eventually(WAIT, POLL, "all six lines handed over", || {
+        let n = batches
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, ids)| ids.len())
+            .sum::<usize>();
+        async move { n >= 6 }
+    })
+    .await;
+    processor.shutdown().await;
+    let reads = reads_meanwhile
+        .lock()
+        .unwrap()
+        .expect("the first page was handled");
+    assert!(
+        reads >= 1,
+        "no change-feed read while the first page was handled"
+    );
+    let handed: Vec<String> = batches
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|(_, ids)| ids.clone())
+        .collect();
+    let expected: Vec<String> = (0..6).map(|i| format!("line-{i}")).collect();
+    assert_eq!(handed, expected, "in page order, each once");
 }

@@ -29,13 +29,13 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use chatter_emulator::RunningEmulator;
 use chatter_runtime::RelayOptions;
 use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
 use chatter_tests::rabbitmq;
 use chatter_tests::runtime::seed;
-use chatter_emulator::RunningEmulator;
-use chatter_tests::store::{emulator_server, merged_into_one_partition, provisioned_with_leases};
+use chatter_tests::store::{emulator_server, provisioned_with_leases};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -262,7 +262,7 @@ async fn seed_backlog(
             .await
         }
         Shape::OnePartition => {
-            merged_into_one_partition(emulator, "bench", "orders").await;
+            emulator.merge_into_one_partition("bench", "orders").await?;
             seed(
                 cosmos,
                 (0..TENANT_COMMANDS).map(|n| {

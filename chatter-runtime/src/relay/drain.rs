@@ -50,8 +50,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use serde_json::Value;
 use futures::stream::{FuturesUnordered, StreamExt};
+use serde_json::Value;
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use super::delivery::DeliverySettings;
@@ -489,7 +489,9 @@ impl Drain {
                     }
                     _ => {
                         futures::future::join_all(
-                            groups.iter().map(|group| self.drain_group(&page, group, true)),
+                            groups
+                                .iter()
+                                .map(|group| self.drain_group(&page, group, true)),
                         )
                         .await
                     }

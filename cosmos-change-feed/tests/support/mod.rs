@@ -70,15 +70,21 @@ pub(crate) async fn embedded() -> CosmosClient {
 pub(crate) async fn served() -> (RunningEmulator, CosmosClient) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let emulator = EmulatorServer::from_listener(listener).unwrap().spawn();
+    let client = client_of(&emulator).await;
+    (emulator, client)
+}
+
+/// A new client of `emulator` over HTTP (with caches of its own: it sees the partitions as they
+/// are now).
+pub(crate) async fn client_of(emulator: &RunningEmulator) -> CosmosClient {
     let endpoint: AccountEndpoint = emulator.endpoint().parse().unwrap();
-    let client = CosmosClientBuilder::new()
+    CosmosClientBuilder::new()
         .build(
             AccountReference::with_authentication_key(endpoint, EMULATOR_KEY),
             RoutingStrategy::PreferredRegions(Vec::new()),
         )
         .await
-        .unwrap();
-    (emulator, client)
+        .unwrap()
 }
 
 fn is_conflict(error: &CosmosError) -> bool {

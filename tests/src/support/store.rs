@@ -146,23 +146,3 @@ pub async fn for_each_change(
     }
     Ok(())
 }
-
-/// Merges the four physical partitions a `chatter-emulator` container starts with into one
-/// (before anything is written to it): one feed range, as most containers have (under 50 GB and
-/// 10,000 RU/s). Panics when a merge fails.
-pub async fn merged_into_one_partition(emulator: &RunningEmulator, database: &str, container: &str) {
-    let store = emulator.store();
-    let lock = std::time::Duration::from_millis(1);
-    let left = store
-        .merge_partitions_and_wait(database, container, 0, 1, lock)
-        .await
-        .expect("partitions 0 and 1 merge");
-    let right = store
-        .merge_partitions_and_wait(database, container, 2, 3, lock)
-        .await
-        .expect("partitions 2 and 3 merge");
-    store
-        .merge_partitions_and_wait(database, container, left, right, lock)
-        .await
-        .expect("the two halves merge");
-}
