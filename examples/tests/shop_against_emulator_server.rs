@@ -4,17 +4,8 @@
 use std::process::Command;
 
 use chatter_runtime::cosmos::{self, CosmosConnection};
+use chatter_tests::store::{INBOX_MARKER_WIRE_KEYS, OUTBOX_WIRE_KEYS, keys_then, wire_keys};
 use serde_json::Value;
-
-fn user_keys(doc: &Value) -> Vec<&str> {
-    // Cosmos adds `_rid`, `_self`, `_etag`, `_attachments`, `_ts`; chatter's own `_chatterType` stays.
-    doc.as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .filter(|k| !matches!(*k, "_rid" | "_self" | "_etag" | "_attachments" | "_ts"))
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_process_reads_the_examples_documents_in_the_exact_shapes() {
@@ -70,14 +61,8 @@ async fn a_second_process_reads_the_examples_documents_in_the_exact_shapes() {
             .into_document()
             .unwrap();
         assert_eq!(
-            user_keys(&marker),
-            [
-                "id",
-                "_chatterType",
-                "MessageId",
-                "ReceivedAtUtc",
-                "orderId"
-            ]
+            wire_keys(&marker),
+            keys_then(&INBOX_MARKER_WIRE_KEYS, &["orderId"])
         );
         assert_eq!(marker["MessageId"], message_id.as_str());
 
@@ -90,19 +75,8 @@ async fn a_second_process_reads_the_examples_documents_in_the_exact_shapes() {
             .unwrap();
         // Section 0.2 in order, then the `ttl` the relay's delivered stamp added (0.6).
         assert_eq!(
-            user_keys(&outbox),
-            [
-                "id",
-                "_chatterType",
-                "status",
-                "MessageId",
-                "Destination",
-                "MessageBody",
-                "MessageContentType",
-                "MessageContext",
-                "orderId",
-                "ttl"
-            ]
+            wire_keys(&outbox),
+            keys_then(&OUTBOX_WIRE_KEYS, &["orderId", "ttl"])
         );
         assert_eq!(outbox["_chatterType"], "outbox");
         assert_eq!(outbox["status"], "delivered");

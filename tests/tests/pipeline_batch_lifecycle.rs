@@ -10,7 +10,9 @@ use chatter_runtime::{
     BoxError, DispatchError, DocumentReliable, ErrorChain, HandlerContext, Runtime, handler,
 };
 use chatter_runtime::{Outcome, PipelineError};
-use chatter_tests::store::{document, find_document, wire_keys};
+use chatter_tests::store::{
+    INBOX_MARKER_WIRE_KEYS, OUTBOX_WIRE_KEYS, document, find_document, keys_then, wire_keys,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -174,13 +176,7 @@ async fn participant_commits_marker_writes_and_outbox_in_one_batch() {
         .expect("marker committed");
     assert_eq!(
         wire_keys(&marker),
-        [
-            "id",
-            "_chatterType",
-            "MessageId",
-            "ReceivedAtUtc",
-            "orderId"
-        ]
+        keys_then(&INBOX_MARKER_WIRE_KEYS, &["orderId"])
     );
     assert_eq!(marker["_chatterType"], "inbox");
     assert_eq!(marker["MessageId"], "msg-1");
@@ -198,17 +194,7 @@ async fn participant_commits_marker_writes_and_outbox_in_one_batch() {
         .expect("outbox committed");
     assert_eq!(
         wire_keys(&outbox),
-        [
-            "id",
-            "_chatterType",
-            "status",
-            "MessageId",
-            "Destination",
-            "MessageBody",
-            "MessageContentType",
-            "MessageContext",
-            "orderId"
-        ]
+        keys_then(&OUTBOX_WIRE_KEYS, &["orderId"])
     );
     assert_eq!(outbox["status"], "pending");
     assert_eq!(outbox["MessageId"], "msg-1-created");

@@ -10,14 +10,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chatter_runtime::broker::InMemoryBroker;
-use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, StartError, handler};
+use chatter_runtime::{Runtime, StartError};
 use chatter_tests::relay::fast_relay;
 use chatter_tests::runtime::writer;
 use chatter_tests::store::{embedded, emulator_server, provisioned_with_leases};
 use chatter_tests::telemetry::Metrics;
 use chatter_tests::wait::eventually;
-use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 const DB: &str = "relay-backlog";
 const CONTAINER: &str = "orders";
@@ -27,28 +25,11 @@ const POLL: Duration = Duration::from_millis(100);
 const BACKLOG: &str = "chatter.messaging.outbox.backlog";
 const LEASE_TOKEN: &str = "chatter.messaging.outbox.lease_token";
 
-/// Places an order and emits one event.
-#[derive(Serialize, Deserialize, DocumentReliable)]
-#[cosmos(
-    database = "relay-backlog",
-    container = "orders",
-    lease = "orders-leases"
-)]
-#[partition_key(path = "/orderId")]
-#[serde(rename_all = "camelCase")]
-pub struct PlaceBackloggedOrder {
-    pub order_id: String,
-}
-
-#[handler]
-async fn place(command: PlaceBackloggedOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
-    ctx.upsert(json!({ "id": command.order_id, "orderId": command.order_id }))?;
-    ctx.send_json(
-        &format!("{}:placed", ctx.message_id()),
-        "order-events",
-        &json!({ "orderId": command.order_id }),
-    )?;
-    Ok(())
+chatter_tests::event_command! {
+    /// Places an order and emits one event.
+    PlaceBackloggedOrder { order_id as "orderId" }
+    on ("relay-backlog", "orders", "orders-leases") at "/orderId",
+    handled by place, sends "placed" to "order-events"
 }
 
 /// Each owned lease's last backlog, as the health report and the gauge give it.

@@ -12,10 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chatter_emulator::RunningEmulator;
-use chatter_runtime::BrokeredMessage;
+use chatter_runtime::Runtime;
 use chatter_runtime::broker::RabbitMqBroker;
 use chatter_runtime::cosmos::ContainerClient;
-use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
 use chatter_tests::broker::Received;
 use chatter_tests::logs::capture;
 use chatter_tests::rabbitmq;
@@ -24,7 +23,6 @@ use chatter_tests::store::{emulator_server, outbox_document, provisioned_with_le
 use chatter_tests::wait::eventually;
 use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{FieldTable, ShortString};
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tracing::Level;
 
@@ -32,29 +30,11 @@ const WAIT: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(50);
 const ORDERS: usize = 3;
 
-/// Ships an order; its handler sends `OrderShipped` to the queue the command names.
-#[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
-#[cosmos(
-    database = "refusal",
-    container = "shipments",
-    lease = "shipments-leases"
-)]
-#[partition_key(path = "/orderId")]
-#[serde(rename_all = "camelCase")]
-pub struct ShipOrder {
-    pub order_id: String,
-    pub events: String,
-}
-
-#[handler]
-async fn ship_order(command: ShipOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
-    let event = format!("{}:OrderShipped", ctx.message_id());
-    ctx.send(BrokeredMessage::json(
-        event,
-        command.events,
-        json!({ "orderId": command.order_id }).to_string(),
-    ))?;
-    Ok(())
+chatter_tests::event_command! {
+    /// Ships an order; its handler sends `OrderShipped` to the queue the command names.
+    ShipOrder { order_id as "orderId" }
+    on ("refusal", "shipments", "shipments-leases") at "/orderId",
+    handled by ship_order, sends "OrderShipped" to events
 }
 
 fn unique(what: &str) -> String {

@@ -13,15 +13,12 @@ use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use chatter_runtime::BrokeredMessage;
-use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, handler};
 use chatter_tests::broker::Received;
 use chatter_tests::process::ChildProcess;
 use chatter_tests::proxy::TcpProxy;
 use chatter_tests::rabbitmq;
 use chatter_tests::runtime::writer;
 use chatter_tests::store::{emulator_server, outbox_document, provisioned_with_leases};
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::time::Instant;
 

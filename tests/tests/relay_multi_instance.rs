@@ -10,15 +10,13 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chatter_runtime::BrokeredMessage;
+use chatter_runtime::Runtime;
 use chatter_runtime::broker::InMemoryBroker;
 use chatter_runtime::cosmos::{ContainerClient, CosmosConnection};
-use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
 use chatter_tests::broker::Received;
 use chatter_tests::relay::fast_relay;
 use chatter_tests::store::{outbox_document, provisioned_with_leases};
 use chatter_tests::wait::eventually;
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 const DB: &str = "relay-multi";
@@ -31,29 +29,11 @@ const WAIT: Duration = Duration::from_secs(120);
 /// How often a wait checks its condition.
 const POLL: Duration = Duration::from_millis(100);
 
-/// Places an order: writes the order and sends one `OrderPlaced` event through the outbox.
-#[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
-#[cosmos(
-    database = "relay-multi",
-    container = "orders",
-    lease = "orders-leases"
-)]
-#[partition_key(path = "/orderId")]
-#[serde(rename_all = "camelCase")]
-pub struct PlaceOrder {
-    pub order_id: String,
-}
-
-#[handler]
-async fn place_order(command: PlaceOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
-    ctx.upsert(json!({ "id": command.order_id, "orderId": command.order_id }))?;
-    let event = event_id(ctx.message_id());
-    ctx.send(BrokeredMessage::json(
-        event,
-        EVENTS,
-        json!({ "orderId": command.order_id }).to_string(),
-    ))?;
-    Ok(())
+chatter_tests::event_command! {
+    /// Places an order: writes the order and sends one `OrderPlaced` event through the outbox.
+    PlaceOrder { order_id as "orderId" }
+    on ("relay-multi", "orders", "orders-leases") at "/orderId",
+    handled by place_order, sends "OrderPlaced" to EVENTS
 }
 
 fn event_id(command_message_id: &str) -> String {

@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chatter_runtime::BrokeredMessage;
+use chatter_runtime::Runtime;
 use chatter_runtime::broker::{Broker, BrokerError, InMemoryBroker, Subscription};
 use chatter_runtime::cosmos::ContainerClient;
-use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
 use chatter_tests::broker::Received;
 use chatter_tests::change_feed::feed_range_tokens;
 use chatter_tests::relay::fast_relay;
@@ -25,7 +25,6 @@ use chatter_tests::store::{emulator_server, outbox_document, provisioned_with_le
 use chatter_tests::wait::eventually;
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::watch;
 
@@ -44,28 +43,11 @@ const WAIT: Duration = Duration::from_secs(120);
 /// How often a wait checks its condition.
 const POLL: Duration = Duration::from_millis(100);
 
-/// Places an order: writes the order and sends one `OrderPlaced` event through the outbox.
-#[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
-#[cosmos(
-    database = "relay-split",
-    container = "orders",
-    lease = "orders-leases"
-)]
-#[partition_key(path = "/orderId")]
-#[serde(rename_all = "camelCase")]
-pub struct PlaceOrder {
-    pub order_id: String,
-}
-
-#[handler]
-async fn place_order(command: PlaceOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
-    ctx.upsert(json!({ "id": command.order_id, "orderId": command.order_id }))?;
-    ctx.send(BrokeredMessage::json(
-        event_id(ctx.message_id()),
-        EVENTS,
-        json!({ "orderId": command.order_id }).to_string(),
-    ))?;
-    Ok(())
+chatter_tests::event_command! {
+    /// Places an order: writes the order and sends one `OrderPlaced` event through the outbox.
+    PlaceOrder { order_id as "orderId" }
+    on ("relay-split", "orders", "orders-leases") at "/orderId",
+    handled by place_order, sends "OrderPlaced" to EVENTS
 }
 
 fn event_id(command_message_id: &str) -> String {

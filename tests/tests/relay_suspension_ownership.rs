@@ -6,36 +6,22 @@
 
 use std::time::Duration;
 
-use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
+use chatter_runtime::Runtime;
 use chatter_tests::logs::capture;
 use chatter_tests::relay::fast_relay;
 use chatter_tests::store::{emulator_server, provisioned_with_leases};
 use chatter_tests::wait::eventually;
-use serde::{Deserialize, Serialize};
-use serde_json::json;
 use tracing::Level;
 
 const WAIT: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(50);
 const SUSPENDED: &str = "suspended draining lease";
 
-/// Opens an account and emits `AccountOpened`.
-#[derive(Serialize, Deserialize, DocumentReliable)]
-#[cosmos(database = "bank", container = "accounts", lease = "accounts-leases")]
-#[partition_key(path = "/accountId")]
-#[serde(rename_all = "camelCase")]
-pub struct OpenAccount {
-    pub account_id: String,
-}
-
-#[handler]
-async fn open_account(command: OpenAccount, ctx: &mut HandlerContext) -> Result<(), BoxError> {
-    ctx.send_json(
-        &format!("{}:opened", ctx.message_id()),
-        "account-events",
-        &json!({ "accountId": command.account_id }),
-    )?;
-    Ok(())
+chatter_tests::event_command! {
+    /// Opens an account and emits `opened`.
+    OpenAccount { account_id as "accountId" }
+    on ("bank", "accounts", "accounts-leases") at "/accountId",
+    handled by open_account, sends "opened" to "account-events"
 }
 
 async fn suspended(runtime: &Runtime) -> bool {

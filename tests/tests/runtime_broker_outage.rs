@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, BrokerError, RabbitMqBroker};
-use chatter_runtime::{
-    BoxError, ConsumerState, DocumentReliable, HandlerContext, Runtime, handler,
-};
+use chatter_runtime::{ConsumerState, Runtime};
 use chatter_tests::broker::Received;
 use chatter_tests::proxy::TcpProxy;
 use chatter_tests::rabbitmq;
@@ -19,7 +17,6 @@ use chatter_tests::relay::fast_relay;
 use chatter_tests::runtime::registry_at;
 use chatter_tests::store::{emulator_server, outbox_document, provisioned_with_leases};
 use chatter_tests::wait::eventually;
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -28,26 +25,11 @@ const OUTAGE: Duration = Duration::from_secs(5);
 /// The proxied broker's bound of one publish, below the outage.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Books a ticket; its handler sends `TicketBooked` to the queue the command names.
-#[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
-#[cosmos(database = "outage", container = "tickets", lease = "tickets-leases")]
-#[partition_key(path = "/ticketId")]
-#[serde(rename_all = "camelCase")]
-pub struct BookTicket {
-    pub ticket_id: String,
-    pub events: String,
-}
-
-#[handler]
-async fn book_ticket(command: BookTicket, ctx: &mut HandlerContext) -> Result<(), BoxError> {
-    ctx.upsert(json!({ "id": command.ticket_id, "ticketId": command.ticket_id }))?;
-    let event = format!("{}:TicketBooked", ctx.message_id());
-    ctx.send(BrokeredMessage::json(
-        event,
-        command.events,
-        json!({ "ticketId": command.ticket_id }).to_string(),
-    ))?;
-    Ok(())
+chatter_tests::event_command! {
+    /// Books a ticket; its handler sends `TicketBooked` to the queue the command names.
+    BookTicket { ticket_id as "ticketId" }
+    on ("outage", "tickets", "tickets-leases") at "/ticketId",
+    handled by book_ticket, sends "TicketBooked" to events
 }
 
 #[tokio::test]

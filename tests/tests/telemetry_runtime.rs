@@ -6,16 +6,13 @@ use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::CosmosConnection;
-use chatter_runtime::{
-    BoxError, BrokeredMessage, DocumentReliable, HandlerContext, Runtime, RuntimeBuilder, handler,
-};
+use chatter_runtime::{BrokeredMessage, DocumentReliable, Runtime, RuntimeBuilder};
 use chatter_tests::broker::next_delivery;
 use chatter_tests::relay::fast_relay;
 use chatter_tests::store::{embedded, emulator_server, provisioned_with_leases};
 use chatter_tests::telemetry::{Metrics, Spans};
 use chatter_tests::wait::eventually;
 use opentelemetry::trace::SpanKind;
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 const COMMAND_TRACE: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
@@ -25,24 +22,11 @@ const FAILURES: &str = "chatter.messaging.outbox.drain.failures";
 const WAIT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(50);
 
-/// Places an order and emits `OrderPlaced`.
-#[derive(Serialize, Deserialize, DocumentReliable)]
-#[cosmos(database = "shop", container = "orders", lease = "orders-leases")]
-#[partition_key(path = "/orderId")]
-#[serde(rename_all = "camelCase")]
-pub struct PlaceTracedOrder {
-    pub order_id: String,
-}
-
-#[handler]
-async fn place(command: PlaceTracedOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
-    ctx.upsert(json!({ "id": command.order_id, "orderId": command.order_id }))?;
-    ctx.send_json(
-        &format!("{}:placed", ctx.message_id()),
-        "order-events",
-        &json!({ "orderId": command.order_id }),
-    )?;
-    Ok(())
+chatter_tests::event_command! {
+    /// Places an order and emits `placed`.
+    PlaceTracedOrder { order_id as "orderId" }
+    on ("shop", "orders", "orders-leases") at "/orderId",
+    handled by place, sends "placed" to "order-events"
 }
 
 fn id_of(span: &opentelemetry_sdk::trace::SpanData) -> String {

@@ -198,7 +198,8 @@ impl RelayOptions {
     /// 10,000 RU/s). Must be positive.
     ///
     /// Within a page, documents of one partition-key value are published one after another in
-    /// change-feed order; different values are published concurrently up to this limit.
+    /// change-feed order (the next once the broker confirmed the previous one, while that one
+    /// is stamped); different values are published concurrently up to this limit.
     pub fn max_in_flight(mut self, documents: usize) -> Self {
         self.max_in_flight = documents;
         self

@@ -21,14 +21,12 @@ use std::time::Duration;
 use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, BrokerError, RabbitMqBroker, Subscription};
 use chatter_runtime::cosmos::CosmosConnection;
-use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
+use chatter_runtime::{BoxError, Runtime};
 use chatter_tests::process::env;
 use chatter_tests::rabbitmq::URI as DEFAULT_RABBITMQ_URI;
 use chatter_tests::relay::fast_relay;
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 // `PlaceOrder`, shared with the tests that run this worker (the same monitored container).
 include!("../relay_commands/place_order.rs");

@@ -56,6 +56,29 @@ pub async fn provisioned_with_leases(
     cosmos.container(database, container).await.unwrap()
 }
 
+/// An Outbox Document's keys in the order catalog section 0.2 gives them, before its
+/// partition-key fields (and the `ttl` a delivered stamp adds): what [`wire_keys`] of a stored
+/// one starts with.
+pub const OUTBOX_WIRE_KEYS: [&str; 8] = [
+    "id",
+    "_chatterType",
+    "status",
+    "MessageId",
+    "Destination",
+    "MessageBody",
+    "MessageContentType",
+    "MessageContext",
+];
+
+/// A batch's inbox marker's keys in the order catalog section 0.3 gives them, before its
+/// partition-key fields.
+pub const INBOX_MARKER_WIRE_KEYS: [&str; 4] = ["id", "_chatterType", "MessageId", "ReceivedAtUtc"];
+
+/// `keys` followed by `more`: a wire shape with the partition-key fields (or a stamp) after it.
+pub fn keys_then<'a>(keys: &[&'a str], more: &[&'a str]) -> Vec<&'a str> {
+    [keys, more].concat()
+}
+
 /// The top-level keys of a stored document in their order, without the system properties
 /// (`_rid`, `_etag`, ...) except `_chatterType`: what a wire-shape assertion compares.
 pub fn wire_keys(doc: &Value) -> Vec<&str> {
