@@ -458,7 +458,8 @@ struct Poll<'a> {
     /// handled (or read): a backlog pays no store round trip of its own for it.
     checkpoint: Option<(Option<String>, usize)>,
     /// The page after the one just handled, read while it was handled: the next step hands it
-    /// over without waiting for a read. At most one page is held ahead.
+    /// over without waiting for a read (an empty one is read again instead). At most one page
+    /// is held ahead.
     ahead: Option<Result<PageRead, StoreError>>,
     /// The reader of the lease's range, kept across pages so a range over several physical
     /// partitions is read round all of them; dropped (and opened again from `position`)
@@ -489,7 +490,13 @@ impl<'a> Poll<'a> {
     /// does what it calls for.
     async fn step(&mut self) -> Next {
         let (ctx, slot) = (self.ctx, self.slot);
-        let read = match self.ahead.take() {
+        // An empty page read ahead is read again now: documents written while the previous page
+        // was handled are handed over at once, not after the poll interval.
+        let ahead = self
+            .ahead
+            .take()
+            .filter(|read| !matches!(read, Ok(page) if page.documents.is_empty()));
+        let read = match ahead {
             Some(read) => read,
             None => {
                 let read = bounded(
@@ -606,12 +613,17 @@ impl<'a> Poll<'a> {
     async fn nothing_new(&mut self, next: Option<String>, parts: usize) -> Next {
         let (ctx, slot) = (self.ctx, self.slot);
         self.position = next.clone();
-        // A handled page's checkpoint still unwritten is behind this position, which replaces it.
-        self.checkpoint = None;
+        // A handled page's checkpoint still unwritten is behind this position, which replaces it
+        // (and is kept as the checkpoint still owed when the write fails).
+        let owed = self.checkpoint.take();
         if next != self.written {
             match slot.checkpoint(ctx, &next).await {
                 Err(WriteError::Lost) => return Next::Lost,
-                Err(WriteError::Failed) => return self.checkpoint_failed(false),
+                Err(WriteError::Failed) => {
+                    let count = owed.map_or(0, |(_, count)| count);
+                    self.checkpoint = Some((next, count));
+                    return self.checkpoint_failed(false);
+                }
                 Ok(()) => self.written = next,
             }
         }

@@ -1774,3 +1774,60 @@ async fn the_next_page_is_read_while_a_page_is_handled() {
     let expected: Vec<String> = (0..6).map(|i| format!("line-{i}")).collect();
     assert_eq!(handed, expected, "in page order, each once");
 }
+
+// A page read ahead that came back empty is read again once the handler returned: a document
+// written while the previous page was handled comes at once, not after the poll interval.
+#[tokio::test]
+async fn a_document_written_while_a_page_is_handled_comes_without_waiting_the_poll_interval() {
+    let store = embedded_store().await;
+    upsert(
+        &store.monitored,
+        "order-1",
+        &json!({ "id": "first", "orderId": "order-1" }),
+    )
+    .await;
+    let seen = Seen::default();
+    let monitored = Arc::clone(&store.monitored);
+    let processor = store
+        .processor("empty-ahead", "host-1")
+        // Far longer than the wait below: only a read right after the handler finds `second`.
+        .options(fast_options().with_poll_interval(Duration::from_secs(600)))
+        .start({
+            let seen = seen.clone();
+            move |batch: ChangeFeedBatch| -> BatchFuture {
+                let ids: Vec<String> = batch
+                    .documents
+                    .iter()
+                    .filter_map(|d| d["id"].as_str().map(str::to_owned))
+                    .collect();
+                seen.record_all(ids.iter().map(String::as_str));
+                let monitored = Arc::clone(&monitored);
+                Box::pin(async move {
+                    if ids.iter().any(|id| id == "first") {
+                        // Long enough for the read ahead to come back empty, then the write.
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        upsert(
+                            &monitored,
+                            "order-1",
+                            &json!({ "id": "second", "orderId": "order-1" }),
+                        )
+                        .await;
+                    }
+                    Ok(())
+                })
+            }
+        })
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(30),
+        POLL,
+        "the second document came before the poll interval",
+        || {
+            let done = seen.count("second") > 0;
+            async move { done }
+        },
+    )
+    .await;
+    processor.shutdown().await;
+}

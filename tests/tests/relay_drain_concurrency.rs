@@ -404,3 +404,73 @@ async fn a_page_whose_groups_all_fail_to_confirm_counts_one_confirmation_failure
         "the fifth failed page suspends"
     );
 }
+
+/// Test double: the in-memory broker, refusing `refused` by a broker setting (a real refusal's
+/// shape: `BrokerError::Refused`) after `after`, once other documents' stamps had time to fail.
+/// A real RabbitMQ refuses at once; the wait orders the two failures for the test.
+struct RefusesLater {
+    inner: InMemoryBroker,
+    refused: &'static str,
+    after: Duration,
+}
+
+impl Broker for RefusesLater {
+    fn publish(&self, message: BrokeredMessage) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(async move {
+            if message.message_id != self.refused {
+                return self.inner.publish(message).await;
+            }
+            tokio::time::sleep(self.after).await;
+            Err(BrokerError::Refused {
+                destination: message.destination,
+                refusal: chatter_runtime::broker::Refusal::AccessRefused,
+                reply: "403 ACCESS_REFUSED (the test double)".to_owned(),
+            })
+        })
+    }
+
+    fn subscribe<'a>(
+        &'a self,
+        destination: &'a str,
+    ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
+        self.inner.subscribe(destination)
+    }
+}
+
+// A key's publish and the stamp of its previous document, in flight together, can both fail:
+// the page counts both, a Confirmation Failure and a blocked lease, not only the first.
+#[tokio::test]
+async fn a_group_whose_stamp_and_next_publish_both_fail_counts_both() {
+    let (emulator, c) = refusing_stamps().await;
+    let page = vec![pending(&c, "a-0").await, pending(&c, "a-1").await];
+    emulator
+        .faults()
+        .refuse("PATCH", 403, Duration::from_secs(3600));
+    let drain = Drain::new(
+        "chatter-cosmos-outbox-relay:test",
+        Arc::new(RefusesLater {
+            inner: InMemoryBroker::new(),
+            refused: "a-1",
+            after: Duration::from_millis(500),
+        }),
+        c.clone(),
+        KEY,
+        DeliverySettings::default(),
+    );
+
+    let err = drain.drain("0", &page).await.unwrap_err();
+
+    // a-0's stamp failed first (answered at once), then a-1's publish was refused.
+    assert!(matches!(err, DrainError::Confirmation { .. }), "{err}");
+    assert!(
+        drain.gate().blocked("0").is_some(),
+        "the refusal behind the first failure blocks the lease"
+    );
+    // Five pages, each with a failed confirmation, suspend the lease.
+    for _ in 0..4 {
+        let _ = drain.drain("0", &page).await;
+    }
+    assert!(drain.gate().is_suspended("0"));
+    assert_eq!(status(&c, "a-0").await, "pending");
+    assert_eq!(status(&c, "a-1").await, "pending");
+}

@@ -26,14 +26,16 @@
 //! (a logical partition). Within a group they are published one after another, in change-feed
 //! order, which is the only order Cosmos DB gives (per logical partition): the next document
 //! once the broker confirmed the previous one, while the confirmed ones are stamped
-//! concurrently (a crash republishes what was not stamped yet, in that order). Groups run
-//! concurrently. Every document in flight (publishing or being stamped) holds one permit of an
+//! concurrently. Groups run concurrently. Every document in flight (publishing or being stamped) holds one permit of an
 //! [`InFlightLimit`] shared by every lease of the relay, so the broker and the RU budget see a
 //! bounded load however many leases a process owns. When a document fails, its group stops and
 //! the others start no new document; the page returns only after every document in flight has
 //! finished, and fails as a whole: it is not checkpointed and is read again, where the pending
-//! gate skips what was already stamped. So two events of one logical partition reach the broker
-//! in the order they were written; events of different partitions may interleave.
+//! gate skips what was already stamped. So two events of one logical partition are first
+//! published in the order they were written; events of different partitions may interleave. A
+//! document whose stamp failed (or had not landed when the process died) is published again
+//! when its page is read again, possibly after later events of its key whose stamps landed: a
+//! repeat, which the consumer's inbox recognises by its message id.
 //!
 //! While a lease is failing (it has failed confirmations, the page is its suspension's probe,
 //! or the broker refuses one of its documents) its pages are drained one document at a time
@@ -179,8 +181,9 @@ enum Stamp {
 struct GroupOutcome {
     report: DrainReport,
     receipt: Option<ConfirmationReceipt>,
-    /// The group's first failure.
-    error: Option<DrainError>,
+    /// The group's failures, first first: a publish and the stamps of earlier documents still
+    /// in flight may each fail.
+    errors: Vec<DrainError>,
 }
 
 impl GroupOutcome {
@@ -201,7 +204,7 @@ impl GroupOutcome {
             }
             Err(error) => {
                 page.stop.store(true, Ordering::Release);
-                self.error.get_or_insert(error);
+                self.errors.push(error);
                 return;
             }
         };
@@ -446,7 +449,8 @@ impl Drain {
     /// instance): no document is started after that, the documents in flight finish (a
     /// publish and its stamp), and the page fails with [`DrainError::LeaseLost`] so nothing
     /// of it counts as drained; the new owner reads it again. A page that drained completely
-    /// before the loss was noticed succeeds.
+    /// before the loss was noticed succeeds. The loss is noticed whenever the page waits (for
+    /// a broker's confirm, a stamp or an in-flight permit).
     pub async fn drain_while_owned(
         &self,
         lease_token: &str,
@@ -520,7 +524,7 @@ impl Drain {
         for outcome in outcomes {
             report += outcome.report;
             receipt = receipt.or(outcome.receipt);
-            failures.extend(outcome.error);
+            failures.extend(outcome.errors);
         }
         // Stamps that landed count whether or not the page failed: they are done either way.
         self.charges.relayed(
@@ -632,7 +636,7 @@ impl Drain {
                 }
                 Err(error) => {
                     page.stop.store(true, Ordering::Release);
-                    outcome.error.get_or_insert(error);
+                    outcome.errors.push(error);
                     break;
                 }
             }

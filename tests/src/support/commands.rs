@@ -16,9 +16,10 @@ pub fn write_and_send(
     destination: &str,
 ) -> Result<(), BoxError> {
     let body = Value::Object(Map::from_iter([(field.to_owned(), Value::from(key))]));
-    let mut doc = body.clone();
-    doc["id"] = Value::from(key);
-    ctx.upsert(doc)?;
+    ctx.upsert(Value::Object(Map::from_iter([
+        ("id".to_owned(), Value::from(key)),
+        (field.to_owned(), Value::from(key)),
+    ])))?;
     let event_id = format!("{}:{event}", ctx.message_id());
     ctx.send_json(&event_id, destination, &body)?;
     Ok(())

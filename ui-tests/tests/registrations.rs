@@ -1,6 +1,7 @@
-//! Every compile-pass case in one crate (one compilation instead of one per case): each module
-//! is a registration the derive and `#[handler]` accept, and its `check` asserts what they
-//! registered.
+//! Every compile-pass case of the derive and `#[handler]`: each module is a registration they
+//! accept, and its `check` asserts what they registered. An ordinary test crate, not a trybuild
+//! case: it compiles with the workspace (no crate of its own to build), and trybuild, left with
+//! failing cases only, type-checks them (`cargo check`) instead of building and linking each.
 
 mod declared_identities {
     use chatter_runtime::{DocumentReliable, HandlerContext, handler};
@@ -16,8 +17,8 @@ mod declared_identities {
         lease_source = "stock-lease-source"
     )]
     #[partition_key(path = "/sku")]
-    pub struct ReserveStock {
-        pub sku: String,
+    pub(crate) struct ReserveStock {
+        pub(crate) sku: String,
     }
 
     /// Posts a ledger entry. A declared source identity is an opaque token, not a Cosmos resource
@@ -31,8 +32,8 @@ mod declared_identities {
         lease_source = "fin/ledger-leases?#\\"
     )]
     #[partition_key(path = "/account")]
-    pub struct PostEntry {
-        pub account: String,
+    pub(crate) struct PostEntry {
+        pub(crate) account: String,
     }
 
     #[handler]
@@ -41,13 +42,21 @@ mod declared_identities {
     }
 
     #[handler]
-    async fn reserve(_command: ReserveStock, _ctx: &mut HandlerContext) -> Result<(), std::io::Error> {
+    async fn reserve(
+        _command: ReserveStock,
+        _ctx: &mut HandlerContext,
+    ) -> Result<(), std::io::Error> {
         Ok(())
     }
 
     pub(crate) fn check() {
-        let declared = ReserveStock::registration().declared_source_identity.unwrap();
-        assert_eq!((declared.monitored, declared.lease), ("stock-source", "stock-lease-source"));
+        let declared = ReserveStock::registration()
+            .declared_source_identity
+            .unwrap();
+        assert_eq!(
+            (declared.monitored, declared.lease),
+            ("stock-source", "stock-lease-source")
+        );
         let declared = PostEntry::registration().declared_source_identity.unwrap();
         assert_eq!(
             (declared.monitored, declared.lease),
@@ -66,12 +75,15 @@ mod delivery_attempts {
     #[partition_key(path = "/paymentId")]
     #[chatter(name = "ChargeCard", max_delivery_attempts = 2)]
     #[serde(rename_all = "camelCase")]
-    pub struct ChargeCard {
-        pub payment_id: String,
+    pub(crate) struct ChargeCard {
+        pub(crate) payment_id: String,
     }
 
     pub(crate) fn check() {
-        assert_eq!(ChargeCard::DOCUMENT_RELIABILITY.max_delivery_attempts, Some(2));
+        assert_eq!(
+            ChargeCard::DOCUMENT_RELIABILITY.max_delivery_attempts,
+            Some(2)
+        );
     }
 }
 
@@ -83,10 +95,10 @@ mod field_marked_partition_key {
     #[derive(Serialize, Deserialize, DocumentReliable)]
     #[cosmos(database = "identity", container = "users", lease = "users-leases")]
     #[partition_key(path = "/tenantId")]
-    pub struct RegisterUser {
+    pub(crate) struct RegisterUser {
         #[partition_key]
-        pub organisation: String,
-        pub email: String,
+        pub(crate) organisation: String,
+        pub(crate) email: String,
     }
 
     #[handler]
@@ -95,7 +107,14 @@ mod field_marked_partition_key {
     }
 
     pub(crate) fn check() {
-        assert_eq!(RegisterUser::registration().partition_key.iter().map(|level| level.pointer).collect::<Vec<_>>(), &["/organisation"]);
+        assert_eq!(
+            RegisterUser::registration()
+                .partition_key
+                .iter()
+                .map(|level| level.pointer)
+                .collect::<Vec<_>>(),
+            &["/organisation"]
+        );
     }
 }
 
@@ -108,12 +127,12 @@ mod handler_with_state {
     #[derive(Serialize, Deserialize, DocumentReliable)]
     #[cosmos(database = "shop", container = "orders", lease = "orders-leases")]
     #[partition_key(path = "/order_id")]
-    pub struct PlaceOrder {
-        pub order_id: String,
+    pub(crate) struct PlaceOrder {
+        pub(crate) order_id: String,
     }
 
-    pub struct Pricing {
-        pub cents: u32,
+    pub(crate) struct Pricing {
+        pub(crate) cents: u32,
     }
 
     #[handler]
@@ -142,12 +161,12 @@ mod hierarchical_key {
     #[cosmos(database = "iot", container = "readings", lease = "readings-leases")]
     #[partition_key(path = "/tenant", path = "/site", path = "/meter")]
     #[serde(rename_all = "camelCase")]
-    pub struct RecordReading {
-        pub tenant: String,
-        pub site: String,
+    pub(crate) struct RecordReading {
+        pub(crate) tenant: String,
+        pub(crate) site: String,
         #[partition_key(path = "/meter")]
-        pub meter_number: u64,
-        pub value: f64,
+        pub(crate) meter_number: u64,
+        pub(crate) value: f64,
     }
 
     #[handler]
@@ -157,8 +176,17 @@ mod hierarchical_key {
 
     pub(crate) fn check() {
         let r = RecordReading::registration();
-        assert_eq!(r.partition_key_paths().collect::<Vec<_>>(), &["/tenant", "/site", "/meter"]);
-        assert_eq!(r.partition_key.iter().map(|level| level.pointer).collect::<Vec<_>>(), &["/tenant", "/site", "/meterNumber"]);
+        assert_eq!(
+            r.partition_key_paths().collect::<Vec<_>>(),
+            &["/tenant", "/site", "/meter"]
+        );
+        assert_eq!(
+            r.partition_key
+                .iter()
+                .map(|level| level.pointer)
+                .collect::<Vec<_>>(),
+            &["/tenant", "/site", "/meterNumber"]
+        );
     }
 }
 
@@ -170,12 +198,15 @@ mod inbox {
 
     #[derive(Serialize, Deserialize, DocumentReliable)]
     #[inbox(database = "mail", container = "idempotency", marker_ttl = 604800)]
-    pub struct SendReceipt {
-        pub order_id: String,
+    pub(crate) struct SendReceipt {
+        pub(crate) order_id: String,
     }
 
     #[handler]
-    async fn send_receipt(_command: SendReceipt, _ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    async fn send_receipt(
+        _command: SendReceipt,
+        _ctx: &mut HandlerContext,
+    ) -> Result<(), BoxError> {
         Ok(())
     }
 
@@ -191,16 +222,16 @@ mod nested_path {
     use serde::{Deserialize, Serialize};
 
     #[derive(Serialize, Deserialize)]
-    pub struct Customer {
-        pub id: String,
+    pub(crate) struct Customer {
+        pub(crate) id: String,
     }
 
     /// Opens an account for a customer.
     #[derive(Serialize, Deserialize, DocumentReliable)]
     #[cosmos(database = "bank", container = "accounts", lease = "accounts-leases")]
     #[partition_key(path = "/customer/id")]
-    pub struct OpenAccount {
-        pub customer: Customer,
+    pub(crate) struct OpenAccount {
+        pub(crate) customer: Customer,
     }
 
     #[handler]
@@ -208,9 +239,15 @@ mod nested_path {
 
     pub(crate) fn check() {
         let r = OpenAccount::registration();
-        assert_eq!(r.partition_key_paths().collect::<Vec<_>>(), &["/customer/id"]);
+        assert_eq!(
+            r.partition_key_paths().collect::<Vec<_>>(),
+            &["/customer/id"]
+        );
         let json = serde_json::json!({ "customer": { "id": "c-1" } });
-        assert_eq!(r.resolve_partition_key(&json), Some(vec![serde_json::json!("c-1")]));
+        assert_eq!(
+            r.resolve_partition_key(&json),
+            Some(vec![serde_json::json!("c-1")])
+        );
     }
 }
 
@@ -223,13 +260,16 @@ mod plain {
     #[cosmos(database = "shop", container = "orders", lease = "orders-leases")]
     #[partition_key(path = "/orderId")]
     #[serde(rename_all = "camelCase")]
-    pub struct CreateOrder {
-        pub order_id: String,
-        pub quantity: u32,
+    pub(crate) struct CreateOrder {
+        pub(crate) order_id: String,
+        pub(crate) quantity: u32,
     }
 
     #[handler]
-    async fn create_order(_command: CreateOrder, _ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    async fn create_order(
+        _command: CreateOrder,
+        _ctx: &mut HandlerContext,
+    ) -> Result<(), BoxError> {
         Ok(())
     }
 
@@ -237,9 +277,23 @@ mod plain {
         let registration = <CreateOrder as DocumentReliable>::registration();
         assert_eq!(registration.command_name, "CreateOrder");
         assert_eq!(registration.destination, "CreateOrder");
-        assert_eq!(registration.partition_key_paths().collect::<Vec<_>>(), &["/orderId"]);
-        assert_eq!(registration.partition_key.iter().map(|level| level.pointer).collect::<Vec<_>>(), &["/orderId"]);
-        assert!(CreateOrder::DOCUMENT_RELIABILITY.declared_source_identity.is_none());
+        assert_eq!(
+            registration.partition_key_paths().collect::<Vec<_>>(),
+            &["/orderId"]
+        );
+        assert_eq!(
+            registration
+                .partition_key
+                .iter()
+                .map(|level| level.pointer)
+                .collect::<Vec<_>>(),
+            &["/orderId"]
+        );
+        assert!(
+            CreateOrder::DOCUMENT_RELIABILITY
+                .declared_source_identity
+                .is_none()
+        );
     }
 }
 
@@ -252,10 +306,10 @@ mod renamed_field {
     #[cosmos(database = "finance", container = "ledger", lease = "ledger-leases")]
     #[partition_key(path = "/account")]
     #[chatter(name = "ledger.post", destination = "ledger-commands")]
-    pub struct PostLedgerEntry {
+    pub(crate) struct PostLedgerEntry {
         #[serde(rename = "account")]
-        pub account_number: String,
-        pub amount_cents: i64,
+        pub(crate) account_number: String,
+        pub(crate) amount_cents: i64,
     }
 
     #[handler]
@@ -267,11 +321,18 @@ mod renamed_field {
         let r = PostLedgerEntry::registration();
         assert_eq!(r.command_name, "ledger.post");
         assert_eq!(r.destination, "ledger-commands");
-        assert_eq!(r.partition_key.iter().map(|level| level.pointer).collect::<Vec<_>>(), &["/account"]);
+        assert_eq!(
+            r.partition_key
+                .iter()
+                .map(|level| level.pointer)
+                .collect::<Vec<_>>(),
+            &["/account"]
+        );
     }
 }
 
-fn main() {
+#[test]
+fn every_registration_the_derive_accepts_registers_what_it_declares() {
     declared_identities::check();
     delivery_attempts::check();
     field_marked_partition_key::check();
