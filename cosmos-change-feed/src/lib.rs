@@ -26,12 +26,13 @@
 //! - **Checkpoints after the handler succeeds.** Per owned lease, one page at a time is handed
 //!   to your async handler as a [`ChangeFeedBatch`], in feed order. The new continuation is
 //!   written to the lease only after the handler returned `Ok` (and so after every earlier
-//!   page's). While a page is handled, the next one is read and the previous page's checkpoint
-//!   written, so a backlog waits for no store round trip between pages; at most one page is
-//!   held ahead, and it is dropped (read again) when the handler fails or it came back empty. A
-//!   page with documents is followed by the next at once (read until caught up); only an empty
-//!   read after the handler returned waits the poll interval. A page read ahead is the feed as it was during the previous page's handler: a
-//!   document that handler changed comes again, in its new version, in a later page.
+//!   page's). While a page is handled, the previous page's checkpoint is written and, after a
+//!   full page, the next one read, so a backlog waits for no store round trip between pages. At
+//!   most one page is held ahead; it is dropped (read again) when the handler fails or it came
+//!   back empty. A page with documents is followed by the next at once (read until caught up);
+//!   only an empty read after the handler returned waits the poll interval. A page read ahead is
+//!   the feed as it was during the previous page's handler: a document that handler changed
+//!   comes again, in its new version, in a later page.
 //! - **At-least-once delivery.** A batch can be handed over again after a handler error, a
 //!   failed checkpoint, or a lease changing hands mid-batch: the handler must tolerate
 //!   repeats (be idempotent).

@@ -650,8 +650,8 @@ impl<'a> Poll<'a> {
         Next::Pause(ctx.options.poll_interval)
     }
 
-    /// Hands a page to the batch handler, while the previous page's checkpoint is written and
-    /// the next page is read. Handled: the position moves past it, its checkpoint is written with
+    /// Hands a page to the batch handler, while the previous page's checkpoint is written and,
+    /// after a full page, the next page is read. Handled: the position moves past it, its checkpoint is written with
     /// the next step, and the page read meanwhile is handed over next (read until caught up:
     /// only an empty read waits the poll interval; a short page is no sign of the end, as the
     /// service also cuts pages at its response-size limit). Failed, panicked or timed out:
@@ -680,18 +680,26 @@ impl<'a> Poll<'a> {
             AssertUnwindSafe((ctx.handler)(batch)).catch_unwind(),
         );
         let previous = self.checkpoint.take();
+        let next_ahead = next.clone();
         let checkpointing = async {
             match &previous {
                 Some((written, _)) => Some(slot.checkpoint(ctx, written).await),
                 None => None,
             }
         };
-        // The reader stands after this page: the read ahead continues from there.
-        let reading_ahead = bounded(
-            "query_change_feed",
-            ctx.options.store_timeout,
-            read_page(ctx, &slot.range, next.as_deref(), &mut self.reader),
-        );
+        // The reader stands after this page: the read ahead continues from there. Only after a
+        // full page: a short one most likely ends the backlog, and a read ahead of it would
+        // mostly come back empty and be read again (an empty read is cheap on Cosmos DB, not
+        // free, and a whole-partition scan on the emulator).
+        let full = u32::try_from(count).is_ok_and(|count| count >= ctx.options.max_items_per_page);
+        let reader = &mut self.reader;
+        let reading_ahead = async move {
+            if !full {
+                return None;
+            }
+            let read = read_page(ctx, &slot.range, next_ahead.as_deref(), reader);
+            Some(bounded("query_change_feed", ctx.options.store_timeout, read).await)
+        };
         let (handled, wrote, ahead) = tokio::join!(handling, checkpointing, reading_ahead);
         let failure = match handled {
             Ok(Ok(Ok(()))) => None,
@@ -727,7 +735,7 @@ impl<'a> Poll<'a> {
             if let Some(next) = backing_off {
                 return next;
             }
-            self.ahead = Some(ahead);
+            self.ahead = ahead;
             return Next::Read;
         };
         // Read again from the position before this page.

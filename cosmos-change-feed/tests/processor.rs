@@ -1791,7 +1791,12 @@ async fn a_document_written_while_a_page_is_handled_comes_without_waiting_the_po
     let processor = store
         .processor("empty-ahead", "host-1")
         // Far longer than the wait below: only a read right after the handler finds `second`.
-        .options(fast_options().with_poll_interval(Duration::from_secs(600)))
+        // Pages of one: `first` fills its page, so the next page is read ahead (and is empty).
+        .options(
+            fast_options()
+                .with_poll_interval(Duration::from_secs(600))
+                .with_max_items_per_page(1),
+        )
         .start({
             let seen = seen.clone();
             move |batch: ChangeFeedBatch| -> BatchFuture {
