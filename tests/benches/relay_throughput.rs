@@ -10,9 +10,9 @@
 //! `cargo bench -p chatter-tests --bench relay_throughput` (about three minutes, most of it
 //! under valgrind; without valgrind on the `PATH` only the wall-clock ratio is printed).
 //!
-//! Last run (2 cores): relay 2,144,444 instructions per document, hand-written 1,960,921, so
-//! 0.914x (target NOT met; 0.874x before the change-feed worker stopped cloning page documents
-//! and the drain boxed its stamp call); wall clock 0.774x (0.772x before).
+//! Last run (2 cores): relay 2,286,809 instructions per document, hand-written 2,065,076, so
+//! 0.903x (target NOT met; the relay before its chains published back to back and its pages were
+//! read ahead would stand at about 0.963x against this loop, see the README); wall clock 0.693x.
 //!
 //! # The two sides
 //!
