@@ -47,28 +47,10 @@ macro_rules! event_command {
         on ($database:literal, $container:literal, $lease:literal) at $path:literal,
         handled by $handler:ident, sends $event:literal to events
     ) => {
-        $(#[$doc])*
-        #[derive(
-            Debug,
-            Clone,
-            ::serde::Serialize,
-            ::serde::Deserialize,
-            ::chatter_runtime::DocumentReliable
-        )]
-        #[cosmos(database = $database, container = $container, lease = $lease)]
-        #[partition_key(path = $path)]
-        pub struct $command {
-            #[serde(rename = $field)]
-            pub $key: String,
-            pub events: String,
-        }
-
-        #[::chatter_runtime::handler]
-        async fn $handler(
-            command: $command,
-            ctx: &mut ::chatter_runtime::HandlerContext,
-        ) -> Result<(), ::chatter_runtime::BoxError> {
-            $crate::commands::write_and_send(ctx, $field, &command.$key, $event, &command.events)
+        $crate::event_command! {
+            @declare $(#[$doc])* $command { $key as $field, events }
+            on ($database, $container, $lease) at $path,
+            $handler, $event, |command: &$command| command.events.clone()
         }
     };
     (
@@ -76,6 +58,19 @@ macro_rules! event_command {
         $command:ident { $key:ident as $field:literal }
         on ($database:literal, $container:literal, $lease:literal) at $path:literal,
         handled by $handler:ident, sends $event:literal to $destination:expr
+    ) => {
+        $crate::event_command! {
+            @declare $(#[$doc])* $command { $key as $field }
+            on ($database, $container, $lease) at $path,
+            $handler, $event, |_: &$command| ::std::string::String::from($destination)
+        }
+    };
+    // The command (with an `events` field when asked) and its handler, sending to what
+    // `$destination` (a closure of the command) names.
+    (
+        @declare $(#[$doc:meta])* $command:ident { $key:ident as $field:literal $(, $events:ident)? }
+        on ($database:literal, $container:literal, $lease:literal) at $path:literal,
+        $handler:ident, $event:literal, $destination:expr
     ) => {
         $(#[$doc])*
         #[derive(
@@ -90,6 +85,7 @@ macro_rules! event_command {
         pub struct $command {
             #[serde(rename = $field)]
             pub $key: String,
+            $(pub $events: String,)?
         }
 
         #[::chatter_runtime::handler]
@@ -97,7 +93,8 @@ macro_rules! event_command {
             command: $command,
             ctx: &mut ::chatter_runtime::HandlerContext,
         ) -> Result<(), ::chatter_runtime::BoxError> {
-            $crate::commands::write_and_send(ctx, $field, &command.$key, $event, $destination)
+            let destination: String = ($destination)(&command);
+            $crate::commands::write_and_send(ctx, $field, &command.$key, $event, &destination)
         }
     };
 }
