@@ -748,12 +748,8 @@ impl Drain {
                 destination,
             } => (message_id, destination),
         };
-        let stamp = outbox::delivered_stamp(
-            &self.settings.delivered_status,
-            self.settings.delivered_ttl_seconds,
-        );
         let receipt =
-            self.patch(key, id, &stamp)
+            self.stamp_delivered(key, id)
                 .await
                 .map_err(|source| DrainError::Confirmation {
                     message_id: message_id.clone(),
@@ -800,12 +796,8 @@ impl Drain {
     /// (outcome `dropped`). A failed stamp fails the page as itself: nothing was published, so
     /// it is no Confirmation Failure.
     async fn drop_document(&self, key: &[Value], id: &str) -> Result<Processed, DrainError> {
-        let stamp = outbox::delivered_stamp(
-            &self.settings.delivered_status,
-            self.settings.delivered_ttl_seconds,
-        );
         let receipt =
-            self.patch(key, id, &stamp)
+            self.stamp_delivered(key, id)
                 .await
                 .map_err(|source| DrainError::DroppedStamp {
                     id: id.to_owned(),
@@ -846,6 +838,19 @@ impl Drain {
             reason,
         );
         Ok(Processed::Undeliverable(receipt))
+    }
+
+    /// Stamps the document delivered: its status and the delivered ttl, in one patch.
+    async fn stamp_delivered(
+        &self,
+        key: &[Value],
+        id: &str,
+    ) -> Result<ConfirmationReceipt, CosmosStoreError> {
+        let stamp = outbox::delivered_stamp(
+            &self.settings.delivered_status,
+            self.settings.delivered_ttl_seconds,
+        );
+        self.patch(key, id, &stamp).await
     }
 
     /// One patch keyed by the document's id and `key`, the partition key read back from the
