@@ -11,7 +11,7 @@ use chatter_runtime::registration::PartitionKeyPath;
 use chatter_runtime::testing::DeliverySettings;
 use chatter_runtime::testing::OutboxDocument;
 use chatter_runtime::testing::{Drain, DrainError, DrainReport};
-use chatter_tests::broker::next_delivery;
+use chatter_tests::broker::{Intercepted, next_delivery};
 use chatter_tests::store::{created, document, embedded, provisioned};
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
@@ -222,28 +222,6 @@ impl Broker for RefusingBroker {
     }
 }
 
-/// Test double: the in-memory broker, confirming each publish 100 ms late. The in-memory broker
-/// confirms at once, without yielding, so a key's publishes (which no longer wait for stamps)
-/// would all be done before the drain could notice anything; a real broker's confirm takes a
-/// round trip, and no real broker is slow by exactly this much on demand.
-struct SlowConfirms(InMemoryBroker);
-
-impl Broker for SlowConfirms {
-    fn publish(&self, message: BrokeredMessage) -> BoxFuture<'_, Result<(), BrokerError>> {
-        Box::pin(async move {
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            self.0.publish(message).await
-        })
-    }
-
-    fn subscribe<'a>(
-        &'a self,
-        destination: &'a str,
-    ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
-        self.0.subscribe(destination)
-    }
-}
-
 #[tokio::test]
 async fn a_failed_publish_stamps_nothing_and_fails_the_page() {
     let c = container().await;
@@ -282,9 +260,18 @@ async fn a_page_stops_when_its_lease_is_lost_and_leaves_the_rest_pending() {
     emulator
         .faults()
         .answer_late("PATCH", std::time::Duration::from_millis(300));
-    let broker = InMemoryBroker::new();
-    let mut sub = broker.subscribe("orders").await.unwrap();
-    let drain = default_drain(SlowConfirms(broker), &c);
+    // Test double: the in-memory broker, confirming each publish 100 ms late. The in-memory
+    // broker confirms at once, without yielding, so a key's publishes (which do not wait for
+    // stamps) would all be done before the drain could notice anything; a real broker's confirm
+    // takes a round trip, and no real broker is slow by exactly this much on demand.
+    let broker = Intercepted::new(InMemoryBroker::new(), |_| {
+        Box::pin(async {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            None
+        })
+    });
+    let mut sub = broker.inner().subscribe("orders").await.unwrap();
+    let drain = default_drain(broker, &c);
     // The lease is lost once the first message reached the broker.
     let lost = async {
         next(&mut sub).await;

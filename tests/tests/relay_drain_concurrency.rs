@@ -15,6 +15,7 @@ use chatter_runtime::cosmos::{self, ContainerClient};
 use chatter_runtime::registration::PartitionKeyPath;
 use chatter_runtime::testing::{DeliverySettings, OutboxDocument};
 use chatter_runtime::testing::{Drain, DrainError, InFlightLimit};
+use chatter_tests::broker::Intercepted;
 use chatter_tests::store::{created, document, embedded, emulator_server, provisioned};
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -201,31 +202,6 @@ async fn one_tenants_documents_publish_in_feed_order_while_tenants_run_concurren
     assert_eq!(broker.inner.published_count(DESTINATION), 12);
 }
 
-/// Test double (an observer, not a fault): publishes through a real [`InMemoryBroker`] and
-/// records, at each publish, how many permits of the in-flight limit other documents hold.
-struct PermitWatcher {
-    inner: InMemoryBroker,
-    limit: InFlightLimit,
-    permits: usize,
-    held_by_others: Mutex<Vec<usize>>,
-}
-
-impl Broker for PermitWatcher {
-    fn publish(&self, message: BrokeredMessage) -> BoxFuture<'_, Result<(), BrokerError>> {
-        // This publish holds one permit itself.
-        let others = self.permits - self.limit.available() - 1;
-        self.held_by_others.lock().unwrap().push(others);
-        self.inner.publish(message)
-    }
-
-    fn subscribe<'a>(
-        &'a self,
-        destination: &'a str,
-    ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
-        self.inner.subscribe(destination)
-    }
-}
-
 #[tokio::test]
 async fn a_tenants_next_document_is_published_once_the_previous_is_confirmed_not_stamped() {
     let (emulator, cosmos) = emulator_server().await;
@@ -239,13 +215,20 @@ async fn a_tenants_next_document_is_published_once_the_previous_is_confirmed_not
         .faults()
         .answer_late("PATCH", Duration::from_secs(2));
     let limit = InFlightLimit::new(32);
-    let broker = Arc::new(PermitWatcher {
-        inner: InMemoryBroker::new(),
-        limit: limit.clone(),
-        permits: 32,
-        held_by_others: Mutex::new(Vec::new()),
-    });
-    let mut subscription = broker.inner.subscribe(DESTINATION).await.unwrap();
+    // Test double (an observer, not a fault): records, at each publish, how many permits of the
+    // in-flight limit other documents hold (this publish holds one itself).
+    let held_by_others = Arc::new(Mutex::new(Vec::new()));
+    let broker = Arc::new(Intercepted::new(InMemoryBroker::new(), {
+        let (limit, held_by_others) = (limit.clone(), held_by_others.clone());
+        move |_| {
+            held_by_others
+                .lock()
+                .unwrap()
+                .push(32 - limit.available() - 1);
+            Box::pin(async { None })
+        }
+    }));
+    let mut subscription = broker.inner().subscribe(DESTINATION).await.unwrap();
     let drain = Drain::new(
         "chatter-cosmos-outbox-relay:test",
         broker.clone(),
@@ -264,7 +247,7 @@ async fn a_tenants_next_document_is_published_once_the_previous_is_confirmed_not
     // The n-th publish saw the n stamps before it still in flight: the tenant's documents went
     // to the broker back to back, each after the previous one's confirm, not its stamp.
     assert_eq!(
-        *broker.held_by_others.lock().unwrap(),
+        *held_by_others.lock().unwrap(),
         (0..10).collect::<Vec<usize>>()
     );
     let mut order = Vec::new();
@@ -405,38 +388,6 @@ async fn a_page_whose_groups_all_fail_to_confirm_counts_one_confirmation_failure
     );
 }
 
-/// Test double: the in-memory broker, refusing `refused` by a broker setting (a real refusal's
-/// shape: `BrokerError::Refused`) after `after`, once other documents' stamps had time to fail.
-/// A real RabbitMQ refuses at once; the wait orders the two failures for the test.
-struct RefusesLater {
-    inner: InMemoryBroker,
-    refused: &'static str,
-    after: Duration,
-}
-
-impl Broker for RefusesLater {
-    fn publish(&self, message: BrokeredMessage) -> BoxFuture<'_, Result<(), BrokerError>> {
-        Box::pin(async move {
-            if message.message_id != self.refused {
-                return self.inner.publish(message).await;
-            }
-            tokio::time::sleep(self.after).await;
-            Err(BrokerError::Refused {
-                destination: message.destination,
-                refusal: chatter_runtime::broker::Refusal::AccessRefused,
-                reply: "403 ACCESS_REFUSED (the test double)".to_owned(),
-            })
-        })
-    }
-
-    fn subscribe<'a>(
-        &'a self,
-        destination: &'a str,
-    ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
-        self.inner.subscribe(destination)
-    }
-}
-
 // A key's publish and the stamp of its previous document, in flight together, can both fail:
 // the page counts both, a Confirmation Failure and a blocked lease, not only the first.
 #[tokio::test]
@@ -446,13 +397,24 @@ async fn a_group_whose_stamp_and_next_publish_both_fail_counts_both() {
     emulator
         .faults()
         .refuse("PATCH", 403, Duration::from_secs(3600));
+    // Test double: the in-memory broker, refusing a-1 by a broker setting (a real refusal's
+    // shape: `BrokerError::Refused`) 500 ms late, once a-0's stamp had time to fail. A real
+    // RabbitMQ refuses at once; the wait orders the two failures for the test.
+    let broker = Intercepted::new(InMemoryBroker::new(), |message: &BrokeredMessage| {
+        let refused = (message.message_id == "a-1").then(|| message.destination.clone());
+        Box::pin(async move {
+            let destination = refused?;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            Some(Err(BrokerError::Refused {
+                destination,
+                refusal: chatter_runtime::broker::Refusal::AccessRefused,
+                reply: "403 ACCESS_REFUSED (the test double)".to_owned(),
+            }))
+        })
+    });
     let drain = Drain::new(
         "chatter-cosmos-outbox-relay:test",
-        Arc::new(RefusesLater {
-            inner: InMemoryBroker::new(),
-            refused: "a-1",
-            after: Duration::from_millis(500),
-        }),
+        Arc::new(broker),
         c.clone(),
         KEY,
         DeliverySettings::default(),

@@ -1,11 +1,13 @@
-//! Broker-side helpers: counting what arrives on a destination, and bounded waits for deliveries.
+//! Broker-side helpers: counting what arrives on a destination, bounded waits for deliveries,
+//! and [`Intercepted`], the in-memory broker behind a publish hook (for test doubles).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chatter_runtime::BrokeredMessage;
-use chatter_runtime::broker::{Broker, Delivery, InMemoryBroker, Subscription};
+use chatter_runtime::broker::{Broker, BrokerError, Delivery, InMemoryBroker, Subscription};
+use futures::future::BoxFuture;
 use tokio::time::timeout;
 
 /// Every message id received, with how often it arrived. Clones share the counts.
@@ -108,4 +110,53 @@ pub async fn settled(broker: &InMemoryBroker, destination: &str) {
     })
     .await
     .unwrap_or_else(|_| panic!("every delivery on `{destination}` settles within 30 s"));
+}
+
+/// What an [`Intercepted`] broker's hook answers for one publish: `Some` in the broker's place,
+/// `None` to publish through the in-memory broker (after the returned future completed).
+pub type Interception = BoxFuture<'static, Option<Result<(), BrokerError>>>;
+
+/// For test doubles: the in-memory broker with a hook called (synchronously) at the start of
+/// every publish, which may delay the confirm or answer in the broker's place. Subscriptions are
+/// the in-memory broker's.
+pub struct Intercepted<F> {
+    inner: InMemoryBroker,
+    hook: F,
+}
+
+impl<F> Intercepted<F>
+where
+    F: Fn(&BrokeredMessage) -> Interception + Send + Sync + 'static,
+{
+    /// `inner` behind `hook`.
+    pub fn new(inner: InMemoryBroker, hook: F) -> Self {
+        Self { inner, hook }
+    }
+
+    /// The in-memory broker behind the hook.
+    pub fn inner(&self) -> &InMemoryBroker {
+        &self.inner
+    }
+}
+
+impl<F> Broker for Intercepted<F>
+where
+    F: Fn(&BrokeredMessage) -> Interception + Send + Sync + 'static,
+{
+    fn publish(&self, message: BrokeredMessage) -> BoxFuture<'_, Result<(), BrokerError>> {
+        let intercepting = (self.hook)(&message);
+        Box::pin(async move {
+            match intercepting.await {
+                Some(answer) => answer,
+                None => self.inner.publish(message).await,
+            }
+        })
+    }
+
+    fn subscribe<'a>(
+        &'a self,
+        destination: &'a str,
+    ) -> BoxFuture<'a, Result<Subscription, BrokerError>> {
+        self.inner.subscribe(destination)
+    }
 }
