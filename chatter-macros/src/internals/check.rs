@@ -100,15 +100,16 @@ pub(crate) fn command(cx: &Ctxt, cmd: &Command) -> Option<Checked> {
         )
     });
     let declared_source_identity = cosmos.and_then(|c| declared_source_identity(cx, &c.args));
-    let chatter = cmd.chatter.as_ref().map(|c| &c.args);
-    let command_name = command_name(cx, cmd, chatter);
-    let destination = chatter.and_then(|c| destination(cx, c));
-    let max_delivery_attempts = chatter.and_then(|c| max_delivery_attempts(cx, c));
+    let routing = routing(cx, cmd);
     let partition_key = partition_key(cx, cmd);
 
-    let command_name = command_name?;
+    let Routing {
+        command_name,
+        destination,
+        max_delivery_attempts,
+    } = routing?;
     Some(Checked {
-        destination: destination.unwrap_or_else(|| command_name.clone()),
+        destination,
         max_delivery_attempts,
         command_name,
         database: database?,
@@ -194,13 +195,13 @@ fn inbox_command(cx: &Ctxt, cmd: &Command, inbox: &Attr<InboxArgs>) -> Option<Ch
         }
     };
     let path = inbox_path(cx, inbox.args.partition_key.as_ref(), ttl.flatten());
-    let chatter = cmd.chatter.as_ref().map(|c| &c.args);
-    let command_name = command_name(cx, cmd, chatter);
-    let destination = chatter.and_then(|c| destination(cx, c));
-    let max_delivery_attempts = chatter.and_then(|c| max_delivery_attempts(cx, c));
-    let command_name = command_name?;
+    let Routing {
+        command_name,
+        destination,
+        max_delivery_attempts,
+    } = routing(cx, cmd)?;
     Some(Checked {
-        destination: destination.unwrap_or_else(|| command_name.clone()),
+        destination,
         max_delivery_attempts,
         command_name,
         database: database?,
@@ -352,6 +353,29 @@ fn declared_source_identity(cx: &Ctxt, cosmos: &CosmosArgs) -> Option<(String, S
 
 /// The command's name: `#[chatter(name = ...)]` if given (non-blank, no forbidden character),
 /// else the type's name.
+/// The `#[chatter(...)]` part every command has, whatever its tier.
+struct Routing {
+    command_name: String,
+    /// The queue its deliveries come from (default: the command's name).
+    destination: String,
+    max_delivery_attempts: Option<u32>,
+}
+
+/// Checks `#[chatter(name, destination, max_delivery_attempts)]` (every rule reports its error;
+/// `None` when the name could not be decided).
+fn routing(cx: &Ctxt, cmd: &Command) -> Option<Routing> {
+    let chatter = cmd.chatter.as_ref().map(|c| &c.args);
+    let command_name = command_name(cx, cmd, chatter);
+    let destination = chatter.and_then(|c| destination(cx, c));
+    let max_delivery_attempts = chatter.and_then(|c| max_delivery_attempts(cx, c));
+    let command_name = command_name?;
+    Some(Routing {
+        destination: destination.unwrap_or_else(|| command_name.clone()),
+        command_name,
+        max_delivery_attempts,
+    })
+}
+
 fn command_name(cx: &Ctxt, cmd: &Command, chatter: Option<&ChatterArgs>) -> Option<String> {
     match chatter.and_then(|c| c.name.as_ref()) {
         Some(name) => (is_not_blank(cx, name, "name", "chatter")
