@@ -4,6 +4,7 @@
 use std::process::Command;
 
 use chatter_runtime::cosmos::{self, CosmosConnection};
+use chatter_tests::process::stdout_of_success;
 use chatter_tests::store::{INBOX_MARKER_WIRE_KEYS, OUTBOX_WIRE_KEYS, keys_then, wire_keys};
 use serde_json::Value;
 
@@ -16,21 +17,15 @@ async fn a_second_process_reads_the_examples_documents_in_the_exact_shapes() {
     let endpoint = server.endpoint().to_owned();
 
     let exe = env!("CARGO_BIN_EXE_shop");
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(exe)
-            .env("CHATTER_COSMOS_ENDPOINT", &endpoint)
-            .env_remove("CHATTER_COSMOS_KEY")
-            .output()
+    let stdout = tokio::task::spawn_blocking(move || {
+        stdout_of_success(
+            Command::new(exe)
+                .env("CHATTER_COSMOS_ENDPOINT", &endpoint)
+                .env_remove("CHATTER_COSMOS_KEY"),
+        )
     })
     .await
-    .unwrap()
     .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "shop failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
 
     // The order ids the example printed, e.g. "  stored order  order-1a2b3c4d-1".
     let orders: Vec<&str> = stdout

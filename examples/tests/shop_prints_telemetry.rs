@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 
+use chatter_tests::process::stdout_of_success;
+
 /// Every span the stdout exporter printed: name -> (span id, parent span id) pairs.
 fn spans(stdout: &str) -> BTreeMap<String, Vec<(String, String)>> {
     let mut spans: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
@@ -29,16 +31,10 @@ fn spans(stdout: &str) -> BTreeMap<String, Vec<(String, String)>> {
 
 #[test]
 fn the_example_prints_the_drain_instruments_and_the_send_spans_in_their_commands_traces() {
-    let output = Command::new(env!("CARGO_BIN_EXE_shop"))
-        .arg("--telemetry")
-        .env_remove("CHATTER_COSMOS_ENDPOINT")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+    let stdout = stdout_of_success(
+        Command::new(env!("CARGO_BIN_EXE_shop"))
+            .arg("--telemetry")
+            .env_remove("CHATTER_COSMOS_ENDPOINT"),
     );
     for instrument in [
         "chatter.messaging.outbox.drain.lag",

@@ -3,17 +3,12 @@
 
 use std::process::Command;
 
+use chatter_tests::process::stdout_of_success;
+
 #[test]
 fn every_thin_trigger_is_published_with_its_resolved_body() {
-    let output = Command::new(env!("CARGO_BIN_EXE_thin_triggers"))
-        .env_remove("CHATTER_COSMOS_ENDPOINT")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+    let stdout = stdout_of_success(
+        Command::new(env!("CARGO_BIN_EXE_thin_triggers")).env_remove("CHATTER_COSMOS_ENDPOINT"),
     );
     let mut published: Vec<&str> = stdout
         .lines()

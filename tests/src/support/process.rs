@@ -1,5 +1,5 @@
-//! Child processes a test spawns: their stdout read line by line, and killed on drop so a
-//! failing test leaves none behind.
+//! Child processes a test spawns: run to their end ([`stdout_of_success`]), or read line by line
+//! and killed on drop so a failing test leaves none behind ([`ChildProcess`]).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -7,6 +7,21 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::timeout;
+
+/// Runs `command` to its end and returns its standard output; panics, printing both outputs,
+/// when it cannot start or does not succeed.
+pub fn stdout_of_success(command: &mut Command) -> String {
+    let output = command.output().expect("the process starts");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{:?} failed ({}):\n{stdout}\n{}",
+        command.get_program(),
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
 
 /// The environment variable `name` of a worker process, trimmed; `None` when unset or blank.
 pub fn env(name: &str) -> Option<String> {
