@@ -86,6 +86,10 @@ impl CosmosConnection {
             }
         };
         let endpoint = parsed.to_string();
+        // Without a TLS backend the SDK's own error would only say that the request failed.
+        if !cfg!(feature = "tls") && parsed.url().scheme() == "https" {
+            return Err(CosmosStoreError::TlsNotCompiledIn { endpoint });
+        }
         let account = AccountReference::with_authentication_key(parsed, key);
         let client = CosmosClientBuilder::new()
             .build(account, RoutingStrategy::PreferredRegions(Vec::new()))
@@ -349,5 +353,20 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, CosmosStoreError::MissingKey { .. }), "{err}");
         assert!(err.to_string().contains(KEY_ENV), "{err}");
+    }
+
+    /// Runs only where the feature is off: `cargo test -p chatter-runtime --no-default-features --lib`
+    /// (the workspace's own test run unifies features, so `tls` is always on there).
+    #[cfg(not(feature = "tls"))]
+    #[tokio::test]
+    async fn an_https_endpoint_without_the_tls_feature_names_the_feature() {
+        let err = CosmosConnection::connect("https://acct.documents.azure.com/", Some("a2V5"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, CosmosStoreError::TlsNotCompiledIn { .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("`tls` feature"), "{err}");
     }
 }

@@ -82,6 +82,16 @@ pub enum CosmosStoreError {
         endpoint: String,
     },
 
+    /// An `https://` endpoint, with chatter-runtime built without its `tls` feature.
+    #[error(
+        "Cosmos DB endpoint {endpoint} needs TLS, and chatter-runtime was built without its `tls` \
+         feature (a default feature): enable it"
+    )]
+    TlsNotCompiledIn {
+        /// The endpoint.
+        endpoint: String,
+    },
+
     /// No account is configured and the `embedded` store is not compiled in.
     #[error(
         "no Cosmos DB account configured: set {ENDPOINT_ENV} (and {KEY_ENV} unless it is a \
