@@ -98,7 +98,11 @@ impl std::ops::AddAssign for DrainReport {
 /// The most Outbox Documents in flight at once (publishing or being stamped), shared by every
 /// lease of every monitored container of one relay. Clones share the limit.
 #[derive(Debug, Clone)]
-pub struct InFlightLimit(Arc<Semaphore>);
+pub struct InFlightLimit {
+    permits: Arc<Semaphore>,
+    /// The permits it was made with.
+    size: usize,
+}
 
 /// The default [`InFlightLimit`]: enough to hide a 20 ms store round trip at about 1,400
 /// messages a second (32 / 22 ms), while at about 10 RU a stamp the relay stays near what one
@@ -109,15 +113,22 @@ impl InFlightLimit {
     /// A limit of `permits` documents in flight (at least one; a number past what a semaphore
     /// can count means as many as it can).
     pub fn new(permits: usize) -> Self {
-        Self(Arc::new(Semaphore::new(
-            permits.clamp(1, Semaphore::MAX_PERMITS),
-        )))
+        let size = permits.clamp(1, Semaphore::MAX_PERMITS);
+        Self {
+            permits: Arc::new(Semaphore::new(size)),
+            size,
+        }
     }
 
     #[cfg(any(test, feature = "test-support"))]
     /// The permits not taken now.
     pub fn available(&self) -> usize {
-        self.0.available_permits()
+        self.permits.available_permits()
+    }
+
+    /// Whether no document is in flight now (every permit returned).
+    pub(crate) fn holds_none(&self) -> bool {
+        self.permits.available_permits() == self.size
     }
 }
 
@@ -615,7 +626,7 @@ impl Drain {
             }
             // The semaphore is never closed; without a permit the document would still be
             // drained, so an `Err` cannot lose anything.
-            let acquiring = self.in_flight.0.acquire();
+            let acquiring = self.in_flight.permits.acquire();
             let permit = settling(acquiring, &mut stamping, &mut outcome, page)
                 .await
                 .ok();

@@ -31,6 +31,8 @@ use crate::telemetry::Telemetry;
 #[derive(Debug)]
 pub(crate) struct RelayHost {
     processors: Vec<(RunningProcessor, Arc<DrainGate>, Backlogs)>,
+    /// The in-flight limit every processor's drain shares.
+    in_flight: InFlightLimit,
     /// Stops the backlog estimates.
     estimates: CancellationToken,
     estimators: TaskTracker,
@@ -145,9 +147,15 @@ impl RelayHost {
         estimators.close();
         Ok(Self {
             processors,
+            in_flight,
             estimates,
             estimators,
         })
+    }
+
+    /// The in-flight limit every processor's drain shares: whether documents are in flight.
+    pub(crate) fn in_flight(&self) -> &InFlightLimit {
+        &self.in_flight
     }
 
     /// The lease tokens this instance drains now, per processor.

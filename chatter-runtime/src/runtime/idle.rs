@@ -11,9 +11,13 @@ use serde_json::Value;
 
 use crate::cosmos::{CosmosConnection, CosmosStoreError};
 use crate::document;
+use crate::relay::drain::InFlightLimit;
 
 /// How often the pending documents are counted while waiting.
 const POLL: Duration = Duration::from_millis(100);
+/// How often this process's relay is asked whether it still has documents in flight (no
+/// request: a look at its in-flight limit).
+const IN_FLIGHT_POLL: Duration = Duration::from_millis(5);
 
 /// [`Runtime::relay_idle`](crate::Runtime::relay_idle) gave up: pending Outbox Documents remain.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +46,15 @@ pub enum RelayNotIdle {
         #[source]
         source: Box<CosmosStoreError>,
     },
+}
+
+/// What a wait for the relay to catch up watches: the containers it drains, and this
+/// process's relay.
+#[derive(Debug, Clone)]
+pub(crate) struct Watched {
+    pub(crate) drained: Vec<Drained>,
+    /// The in-flight limit of this process's relay (`None` when it does not relay).
+    pub(crate) in_flight: Option<InFlightLimit>,
 }
 
 /// A container a relay drains: where to count its pending Outbox Documents.
@@ -87,18 +100,29 @@ pub(crate) async fn pending_outbox_documents(
     Ok(pending)
 }
 
-/// Waits until no Outbox Document is pending in `drained`, at most `within`.
+/// Waits until no Outbox Document is pending in the containers `watched` drains, at most
+/// `within`.
+///
+/// Counting is a query over every such container, so it waits first for this process's relay
+/// to have nothing in flight: a document in flight is pending until its stamp lands, so a count
+/// then could not come back zero, and a backlog being drained would otherwise be queried every
+/// [`POLL`] until it is done.
 pub(crate) async fn wait_until_idle(
-    drained: &[Drained],
+    watched: &Watched,
     within: Duration,
 ) -> Result<(), RelayNotIdle> {
     let deadline = tokio::time::Instant::now() + within;
     loop {
+        if let Some(in_flight) = &watched.in_flight {
+            while !in_flight.holds_none() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(IN_FLIGHT_POLL).await;
+            }
+        }
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let counted = crate::cosmos::store::bounded(
             "query_items",
             left.max(Duration::from_millis(1)),
-            pending_outbox_documents(drained),
+            pending_outbox_documents(&watched.drained),
         )
         .await;
         let last = match counted {

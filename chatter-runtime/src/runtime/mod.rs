@@ -297,6 +297,10 @@ impl RuntimeBuilder {
             }
             None => None,
         };
+        let watched = idle::Watched {
+            drained,
+            in_flight: relay.as_ref().map(|relay| relay.in_flight().clone()),
+        };
         let pipeline = Pipeline::new(
             cosmos.clone(),
             broker.clone(),
@@ -340,7 +344,7 @@ impl RuntimeBuilder {
                 consumers: consumers.statuses,
                 charges,
                 shutdown_drain: self.shutdown_drain,
-                drained,
+                watched,
             }),
         })
     }
@@ -593,8 +597,8 @@ struct Inner {
     consumers: Vec<health::ConsumerStatus>,
     charges: Arc<RequestMeter>,
     shutdown_drain: Duration,
-    /// The containers the relay drains (what `relay_idle` counts).
-    drained: Vec<idle::Drained>,
+    /// The containers the relay drains (what `relay_idle` counts) and its in-flight limit.
+    watched: idle::Watched,
 }
 
 impl std::fmt::Debug for Inner {
@@ -738,7 +742,7 @@ impl Runtime {
         if self.inner.relay.lock().await.is_none() {
             return Err(RelayNotIdle::NoRelay);
         }
-        idle::wait_until_idle(&self.inner.drained, within).await
+        idle::wait_until_idle(&self.inner.watched, within).await
     }
 
     /// Stops consuming and waits for deliveries in progress to settle (each at most its
@@ -758,7 +762,7 @@ impl Runtime {
         let relays = self.inner.relay.lock().await.is_some();
         if relays && !self.inner.shutdown_drain.is_zero() {
             let drained =
-                idle::wait_until_idle(&self.inner.drained, self.inner.shutdown_drain).await;
+                idle::wait_until_idle(&self.inner.watched, self.inner.shutdown_drain).await;
             if let Err(error) = drained {
                 tracing::warn!(error = %ErrorChain(&error), "chatter runtime stops with outbox documents still pending; another instance or the next start relays them");
             }
