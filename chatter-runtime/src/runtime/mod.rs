@@ -731,7 +731,9 @@ impl Runtime {
 
     /// Waits until the relay has published every Outbox Document pending in the containers it
     /// drains (the commands' and the standalone relays'), as a test or an example waits for
-    /// its events, at most `within`.
+    /// its events, at most `within`. It counts them (a query over every such container) every
+    /// 100 ms, and only while this process's relay has no document in flight: one in flight is
+    /// still pending, so a count then could not come back zero.
     ///
     /// # Errors
     ///
