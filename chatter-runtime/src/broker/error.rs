@@ -170,6 +170,9 @@ pub enum Refusal {
     TooLarge,
     /// The broker has no route to the destination (the message was returned as unroutable).
     Unroutable,
+    /// The message's context names a messaging system (`Chatter.Infrastructure.Type`) the
+    /// runtime has no broker for ([`MessagingSystems`](super::MessagingSystems)).
+    UnknownMessagingSystem,
 }
 
 impl Refusal {
@@ -195,6 +198,10 @@ impl Refusal {
             }
             Self::Unroutable => {
                 "the broker has no route to the destination: declare the queue or bind it"
+            }
+            Self::UnknownMessagingSystem => {
+                "register a broker under that name (`RuntimeBuilder::broker_for`) and restart, \
+                 or correct the message context's `Chatter.Infrastructure.Type`"
             }
         }
     }

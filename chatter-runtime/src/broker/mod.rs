@@ -14,9 +14,11 @@
 //! | --- | --- | --- |
 //! | [`InMemoryBroker`] | always | in-process queues, the embedded default |
 //! | `RabbitMqBroker` | `rabbitmq` | RabbitMQ through `lapin`: publisher confirms, durable queues, persistent messages, manual ack |
+//! | [`MessagingSystems`] | always | several brokers, one chosen per message by the messaging system its context names |
 
 mod error;
 mod in_memory;
+mod messaging_systems;
 #[cfg(feature = "rabbitmq")]
 mod rabbitmq;
 
@@ -32,6 +34,7 @@ use futures::stream::BoxStream;
 
 pub use error::{BrokerError, Refusal, TransportError};
 pub use in_memory::InMemoryBroker;
+pub use messaging_systems::MessagingSystems;
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq::{
     CONTEXT_HEADER, DEAD_LETTER_REASON_HEADER, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PUBLISH_TIMEOUT,

@@ -9,6 +9,15 @@ use crate::registry::RegistryError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StartError {
+    /// A broker given with [`RuntimeBuilder::broker_for`](crate::RuntimeBuilder::broker_for)
+    /// under a blank messaging-system name, or under one given before.
+    #[error("messaging system `{name}` {problem}: give each broker its own non-blank name")]
+    MessagingSystem {
+        /// The name as given (trimmed).
+        name: String,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
     /// The registrations conflict; every problem is listed.
     #[error(transparent)]
     Registry(#[from] RegistryError),

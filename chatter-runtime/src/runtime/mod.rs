@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::broker::{Broker, InMemoryBroker};
+use crate::broker::{Broker, InMemoryBroker, MessagingSystems};
 use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::{CosmosConnection, RequestCharges};
 use crate::error_chain::ErrorChain;
@@ -47,6 +47,8 @@ pub struct RuntimeBuilder {
     registry: Option<Registry>,
     cosmos: Option<CosmosConnection>,
     broker: Option<Arc<dyn Broker>>,
+    /// The brokers named by messaging system, in the order given.
+    brokers_by_system: Vec<(String, Arc<dyn Broker>)>,
     consume: bool,
     consumer_concurrency: usize,
     redelivery_delay: Duration,
@@ -68,6 +70,7 @@ impl Default for RuntimeBuilder {
             registry: None,
             cosmos: None,
             broker: None,
+            brokers_by_system: Vec::new(),
             consume: true,
             consumer_concurrency: DEFAULT_CONSUMER_CONCURRENCY,
             redelivery_delay: Duration::from_millis(500),
@@ -136,9 +139,27 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Uses this broker instead of a new [`InMemoryBroker`].
+    /// Uses this broker instead of a new [`InMemoryBroker`]: the default broker, for the
+    /// messages whose context names no messaging system (or this broker's own
+    /// [`messaging_system`](Broker::messaging_system)); see [`broker_for`](Self::broker_for)
+    /// for the others.
     pub fn broker(mut self, broker: impl Broker) -> Self {
         self.broker = Some(Arc::new(broker));
+        self
+    }
+
+    /// Publishes the messages whose context names `messaging_system` (its
+    /// `Chatter.Infrastructure.Type`, compared ignoring ASCII case) through `broker`, as the .NET
+    /// module chooses its dispatcher per message; the others go through the default
+    /// [`broker`](Self::broker), which the consumers also subscribe to. A message naming a
+    /// messaging system no broker is given for is refused
+    /// ([`Refusal::UnknownMessagingSystem`](crate::broker::Refusal::UnknownMessagingSystem)):
+    /// its document stays pending and its lease shows as blocked, naming the missing system.
+    /// A blank name, or one given twice, fails [`start`](Self::start)
+    /// ([`StartError::MessagingSystem`]). See [`MessagingSystems`](crate::broker::MessagingSystems).
+    pub fn broker_for(mut self, messaging_system: impl Into<String>, broker: impl Broker) -> Self {
+        self.brokers_by_system
+            .push((messaging_system.into(), Arc::new(broker)));
         self
     }
 
@@ -253,6 +274,7 @@ impl RuntimeBuilder {
     pub async fn start(self) -> Result<Runtime, StartError> {
         // 1. Settings, before anything connects.
         let concurrency = self.checked_concurrency()?;
+        check_messaging_systems(&self.brokers_by_system)?;
         let registry = match self.registry {
             Some(registry) => registry,
             None => Registry::from_inventory()?,
@@ -278,6 +300,7 @@ impl RuntimeBuilder {
             Some(broker) => broker,
             None => Arc::new(InMemoryBroker::new()),
         };
+        let broker = by_messaging_system(broker, self.brokers_by_system);
         // The global providers are read now: set them before `start()`.
         let telemetry = Telemetry::resolve(self.meter, self.tracer);
         let charges = Arc::new(RequestMeter::default());
@@ -776,4 +799,43 @@ impl Runtime {
         }
         tracing::info!("chatter runtime stopped");
     }
+}
+
+/// Refuses a blank messaging-system name, or one given twice (ignoring ASCII case, as messages
+/// are matched): which broker a message goes to must never depend on the order of the calls.
+fn check_messaging_systems(named: &[(String, Arc<dyn Broker>)]) -> Result<(), StartError> {
+    for (at, (name, _)) in named.iter().enumerate() {
+        let name = name.trim();
+        if name.is_empty() {
+            return Err(StartError::MessagingSystem {
+                name: name.to_owned(),
+                problem: "is blank",
+            });
+        }
+        if named[..at]
+            .iter()
+            .any(|(earlier, _)| earlier.trim().eq_ignore_ascii_case(name))
+        {
+            return Err(StartError::MessagingSystem {
+                name: name.to_owned(),
+                problem: "is given a broker twice",
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Every broker, chosen per message by its messaging system: even with the default broker
+/// alone, a message naming another system is refused rather than published where it was not
+/// meant to go.
+fn by_messaging_system(
+    default: Arc<dyn Broker>,
+    named: Vec<(String, Arc<dyn Broker>)>,
+) -> Arc<dyn Broker> {
+    let systems = named
+        .into_iter()
+        .fold(MessagingSystems::new(default), |systems, (name, broker)| {
+            systems.with(&name, broker)
+        });
+    Arc::new(systems)
 }

@@ -1,0 +1,220 @@
+//! A broker per message (R3.29, R3.30, R3.46): the relay publishes each Outbox Document through
+//! the broker its message context's `Chatter.Infrastructure.Type` names
+//! (`RuntimeBuilder::broker_for`), and through the default broker when it names none. A name
+//! without a broker is a broker refusal: the document stays pending, the lease shows as blocked
+//! naming the missing system, and a runtime given that broker publishes it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chatter_runtime::broker::{Broker, InMemoryBroker, MessagingSystems, Refusal};
+use chatter_runtime::cosmos::{CosmosConnection, provision};
+use chatter_runtime::{
+    BoxError, BrokeredMessage, DocumentReliable, HandlerContext, Runtime, StartError, handler,
+};
+use chatter_tests::broker::Received;
+use chatter_tests::relay::fast_relay;
+use chatter_tests::wait::eventually;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+const INFRASTRUCTURE: &str = "Chatter.Infrastructure.Type";
+const WAIT: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(50);
+
+/// Ships an order; its event goes through the messaging system the command names (none: the
+/// default broker).
+#[derive(Debug, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(
+    database = "per-message",
+    container = "orders",
+    lease = "orders-leases"
+)]
+#[partition_key(path = "/orderId")]
+#[serde(rename_all = "camelCase")]
+pub struct ShipOrder {
+    pub order_id: String,
+    pub messaging_system: Option<String>,
+}
+
+#[handler]
+async fn ship(command: ShipOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    ctx.upsert(json!({ "id": command.order_id, "orderId": command.order_id }))?;
+    let mut event = BrokeredMessage::json(
+        format!("{}:Shipped", ctx.message_id()),
+        "order-events",
+        json!({ "orderId": command.order_id }).to_string(),
+    );
+    if let Some(system) = command.messaging_system {
+        event.context.insert(INFRASTRUCTURE.into(), json!(system));
+    }
+    ctx.send(event)?;
+    Ok(())
+}
+
+async fn store() -> CosmosConnection {
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    for container in ["orders", "orders-leases"] {
+        let path = if container == "orders" {
+            "/orderId"
+        } else {
+            "/id"
+        };
+        provision::ensure_container(&cosmos, "per-message", container, &[path])
+            .await
+            .unwrap();
+    }
+    cosmos
+}
+
+fn ship_order(order_id: &str, messaging_system: Option<&str>) -> ShipOrder {
+    ShipOrder {
+        order_id: order_id.to_owned(),
+        messaging_system: messaging_system.map(str::to_owned),
+    }
+}
+
+#[tokio::test]
+async fn each_document_is_published_through_the_broker_its_context_names_else_the_default() {
+    let cosmos = store().await;
+    let (default, audit) = (InMemoryBroker::new(), InMemoryBroker::new());
+    let (to_default, to_audit) = (
+        Received::on(&default, "order-events").await,
+        Received::on(&audit, "order-events").await,
+    );
+    let runtime = Runtime::builder()
+        .cosmos(cosmos)
+        .broker(default.clone())
+        .broker_for("audit-bus", audit.clone())
+        .consume(false)
+        .relay_options(fast_relay(Duration::from_secs(5)))
+        .start()
+        .await
+        .unwrap();
+
+    for (message_id, system) in [
+        ("named", Some("audit-bus")),
+        // Matched ignoring ASCII case, as the .NET writer may spell it otherwise.
+        ("named-otherwise", Some("Audit-Bus")),
+        ("unnamed", None),
+        ("blank", Some("  ")),
+    ] {
+        runtime
+            .dispatch(ship_order(message_id, system), message_id)
+            .await
+            .unwrap();
+    }
+    runtime.relay_idle(WAIT).await.unwrap();
+
+    let ids = |received: &Received| received.ids().into_iter().collect::<Vec<_>>();
+    eventually(WAIT, POLL, "every event arrived", || async {
+        to_default.distinct() + to_audit.distinct() == 4
+    })
+    .await;
+    assert_eq!(
+        ids(&to_audit),
+        ["named-otherwise:Shipped", "named:Shipped"],
+        "the messages naming the audit bus"
+    );
+    assert_eq!(
+        ids(&to_default),
+        ["blank:Shipped", "unnamed:Shipped"],
+        "the messages naming no messaging system"
+    );
+    runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_document_naming_a_system_without_a_broker_blocks_its_lease_until_a_runtime_has_one() {
+    let cosmos = store().await;
+    let runtime = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .broker(InMemoryBroker::new())
+        .consume(false)
+        .relay_options(fast_relay(Duration::from_secs(2)))
+        .start()
+        .await
+        .unwrap();
+    runtime
+        .dispatch(ship_order("to-nats", Some("nats")), "to-nats")
+        .await
+        .unwrap();
+
+    let blocked = || async {
+        runtime
+            .health()
+            .await
+            .leases
+            .into_iter()
+            .find_map(|lease| lease.blocked)
+    };
+    eventually(WAIT, POLL, "the lease is blocked", || async {
+        blocked().await.is_some()
+    })
+    .await;
+    let blocked = blocked().await.unwrap_or_default();
+    assert!(blocked.contains("`nats`"), "{blocked}");
+    assert!(blocked.contains("broker_for"), "names the fix: {blocked}");
+    assert!(!runtime.health().await.is_healthy());
+    runtime.shutdown().await;
+
+    // Not undeliverable: a runtime that has the broker publishes it.
+    let nats = InMemoryBroker::new();
+    let to_nats = Received::on(&nats, "order-events").await;
+    let fixed = Runtime::builder()
+        .cosmos(cosmos)
+        .broker(InMemoryBroker::new())
+        .broker_for("nats", nats.clone())
+        .consume(false)
+        .relay_options(fast_relay(Duration::from_secs(2)))
+        .start()
+        .await
+        .unwrap();
+    fixed.relay_idle(WAIT).await.unwrap();
+    eventually(WAIT, POLL, "the event arrived", || async {
+        to_nats.distinct() == 1
+    })
+    .await;
+    assert_eq!(to_nats.count("to-nats:Shipped"), 1);
+    fixed.shutdown().await;
+}
+
+#[tokio::test]
+async fn start_refuses_a_blank_or_repeated_messaging_system() {
+    for (names, problem) in [(&[" "][..], "blank"), (&["nats", "NATS"][..], "twice")] {
+        let builder = names.iter().fold(
+            Runtime::builder().broker(InMemoryBroker::new()),
+            |builder, name| builder.broker_for(*name, InMemoryBroker::new()),
+        );
+        // Refused before anything connects: no store is configured here.
+        let error = builder.start().await.unwrap_err();
+        assert!(
+            matches!(error, StartError::MessagingSystem { .. }),
+            "{names:?}: {error}"
+        );
+        assert!(error.to_string().contains(problem), "{error}");
+    }
+}
+
+#[tokio::test]
+async fn a_message_naming_no_known_system_is_refused_not_rejected_for_good() {
+    let systems = MessagingSystems::new(Arc::new(InMemoryBroker::new()))
+        .with("audit-bus", Arc::new(InMemoryBroker::new()));
+    let mut message = BrokeredMessage::json("m-1", "order-events", "{}");
+    message.context.insert(INFRASTRUCTURE.into(), json!("nats"));
+
+    let error = systems.publish(message.clone()).await.unwrap_err();
+
+    assert_eq!(error.refusal(), Some(Refusal::UnknownMessagingSystem));
+    assert!(!error.is_permanent(), "{error}");
+    assert!(
+        error.to_string().contains("audit-bus"),
+        "names the known systems: {error}"
+    );
+    // What a handler's send checks passes: registering the broker is the fix.
+    systems.check(&message).unwrap();
+    // A non-string name can never be read: refused for good (the contract stamps such a
+    // document undeliverable before it gets here).
+    message.context.insert(INFRASTRUCTURE.into(), json!(7));
+    assert!(systems.publish(message).await.unwrap_err().is_permanent());
+}
