@@ -177,6 +177,18 @@ impl RequestCounts {
         *counts.entry(method).or_default() += 1;
     }
 
+    /// Counts the scheme of a request's `Authorization` header (its `type`: `master` for an
+    /// account key, `aad` for an Entra ID token, `resource` for a resource token), never the
+    /// signature or token itself.
+    fn record_authorization(&self, header: Option<&hyper::header::HeaderValue>) {
+        let scheme = header
+            .and_then(|value| value.to_str().ok())
+            .and_then(authorization_scheme)
+            .unwrap_or_else(|| "none".to_owned());
+        let mut counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        *counts.entry(format!("authorization {scheme}")).or_default() += 1;
+    }
+
     /// The count of `method`'s requests, or of its requests to the feed `path` too.
     fn get(&self, method: &str, path: Option<&str>) -> u64 {
         let method = method.to_ascii_uppercase();
@@ -263,6 +275,8 @@ impl EmulatorServer {
                     let emulator = Arc::clone(&emulator);
                     let endpoint = endpoint.clone();
                     counts.record(request.method().as_str(), request.uri().path());
+                    counts
+                        .record_authorization(request.headers().get(hyper::header::AUTHORIZATION));
                     let (latency, refusal, answer_delay) = faults.decide(request.method().as_str());
                     async move {
                         if !latency.is_zero() {
@@ -335,6 +349,17 @@ impl RunningEmulator {
     /// How many requests with HTTP `method` (e.g. `"PATCH"`) this server has answered.
     pub fn request_count(&self, method: &str) -> u64 {
         self.counts.get(method, None)
+    }
+
+    /// How many requests this server has answered whose `Authorization` header has `scheme`:
+    /// `"master"` (signed with an account key), `"aad"` (an Entra ID token), `"resource"` (a
+    /// resource token) or `"none"` (no header, or one that names no type).
+    pub fn authorization_count(&self, scheme: &str) -> u64 {
+        let counts = self.counts.0.lock().unwrap_or_else(|p| p.into_inner());
+        counts
+            .get(&format!("authorization {scheme}"))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// How many requests with HTTP `method` to the feed `path` (e.g. `"GET"` and
@@ -536,9 +561,56 @@ fn json_string(text: &str) -> String {
     out
 }
 
+/// The `type` of a Cosmos DB `Authorization` header (`type=master&ver=1.0&sig=...`, sent
+/// percent-encoded).
+fn authorization_scheme(header: &str) -> Option<String> {
+    let decoded = percent_decode(header);
+    decoded
+        .split('&')
+        .find_map(|part| part.strip_prefix("type="))
+        .map(|scheme| scheme.to_ascii_lowercase())
+}
+
+/// `%XX` escapes decoded; anything else kept as it is.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        let escaped = (bytes[at] == b'%')
+            .then(|| text.get(at + 1..at + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(byte) => {
+                out.push(byte);
+                at += 3;
+            }
+            None => {
+                out.push(bytes[at]);
+                at += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_authorization_scheme_is_read_from_the_percent_encoded_header() {
+        assert_eq!(
+            authorization_scheme("type%3Daad%26ver%3D1.0%26sig%3Deyj0").as_deref(),
+            Some("aad")
+        );
+        assert_eq!(
+            authorization_scheme("type=master&ver=1.0&sig=abc%2B%3D").as_deref(),
+            Some("master")
+        );
+        assert_eq!(authorization_scheme("Bearer x%Z"), None);
+    }
 
     #[test]
     fn unspecified_listen_address_is_served_on_loopback() {

@@ -11,6 +11,8 @@ use azure_data_cosmos::{
 };
 use tokio::sync::OnceCell;
 
+#[cfg(feature = "entra-id")]
+use super::error::CREDENTIAL_ENV;
 use super::error::{CosmosStoreError, ENDPOINT_ENV, KEY_ENV};
 
 /// The Azure Cosmos DB emulator's well-known account key, used for loopback endpoints when no
@@ -68,14 +70,7 @@ impl CosmosConnection {
     /// SDK's rule). The SDK reads the account's properties here, so an unreachable endpoint
     /// fails now rather than at the first request.
     pub async fn connect(endpoint: &str, key: Option<&str>) -> Result<Self, CosmosStoreError> {
-        let parsed: AccountEndpoint =
-            endpoint
-                .trim()
-                .parse()
-                .map_err(|source| CosmosStoreError::InvalidEndpoint {
-                    endpoint: endpoint.to_owned(),
-                    source,
-                })?;
+        let parsed = parse_endpoint(endpoint)?;
         let key = match key.map(str::trim).filter(|k| !k.is_empty()) {
             Some(key) => key.to_owned(),
             None if is_loopback(&parsed) => EMULATOR_KEY.to_owned(),
@@ -85,12 +80,36 @@ impl CosmosConnection {
                 });
             }
         };
+        let account = AccountReference::with_authentication_key(parsed.clone(), key);
+        Self::connect_account(parsed, account).await
+    }
+
+    /// Connects to a Cosmos DB account at `endpoint` with a Microsoft Entra ID token credential
+    /// instead of an account key, for accounts whose key authentication is disabled: a
+    /// managed identity, a developer's `az login` (the `azure_identity` crate), or any
+    /// `azure_core` [`TokenCredential`](azure_core::credentials::TokenCredential). The identity
+    /// needs a Cosmos DB data-plane role on the account (e.g. "Cosmos DB Built-in Data
+    /// Contributor"). Plain `http://` is accepted for loopback endpoints only. The SDK reads
+    /// the account's properties here, so a credential that hands out no token fails now.
+    pub async fn connect_with_credential(
+        endpoint: &str,
+        credential: Arc<dyn azure_core::credentials::TokenCredential>,
+    ) -> Result<Self, CosmosStoreError> {
+        let parsed = parse_endpoint(endpoint)?;
+        let account = AccountReference::with_credential(parsed.clone(), credential);
+        Self::connect_account(parsed, account).await
+    }
+
+    /// Builds the SDK client for `account` at `parsed`.
+    async fn connect_account(
+        parsed: AccountEndpoint,
+        account: AccountReference,
+    ) -> Result<Self, CosmosStoreError> {
         let endpoint = parsed.to_string();
         // Without a TLS backend the SDK's own error would only say that the request failed.
         if !cfg!(feature = "tls") && parsed.url().scheme() == "https" {
             return Err(CosmosStoreError::TlsNotCompiledIn { endpoint });
         }
-        let account = AccountReference::with_authentication_key(parsed, key);
         let client = CosmosClientBuilder::new()
             .build(account, RoutingStrategy::PreferredRegions(Vec::new()))
             .await
@@ -113,12 +132,25 @@ impl CosmosConnection {
     /// Connects to the account named by the environment: [`ENDPOINT_ENV`]
     /// (`CHATTER_COSMOS_ENDPOINT`) and, optionally, [`KEY_ENV`] (`CHATTER_COSMOS_KEY`).
     ///
+    /// Without a key, a loopback endpoint uses the emulator's well-known key; a remote one
+    /// (feature `entra-id`, a default) a Microsoft Entra ID credential, the one
+    /// [`CREDENTIAL_ENV`] (`CHATTER_COSMOS_CREDENTIAL`) names: `managed-identity` (the
+    /// default; a user-assigned identity by its client id in `AZURE_CLIENT_ID`) or
+    /// `developer-tools` (`az login` or `azd auth login`).
+    ///
     /// Returns `Ok(None)` when no endpoint is set (or it is blank).
     pub async fn from_env() -> Result<Option<Self>, CosmosStoreError> {
         let Some(endpoint) = env_value(ENDPOINT_ENV) else {
             return Ok(None);
         };
         let key = env_value(KEY_ENV);
+        #[cfg(feature = "entra-id")]
+        if key.is_none() && !is_loopback(&parse_endpoint(&endpoint)?) {
+            let credential = entra_id::from_env(env_value(CREDENTIAL_ENV))?;
+            return Self::connect_with_credential(&endpoint, credential)
+                .await
+                .map(Some);
+        }
         Self::connect(&endpoint, key.as_deref()).await.map(Some)
     }
 
@@ -318,6 +350,60 @@ fn env_value(name: &str) -> Option<String> {
         .filter(|value| !value.is_empty())
 }
 
+/// `endpoint` as the SDK reads it.
+fn parse_endpoint(endpoint: &str) -> Result<AccountEndpoint, CosmosStoreError> {
+    endpoint
+        .trim()
+        .parse()
+        .map_err(|source| CosmosStoreError::InvalidEndpoint {
+            endpoint: endpoint.to_owned(),
+            source,
+        })
+}
+
+/// The Microsoft Entra ID credential the environment chooses.
+#[cfg(feature = "entra-id")]
+mod entra_id {
+    use std::sync::Arc;
+
+    use azure_core::credentials::TokenCredential;
+    use azure_identity::{
+        DeveloperToolsCredential, ManagedIdentityCredential, ManagedIdentityCredentialOptions,
+        UserAssignedId,
+    };
+
+    use crate::cosmos::CosmosStoreError;
+
+    /// The user-assigned managed identity's client id, when one is meant.
+    const CLIENT_ID_ENV: &str = "AZURE_CLIENT_ID";
+
+    /// `choice` is [`CREDENTIAL_ENV`](super::CREDENTIAL_ENV)'s value (`None`: unset or blank).
+    pub(super) fn from_env(
+        choice: Option<String>,
+    ) -> Result<Arc<dyn TokenCredential>, CosmosStoreError> {
+        let failed = |kind| move |source| CosmosStoreError::Credential { kind, source };
+        match choice.as_deref().map(str::to_ascii_lowercase).as_deref() {
+            None | Some("managed-identity") => {
+                let options = ManagedIdentityCredentialOptions {
+                    user_assigned_id: super::env_value(CLIENT_ID_ENV).map(UserAssignedId::ClientId),
+                    ..Default::default()
+                };
+                let credential = ManagedIdentityCredential::new(Some(options))
+                    .map_err(failed("managed-identity"))?;
+                Ok(credential)
+            }
+            Some("developer-tools") => {
+                let credential =
+                    DeveloperToolsCredential::new(None).map_err(failed("developer-tools"))?;
+                Ok(credential)
+            }
+            Some(_) => Err(CosmosStoreError::UnknownCredential {
+                value: choice.unwrap_or_default(),
+            }),
+        }
+    }
+}
+
 /// Whether the endpoint's host is a loopback address or `localhost`.
 fn is_loopback(endpoint: &AccountEndpoint) -> bool {
     let Some(host) = endpoint.url().host_str() else {
@@ -368,5 +454,28 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("`tls` feature"), "{err}");
+    }
+
+    #[cfg(feature = "entra-id")]
+    #[test]
+    fn the_environment_chooses_a_managed_identity_by_default_or_the_developer_tools() {
+        // Creating either does no I/O: the token is asked for at connect.
+        for choice in [None, Some("managed-identity"), Some("Developer-Tools")] {
+            let chosen = entra_id::from_env(choice.map(str::to_owned));
+            assert!(chosen.is_ok(), "{choice:?}: {:?}", chosen.err());
+        }
+        let error = entra_id::from_env(Some("client-secret".into())).unwrap_err();
+        assert!(
+            matches!(error, CosmosStoreError::UnknownCredential { .. }),
+            "{error}"
+        );
+        for named in [
+            CREDENTIAL_ENV,
+            "`client-secret`",
+            "managed-identity",
+            "developer-tools",
+        ] {
+            assert!(error.to_string().contains(named), "{named}: {error}");
+        }
     }
 }

@@ -9,6 +9,11 @@ use crate::partition_key::PartitionKeyError;
 pub const ENDPOINT_ENV: &str = "CHATTER_COSMOS_ENDPOINT";
 /// Environment variable holding the account key (optional for loopback emulator endpoints).
 pub const KEY_ENV: &str = "CHATTER_COSMOS_KEY";
+/// Environment variable choosing the Microsoft Entra ID credential used when no account key is
+/// set for a remote endpoint (feature `entra-id`): `managed-identity` (the default; a
+/// user-assigned one by its client id in `AZURE_CLIENT_ID`) or `developer-tools` (the Azure
+/// CLI's or the Azure Developer CLI's login).
+pub const CREDENTIAL_ENV: &str = "CHATTER_COSMOS_CREDENTIAL";
 
 /// An error talking to Cosmos DB, or preparing a request for it.
 ///
@@ -72,14 +77,36 @@ pub enum CosmosStoreError {
         source: CosmosError,
     },
 
-    /// A non-loopback endpoint was given without an account key.
+    /// A non-loopback endpoint was given without an account key (and, without the `entra-id`
+    /// feature, no Entra ID credential can stand in for it).
     #[error(
-        "no account key given for Cosmos DB endpoint {endpoint} (set {KEY_ENV}); only loopback \
-         emulator endpoints default to the emulator's well-known key"
+        "no account key given for Cosmos DB endpoint {endpoint} (set {KEY_ENV}, or enable \
+         chatter-runtime's `entra-id` feature to use Microsoft Entra ID); only loopback emulator \
+         endpoints default to the emulator's well-known key"
     )]
     MissingKey {
         /// The endpoint.
         endpoint: String,
+    },
+
+    /// [`CREDENTIAL_ENV`] names no credential chatter knows.
+    #[error(
+        "{CREDENTIAL_ENV}=`{value}` names no credential: use `managed-identity` or \
+         `developer-tools` (or set {KEY_ENV} to use an account key)"
+    )]
+    UnknownCredential {
+        /// The variable's value.
+        value: String,
+    },
+
+    /// The Microsoft Entra ID credential could not be created.
+    #[error("the {kind} credential for Cosmos DB could not be created")]
+    Credential {
+        /// `managed-identity` or `developer-tools`.
+        kind: &'static str,
+        /// Why.
+        #[source]
+        source: azure_core::Error,
     },
 
     /// An `https://` endpoint, with chatter-runtime built without its `tls` feature.

@@ -23,7 +23,7 @@ pub use charge::RequestCharges;
 #[cfg(feature = "embedded")]
 pub use connection::EMBEDDED_ENDPOINT;
 pub use connection::{CosmosConnection, EMULATOR_KEY};
-pub use error::{CosmosStoreError, ENDPOINT_ENV, KEY_ENV};
+pub use error::{CREDENTIAL_ENV, CosmosStoreError, ENDPOINT_ENV, KEY_ENV};
 pub use store::{ReadOutcome, read_item};
 
 /// Builds the SDK's partition key from JSON values, one per partition-key path.
