@@ -74,6 +74,7 @@ mod error_chain;
 mod error_report;
 pub mod inbox;
 mod message;
+pub mod operator;
 mod partition_key;
 mod pipeline;
 mod registry;

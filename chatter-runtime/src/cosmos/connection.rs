@@ -143,15 +143,23 @@ impl CosmosConnection {
         let Some(endpoint) = env_value(ENDPOINT_ENV) else {
             return Ok(None);
         };
-        let key = env_value(KEY_ENV);
-        #[cfg(feature = "entra-id")]
-        if key.is_none() && !is_loopback(&parse_endpoint(&endpoint)?) {
-            let credential = entra_id::from_env(env_value(CREDENTIAL_ENV))?;
-            return Self::connect_with_credential(&endpoint, credential)
-                .await
-                .map(Some);
+        match env_value(KEY_ENV) {
+            Some(key) => Self::connect(&endpoint, Some(&key)).await.map(Some),
+            None => Self::connect_without_key(&endpoint).await.map(Some),
         }
-        Self::connect(&endpoint, key.as_deref()).await.map(Some)
+    }
+
+    /// Connects to `endpoint` without an account key: a loopback endpoint with the emulator's
+    /// well-known key; a remote one (feature `entra-id`) with the Microsoft Entra ID credential
+    /// [`CREDENTIAL_ENV`](super::CREDENTIAL_ENV) names, as [`from_env`](Self::from_env) does;
+    /// without that feature, a remote endpoint is [`CosmosStoreError::MissingKey`].
+    pub async fn connect_without_key(endpoint: &str) -> Result<Self, CosmosStoreError> {
+        #[cfg(feature = "entra-id")]
+        if !is_loopback(&parse_endpoint(endpoint)?) {
+            let credential = entra_id::from_env(env_value(CREDENTIAL_ENV))?;
+            return Self::connect_with_credential(endpoint, credential).await;
+        }
+        Self::connect(endpoint, None).await
     }
 
     /// A fresh, empty in-process store: the SDK's in-memory emulator behind a real SDK client

@@ -1,0 +1,242 @@
+//! The `chatter` binary against `chatter-emulator` served over HTTP: its tables, its JSON, its
+//! exit codes (0 done, 1 undeliverable documents found, 2 bad input, 3 the store unreadable),
+//! and an account key that never reaches its output.
+
+use std::process::{Command, Output};
+
+use chatter_emulator::{EmulatorServer, RunningEmulator};
+use chatter_runtime::BrokeredMessage;
+use chatter_runtime::cosmos::{CosmosConnection, partition_key, provision};
+use chatter_runtime::testing::{OutboxDocument, create_item};
+use serde_json::{Value, json};
+
+const DB: &str = "shop";
+const CONTAINER: &str = "orders";
+const KEY_ENV: &str = "CHATTER_COSMOS_KEY";
+
+/// A served emulator whose `shop/orders` holds two pending documents for `order-events`, one
+/// for `payments`, and one stamped undeliverable because its destination is blank.
+async fn store() -> RunningEmulator {
+    let emulator = EmulatorServer::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+        .spawn();
+    let cosmos = CosmosConnection::connect(emulator.endpoint(), None)
+        .await
+        .unwrap();
+    provision::ensure_container(&cosmos, DB, CONTAINER, &["/orderId"])
+        .await
+        .unwrap();
+    let orders = cosmos.container(DB, CONTAINER).await.unwrap();
+    let write = |message_id: &str, destination: &str| {
+        let message = BrokeredMessage::json(message_id, destination, r#"{"orderId":"o-1"}"#);
+        OutboxDocument::build(&message, &["/orderId"], &[json!("o-1")]).unwrap()
+    };
+    let mut docs = vec![
+        write("m-1", "order-events"),
+        write("m-2", "order-events"),
+        write("m-3", "payments"),
+    ];
+    let mut poison = write("m-poison", "order-events");
+    poison["Destination"] = json!(" ");
+    poison["status"] = json!("undeliverable");
+    docs.push(poison);
+    for doc in &docs {
+        create_item(&orders, partition_key(&[json!("o-1")]).unwrap(), doc)
+            .await
+            .unwrap();
+    }
+    emulator
+}
+
+/// Runs `chatter` with `args` against `endpoint` (none: the variable unset), without a key in
+/// its environment unless `key` is given.
+async fn chatter(endpoint: Option<&str>, key: Option<&str>, args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_chatter"));
+    command.args(args).env_remove(KEY_ENV);
+    command.env_remove("CHATTER_COSMOS_ENDPOINT");
+    if let Some(endpoint) = endpoint {
+        command.env("CHATTER_COSMOS_ENDPOINT", endpoint);
+    }
+    if let Some(key) = key {
+        command.env(KEY_ENV, key);
+    }
+    // The emulator serves on this test's runtime: the blocking wait goes elsewhere.
+    tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+const AT: [&str; 4] = ["--database", DB, "--container", CONTAINER];
+
+fn args<'a>(command: &[&'a str], more: &[&'a str]) -> Vec<&'a str> {
+    command.iter().chain(&AT).chain(more).copied().collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pending_counts_each_destination_with_its_oldest_document() {
+    let emulator = store().await;
+
+    let table = chatter(
+        Some(emulator.endpoint()),
+        None,
+        &args(&["outbox", "pending"], &[]),
+    )
+    .await;
+    assert_eq!(table.status.code(), Some(0), "{}", stderr(&table));
+    let text = stdout(&table);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("DESTINATION"), "{text}");
+    assert!(
+        lines[1].starts_with("order-events") && lines[1].contains(" 2 "),
+        "{text}"
+    );
+    assert!(
+        lines[2].starts_with("payments") && lines[2].contains(" 1 "),
+        "{text}"
+    );
+    assert_eq!(lines[3], "3 pending in all", "{text}");
+
+    let json = chatter(
+        Some(emulator.endpoint()),
+        None,
+        &args(&["outbox", "pending"], &["--json"]),
+    )
+    .await;
+    assert_eq!(json.status.code(), Some(0), "{}", stderr(&json));
+    let survey: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(survey["pending"]["order-events"]["count"], 2);
+    assert_eq!(survey["pending"]["payments"]["count"], 1);
+    assert_eq!(survey["pending"]["payments"]["oldest_message_id"], "m-3");
+    assert!(survey["pending"]["payments"]["oldest_written_at"].is_i64());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn undeliverable_names_each_documents_violations_and_exits_1() {
+    let emulator = store().await;
+
+    let table = chatter(
+        Some(emulator.endpoint()),
+        None,
+        &args(&["outbox", "undeliverable"], &[]),
+    )
+    .await;
+    assert_eq!(table.status.code(), Some(1), "{}", stderr(&table));
+    let text = stdout(&table);
+    assert!(text.contains("m-poison"), "{text}");
+    assert!(text.contains("Destination"), "names the violation: {text}");
+    assert!(text.ends_with("1 undeliverable\n"), "{text}");
+
+    let json = chatter(
+        Some(emulator.endpoint()),
+        None,
+        &args(&["outbox", "undeliverable"], &["--json"]),
+    )
+    .await;
+    let survey: Value = serde_json::from_slice(&json.stdout).unwrap();
+    let found = survey["undeliverable"].as_array().unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0]["message_id"], "m-poison");
+    assert!(!found[0]["violations"].as_array().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_empty_outbox_has_nothing_undeliverable_and_exits_0() {
+    let emulator = EmulatorServer::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+        .spawn();
+    let cosmos = CosmosConnection::connect(emulator.endpoint(), None)
+        .await
+        .unwrap();
+    provision::ensure_container(&cosmos, DB, CONTAINER, &["/orderId"])
+        .await
+        .unwrap();
+
+    let output = chatter(
+        Some(emulator.endpoint()),
+        None,
+        &args(&["outbox", "undeliverable"], &[]),
+    )
+    .await;
+
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "no undeliverable outbox documents\n");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_exits_2_with_a_message_never_a_panic() {
+    let emulator = store().await;
+    let cases: [(Option<&str>, Vec<&str>, &str); 5] = [
+        // No endpoint anywhere.
+        (
+            None,
+            args(&["outbox", "pending"], &[]),
+            "CHATTER_COSMOS_ENDPOINT",
+        ),
+        // A missing flag.
+        (
+            Some(emulator.endpoint()),
+            vec!["outbox", "pending", "--database", DB],
+            "--container",
+        ),
+        // An unknown command.
+        (Some(emulator.endpoint()), vec!["outbox", "purge"], "purge"),
+        // A container that does not exist.
+        (
+            Some(emulator.endpoint()),
+            vec![
+                "outbox",
+                "pending",
+                "--database",
+                DB,
+                "--container",
+                "ordres",
+            ],
+            "ordres",
+        ),
+        // Not an endpoint.
+        (
+            Some("not a url"),
+            args(&["outbox", "pending"], &[]),
+            "not a url",
+        ),
+    ];
+    for (endpoint, argv, named) in cases {
+        let output = chatter(endpoint, None, &argv).await;
+        let error = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{argv:?}: {error}");
+        assert!(error.contains(named), "{argv:?} names {named}: {error}");
+        assert!(!error.contains("panicked"), "{error}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_store_exits_3_and_never_prints_the_key() {
+    const SECRET: &str = "c2VjcmV0LWFjY291bnQta2V5LW5ldmVyLXByaW50ZWQ=";
+    // Nothing listens on port 9 of this machine (discard, not served here).
+    let output = chatter(
+        Some("http://127.0.0.1:9/"),
+        Some(SECRET),
+        &args(&["outbox", "pending"], &[]),
+    )
+    .await;
+
+    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("127.0.0.1:9"),
+        "{}",
+        stderr(&output)
+    );
+    for text in [stdout(&output), stderr(&output)] {
+        assert!(!text.contains(SECRET), "the key was printed: {text}");
+    }
+}

@@ -1,0 +1,143 @@
+//! The state of a container's Outbox Documents, read with two queries: the pending ones (their
+//! destination and timestamp only: a backlog can be large) and the undeliverable ones (whole: they
+//! are few, and the contract is checked again on each to say why).
+
+use std::collections::BTreeMap;
+
+use azure_data_cosmos::Query;
+use azure_data_cosmos::feed::FeedScope;
+use futures::StreamExt;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::cosmos::{CosmosConnection, CosmosStoreError};
+use crate::document::outbox::{
+    DESTINATION_FIELD, DISCRIMINATOR_FIELD, ID_FIELD, MESSAGE_ID_FIELD, STATUS_FIELD,
+    STATUS_PENDING, STATUS_UNDELIVERABLE,
+};
+use crate::document::{id, outbox_contract};
+
+/// A container's Outbox Documents that are not delivered.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct OutboxSurvey {
+    /// The pending documents, by destination (a document without a readable destination is
+    /// counted under `""`).
+    pub pending: BTreeMap<String, PendingByDestination>,
+    /// Every `undeliverable` document, oldest first.
+    pub undeliverable: Vec<UndeliverableDocument>,
+}
+
+impl OutboxSurvey {
+    /// The pending documents in all.
+    pub fn pending_count(&self) -> u64 {
+        self.pending.values().map(|p| p.count).sum()
+    }
+}
+
+/// The pending Outbox Documents of one destination.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct PendingByDestination {
+    /// How many.
+    pub count: u64,
+    /// The oldest one's last write (`_ts`, seconds since the Unix epoch).
+    pub oldest_written_at: Option<i64>,
+    /// The oldest one's message id.
+    pub oldest_message_id: Option<String>,
+}
+
+/// An Outbox Document stamped `undeliverable`, and why.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct UndeliverableDocument {
+    /// The document id.
+    pub id: String,
+    /// Its `MessageId` (empty when it has none).
+    pub message_id: String,
+    /// Its `Destination` (empty when it has no readable one).
+    pub destination: String,
+    /// When it was stamped (`_ts`, seconds since the Unix epoch).
+    pub stamped_at: Option<i64>,
+    /// The Outbox Document Contract's violations found in it now (the relay does not persist
+    /// its reason: the document keeps the .NET shape). Empty when it passes the contract today,
+    /// e.g. one stamped by an operator or another tool, which can be requeued as it is.
+    pub violations: Vec<String>,
+}
+
+/// Reads the Outbox Documents of `database`/`container` that are `pending` or `undeliverable`.
+///
+/// # Errors
+///
+/// [`CosmosStoreError`]: the container cannot be reached or a query fails.
+pub async fn survey_outbox(
+    cosmos: &CosmosConnection,
+    database: &str,
+    container: &str,
+) -> Result<OutboxSurvey, CosmosStoreError> {
+    const OPERATION: &str = "query_items";
+    let container = cosmos.container(database, container).await?;
+    let query = |select: &str, status: &str| {
+        Query::from(format!(
+            "SELECT {select} FROM c WHERE c.{DISCRIMINATOR_FIELD} = @kind AND c.{STATUS_FIELD} = @status"
+        ))
+        .with_parameter("@kind", id::OUTBOX_KIND)
+        .and_then(|q| q.with_parameter("@status", status.to_owned()))
+        .map_err(|e| CosmosStoreError::codec(OPERATION, e))
+    };
+    let mut survey = OutboxSurvey::default();
+
+    let pending = query(
+        &format!("c.{ID_FIELD}, c.{MESSAGE_ID_FIELD}, c.{DESTINATION_FIELD}, c._ts"),
+        STATUS_PENDING,
+    )?;
+    let mut items = container
+        .query_items::<Value>(pending, FeedScope::full_container(), None)
+        .await
+        .map_err(|e| CosmosStoreError::request(OPERATION, e))?;
+    while let Some(item) = items.next().await {
+        let item = item.map_err(|e| CosmosStoreError::request(OPERATION, e))?;
+        let destination = text(&item, DESTINATION_FIELD);
+        let written_at = item.get("_ts").and_then(Value::as_i64);
+        let entry = survey.pending.entry(destination).or_default();
+        entry.count += 1;
+        let older = match (written_at, entry.oldest_written_at) {
+            (Some(at), Some(oldest)) => at < oldest,
+            (Some(_), None) => true,
+            (None, _) => entry.oldest_message_id.is_none(),
+        };
+        if older {
+            entry.oldest_written_at = written_at;
+            entry.oldest_message_id = Some(text(&item, MESSAGE_ID_FIELD));
+        }
+    }
+
+    let undeliverable = query("*", STATUS_UNDELIVERABLE)?;
+    let mut items = container
+        .query_items::<Value>(undeliverable, FeedScope::full_container(), None)
+        .await
+        .map_err(|e| CosmosStoreError::request(OPERATION, e))?;
+    while let Some(item) = items.next().await {
+        let doc = item.map_err(|e| CosmosStoreError::request(OPERATION, e))?;
+        let violations = match outbox_contract::verify(&doc) {
+            Ok(_) => Vec::new(),
+            Err(found) => found.violations.iter().map(ToString::to_string).collect(),
+        };
+        survey.undeliverable.push(UndeliverableDocument {
+            id: text(&doc, ID_FIELD),
+            message_id: text(&doc, MESSAGE_ID_FIELD),
+            destination: text(&doc, DESTINATION_FIELD),
+            stamped_at: doc.get("_ts").and_then(Value::as_i64),
+            violations,
+        });
+    }
+    survey
+        .undeliverable
+        .sort_by(|a, b| (a.stamped_at, &a.id).cmp(&(b.stamped_at, &b.id)));
+    Ok(survey)
+}
+
+/// A string field, or `""`.
+fn text(doc: &Value, field: &str) -> String {
+    doc.get(field)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
