@@ -181,10 +181,16 @@ impl RequestCounts {
     /// account key, `aad` for an Entra ID token, `resource` for a resource token), never the
     /// signature or token itself.
     fn record_authorization(&self, header: Option<&hyper::header::HeaderValue>) {
-        let scheme = header
+        // The known schemes only, so what a client sends cannot grow the counters.
+        let scheme = match header
             .and_then(|value| value.to_str().ok())
             .and_then(authorization_scheme)
-            .unwrap_or_else(|| "none".to_owned());
+            .as_deref()
+        {
+            Some(scheme @ ("master" | "aad" | "resource")) => scheme.to_owned(),
+            Some(_) => "other".to_owned(),
+            None => "none".to_owned(),
+        };
         let mut counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
         *counts.entry(format!("authorization {scheme}")).or_default() += 1;
     }
@@ -353,7 +359,8 @@ impl RunningEmulator {
 
     /// How many requests this server has answered whose `Authorization` header has `scheme`:
     /// `"master"` (signed with an account key), `"aad"` (an Entra ID token), `"resource"` (a
-    /// resource token) or `"none"` (no header, or one that names no type).
+    /// resource token), `"other"` (another type) or `"none"` (no header, or one that names no
+    /// type).
     pub fn authorization_count(&self, scheme: &str) -> u64 {
         let counts = self.counts.0.lock().unwrap_or_else(|p| p.into_inner());
         counts

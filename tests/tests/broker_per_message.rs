@@ -1,8 +1,9 @@
 //! A broker per message (R3.29, R3.30, R3.46): the relay publishes each Outbox Document through
 //! the broker its message context's `Chatter.Infrastructure.Type` names
-//! (`RuntimeBuilder::broker_for`), and through the default broker when it names none. A name
-//! without a broker is a broker refusal: the document stays pending, the lease shows as blocked
-//! naming the missing system, and a runtime given that broker publishes it.
+//! (`RuntimeBuilder::broker_for`), and through the default broker when it names none. Once
+//! brokers are given by name, a name without a broker is a broker refusal: the document stays
+//! pending, the lease shows as blocked naming the missing system, and a runtime given that
+//! broker publishes it. Without `broker_for`, every document goes to the one broker.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -130,6 +131,7 @@ async fn a_document_naming_a_system_without_a_broker_blocks_its_lease_until_a_ru
     let runtime = Runtime::builder()
         .cosmos(cosmos.clone())
         .broker(InMemoryBroker::new())
+        .broker_for("audit-bus", InMemoryBroker::new())
         .consume(false)
         .relay_options(fast_relay(Duration::from_secs(2)))
         .start()
@@ -177,6 +179,35 @@ async fn a_document_naming_a_system_without_a_broker_blocks_its_lease_until_a_ru
     .await;
     assert_eq!(to_nats.count("to-nats:Shipped"), 1);
     fixed.shutdown().await;
+}
+
+#[tokio::test]
+async fn without_brokers_by_name_every_document_goes_to_the_one_broker_whatever_it_names() {
+    let cosmos = store().await;
+    let broker = InMemoryBroker::new();
+    let received = Received::on(&broker, "order-events").await;
+    let runtime = Runtime::builder()
+        .cosmos(cosmos)
+        .broker(broker.clone())
+        .consume(false)
+        .relay_options(fast_relay(Duration::from_secs(5)))
+        .start()
+        .await
+        .unwrap();
+
+    // As a .NET writer names its own messaging system.
+    runtime
+        .dispatch(ship_order("dotnet", Some("RabbitMQ")), "dotnet")
+        .await
+        .unwrap();
+    runtime.relay_idle(WAIT).await.unwrap();
+
+    eventually(WAIT, POLL, "the event arrived", || async {
+        received.distinct() == 1
+    })
+    .await;
+    assert_eq!(received.count("dotnet:Shipped"), 1);
+    runtime.shutdown().await;
 }
 
 #[tokio::test]

@@ -8,8 +8,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chatter_runtime::Runtime;
+use chatter_emulator::RunningEmulator;
 use chatter_runtime::broker::InMemoryBroker;
+use chatter_runtime::{RelayNotIdle, Runtime};
 use chatter_tests::broker::Intercepted;
 use chatter_tests::relay::fast_relay;
 use chatter_tests::runtime::seed;
@@ -30,13 +31,16 @@ chatter_tests::event_command! {
     handled by place, sends "placed" to "order-events"
 }
 
-#[tokio::test]
-async fn pending_documents_are_not_counted_while_the_relay_has_documents_in_flight() {
+/// A served store with a chain of three pending documents, and a relay whose every publish is
+/// confirmed `HOLD` late, once its first publish started.
+async fn relay_holding_confirms() -> (RunningEmulator, Runtime) {
     let (emulator, cosmos) = emulator_server().await;
     provisioned_with_leases(&cosmos, DB, CONTAINER, &["/orderId"], "orders-leases").await;
+    // One order: its three events are one chain on one lease, so from the first publish to the
+    // last stamp some document is always in flight.
     let commands = (0..3).map(|n| {
         let order = PlaceWatchedOrder {
-            order_id: format!("o-{n}"),
+            order_id: "o-1".to_owned(),
         };
         (order, format!("cmd-{n}"))
     });
@@ -65,6 +69,12 @@ async fn pending_documents_are_not_counted_while_the_relay_has_documents_in_flig
     tokio::time::timeout(WAIT, publishing.notified())
         .await
         .expect("the relay publishes");
+    (emulator, relay)
+}
+
+#[tokio::test]
+async fn pending_documents_are_not_counted_while_the_relay_has_documents_in_flight() {
+    let (emulator, relay) = relay_holding_confirms().await;
     let queries_before = emulator.feed_request_count("POST", DOCS);
 
     relay.relay_idle(WAIT).await.unwrap();
@@ -82,6 +92,21 @@ async fn pending_documents_are_not_counted_while_the_relay_has_documents_in_flig
     assert!(
         (1.0..=2.0).contains(&counts),
         "{counts} counts of the pending documents ({requests} query requests, {per_count} a count)"
+    );
+    relay.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_wait_that_ends_with_documents_in_flight_counts_them_still_pending() {
+    let (_emulator, relay) = relay_holding_confirms().await;
+
+    // Shorter than the chain's three held confirms: documents are still in flight at its end.
+    let error = relay.relay_idle(Duration::from_secs(3)).await.unwrap_err();
+
+    // Counted, not cut short: the chain's first confirm may have landed by then.
+    assert!(
+        matches!(error, RelayNotIdle::StillPending { pending: 1..=3, .. }),
+        "{error}"
     );
     relay.shutdown().await;
 }

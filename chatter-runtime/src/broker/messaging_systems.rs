@@ -27,7 +27,7 @@ use crate::message::BrokeredMessage;
 /// [`RuntimeBuilder::broker_for`]: crate::RuntimeBuilder::broker_for
 pub struct MessagingSystems {
     default: Arc<dyn Broker>,
-    /// By name as registered; looked up ignoring ASCII case.
+    /// By name, ASCII-lowercased: names are compared ignoring ASCII case.
     named: BTreeMap<String, Arc<dyn Broker>>,
 }
 
@@ -49,12 +49,14 @@ impl MessagingSystems {
         }
     }
 
-    /// Adds `broker` for the messages whose context names `messaging_system` (trimmed). A name
-    /// given twice keeps the later broker; [`RuntimeBuilder::start`](crate::RuntimeBuilder::start)
-    /// refuses that, and a blank name, before it gets here.
+    /// Adds `broker` for the messages whose context names `messaging_system` (trimmed, ignoring
+    /// ASCII case); it wins over the default broker's own system name. A name given twice
+    /// (ignoring case) keeps the later broker;
+    /// [`RuntimeBuilder::start`](crate::RuntimeBuilder::start) refuses that, and a blank name,
+    /// before it gets here.
     pub fn with(mut self, messaging_system: &str, broker: Arc<dyn Broker>) -> Self {
         self.named
-            .insert(messaging_system.trim().to_owned(), broker);
+            .insert(messaging_system.trim().to_ascii_lowercase(), broker);
         self
     }
 
@@ -79,11 +81,7 @@ impl MessagingSystems {
                 });
             }
         };
-        if let Some((_, broker)) = self
-            .named
-            .iter()
-            .find(|(registered, _)| registered.eq_ignore_ascii_case(name))
-        {
+        if let Some(broker) = self.named.get(&name.to_ascii_lowercase()) {
             return Ok(broker.as_ref());
         }
         if self.default.messaging_system().eq_ignore_ascii_case(name) {

@@ -364,9 +364,19 @@ fn parse_endpoint(endpoint: &str) -> Result<AccountEndpoint, CosmosStoreError> {
         .trim()
         .parse()
         .map_err(|source| CosmosStoreError::InvalidEndpoint {
-            endpoint: endpoint.to_owned(),
+            endpoint: without_secrets(endpoint),
             source,
         })
+}
+
+/// `endpoint` as an error may show it: a connection string pasted in its place
+/// (`AccountEndpoint=...;AccountKey=...`) or a URL with a query keeps only what comes before
+/// its first `;` or `?`, so a key in it is never printed.
+fn without_secrets(endpoint: &str) -> String {
+    match endpoint.find([';', '?']) {
+        Some(at) => format!("{}...", &endpoint[..at]),
+        None => endpoint.to_owned(),
+    }
 }
 
 /// The Microsoft Entra ID credential the environment chooses.
@@ -485,5 +495,13 @@ mod tests {
         ] {
             assert!(error.to_string().contains(named), "{named}: {error}");
         }
+    }
+
+    #[test]
+    fn an_invalid_endpoint_holding_a_key_is_never_shown_with_it() {
+        let pasted = "AccountEndpoint=https://acct.documents.azure.com:443/;AccountKey=c2VjcmV0;";
+        let error = parse_endpoint(pasted).unwrap_err().to_string();
+        assert!(!error.contains("c2VjcmV0"), "{error}");
+        assert!(error.contains("AccountEndpoint=https://acct"), "{error}");
     }
 }

@@ -18,6 +18,8 @@ const POLL: Duration = Duration::from_millis(100);
 /// How often this process's relay is asked whether it still has documents in flight (no
 /// request: a look at its in-flight limit).
 const IN_FLIGHT_POLL: Duration = Duration::from_millis(5);
+/// The most of a wait kept for its last count (half of shorter waits).
+const COUNT_RESERVE: Duration = Duration::from_secs(1);
 
 /// [`Runtime::relay_idle`](crate::Runtime::relay_idle) gave up: pending Outbox Documents remain.
 #[derive(Debug, thiserror::Error)]
@@ -112,9 +114,12 @@ pub(crate) async fn wait_until_idle(
     within: Duration,
 ) -> Result<(), RelayNotIdle> {
     let deadline = tokio::time::Instant::now() + within;
+    // The last count keeps this much of `within` for itself, so documents in flight up to the
+    // deadline end in `StillPending` with a count, not a count cut short into `Store`.
+    let counting_from = deadline - (within / 2).min(COUNT_RESERVE);
     loop {
         if let Some(in_flight) = &watched.in_flight {
-            while !in_flight.holds_none() && tokio::time::Instant::now() < deadline {
+            while !in_flight.holds_none() && tokio::time::Instant::now() < counting_from {
                 tokio::time::sleep(IN_FLIGHT_POLL).await;
             }
         }
@@ -136,7 +141,9 @@ pub(crate) async fn wait_until_idle(
                 source: Box::new(source),
             },
         };
-        if tokio::time::Instant::now() + POLL >= deadline {
+        // Past the time kept for the last count, that count was the last.
+        let now = tokio::time::Instant::now();
+        if now + POLL >= deadline || now >= counting_from {
             return Err(last);
         }
         tokio::time::sleep(POLL).await;

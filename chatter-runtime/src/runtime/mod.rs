@@ -139,20 +139,21 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Uses this broker instead of a new [`InMemoryBroker`]: the default broker, for the
-    /// messages whose context names no messaging system (or this broker's own
-    /// [`messaging_system`](Broker::messaging_system)); see [`broker_for`](Self::broker_for)
-    /// for the others.
+    /// Uses this broker instead of a new [`InMemoryBroker`]: the consumers' broker, and the
+    /// relay's for every message unless brokers are also given by messaging system
+    /// ([`broker_for`](Self::broker_for)).
     pub fn broker(mut self, broker: impl Broker) -> Self {
         self.broker = Some(Arc::new(broker));
         self
     }
 
-    /// Publishes the messages whose context names `messaging_system` (its
+    /// The relay publishes the messages whose context names `messaging_system` (its
     /// `Chatter.Infrastructure.Type`, compared ignoring ASCII case) through `broker`, as the .NET
-    /// module chooses its dispatcher per message; the others go through the default
-    /// [`broker`](Self::broker), which the consumers also subscribe to. A message naming a
-    /// messaging system no broker is given for is refused
+    /// module chooses its dispatcher per message; a message naming none, or the default
+    /// [`broker`](Self::broker)'s own [`messaging_system`](Broker::messaging_system) (unless it
+    /// was given here too: a name given here wins), goes through the default broker, which the
+    /// consumers use. Once any broker is given here, a message naming a messaging system no
+    /// broker is given for is refused
     /// ([`Refusal::UnknownMessagingSystem`](crate::broker::Refusal::UnknownMessagingSystem)):
     /// its document stays pending and its lease shows as blocked, naming the missing system.
     /// A blank name, or one given twice, fails [`start`](Self::start)
@@ -300,7 +301,9 @@ impl RuntimeBuilder {
             Some(broker) => broker,
             None => Arc::new(InMemoryBroker::new()),
         };
-        let broker = by_messaging_system(broker, self.brokers_by_system);
+        // The relay publishes through the broker each message names; the consumers (and their
+        // retry copies and dead letters, which keep the delivery's context) use the default.
+        let relay_broker = by_messaging_system(broker.clone(), self.brokers_by_system);
         // The global providers are read now: set them before `start()`.
         let telemetry = Telemetry::resolve(self.meter, self.tracer);
         let charges = Arc::new(RequestMeter::default());
@@ -316,7 +319,7 @@ impl RuntimeBuilder {
             .collect();
         let relay = match relay_specs {
             Some(specs) => {
-                Some(RelayHost::start_specs(broker.clone(), specs, &charges, &telemetry).await?)
+                Some(RelayHost::start_specs(relay_broker, specs, &charges, &telemetry).await?)
             }
             None => None,
         };
@@ -825,13 +828,17 @@ fn check_messaging_systems(named: &[(String, Arc<dyn Broker>)]) -> Result<(), St
     Ok(())
 }
 
-/// Every broker, chosen per message by its messaging system: even with the default broker
-/// alone, a message naming another system is refused rather than published where it was not
-/// meant to go.
+/// The relay's broker: the default alone, or, once brokers were given by messaging system,
+/// every one chosen per message (a message naming a system without a broker is then refused).
+/// Without `broker_for` every message goes to the default broker whatever it names, as before
+/// brokers could be chosen: a .NET writer's system name must not block a relay that has one.
 fn by_messaging_system(
     default: Arc<dyn Broker>,
     named: Vec<(String, Arc<dyn Broker>)>,
 ) -> Arc<dyn Broker> {
+    if named.is_empty() {
+        return default;
+    }
     let systems = named
         .into_iter()
         .fold(MessagingSystems::new(default), |systems, (name, broker)| {
