@@ -98,16 +98,20 @@ async fn a_token_credential_reaches_the_store_as_an_entra_id_token_never_a_key_s
 }
 
 #[tokio::test]
-async fn a_credential_that_hands_out_no_token_fails_the_connect_naming_the_endpoint() {
+async fn a_credential_that_hands_out_no_token_fails_the_connect_saying_so() {
     let (emulator, _keyed) = emulator_server().await;
 
     let error = CosmosConnection::connect_with_credential(emulator.endpoint(), Arc::new(NoToken))
         .await
         .unwrap_err();
 
-    assert!(
-        matches!(error, CosmosStoreError::Unreachable { .. }),
-        "{error}"
-    );
+    assert!(matches!(error, CosmosStoreError::NoToken { .. }), "{error}");
     assert!(error.to_string().contains(emulator.endpoint()), "{error}");
+    assert!(error.to_string().contains("CHATTER_COSMOS_KEY"), "{error}");
+    // The credential's own reason is in the chain.
+    let chain = chatter_runtime::ErrorChain(&error).to_string();
+    assert!(
+        chain.contains("no managed identity on this machine"),
+        "{chain}"
+    );
 }

@@ -121,6 +121,16 @@ impl CosmosConnection {
                     diagnostics = format!("{source:#}"),
                     "Cosmos DB connect failed"
                 );
+                // 401 with sub-status 20402: the SDK's "credential gave no token".
+                let status = source.status();
+                if u16::from(status.status_code()) == 401
+                    && status.sub_status().map(u16::from) == Some(20402)
+                {
+                    return CosmosStoreError::NoToken {
+                        endpoint: endpoint.clone(),
+                        source,
+                    };
+                }
                 CosmosStoreError::Unreachable {
                     endpoint: endpoint.clone(),
                     source,

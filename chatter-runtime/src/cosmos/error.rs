@@ -89,6 +89,21 @@ pub enum CosmosStoreError {
         endpoint: String,
     },
 
+    /// The Microsoft Entra ID credential handed out no token (e.g. no managed identity on this
+    /// machine, or no `az login`): nothing reached the account.
+    #[error(
+        "no Microsoft Entra ID token for Cosmos DB endpoint {endpoint}: the credential could not \
+         get one (set {KEY_ENV} to use an account key, or {CREDENTIAL_ENV} to choose another \
+         credential)"
+    )]
+    NoToken {
+        /// The endpoint.
+        endpoint: String,
+        /// The SDK's error, with the credential's own.
+        #[source]
+        source: CosmosError,
+    },
+
     /// [`CREDENTIAL_ENV`] names no credential chatter knows.
     #[error(
         "{CREDENTIAL_ENV}=`{value}` names no credential: use `managed-identity` or \
