@@ -3,6 +3,7 @@
 //! ```text
 //! chatter outbox pending       --database shop --container orders [--json]
 //! chatter outbox undeliverable --database shop --container orders [--json]
+//! chatter leases --database shop --container orders-leases [--expiry-seconds 30] [--json]
 //! ```
 //!
 //! The account comes from `--endpoint` or `CHATTER_COSMOS_ENDPOINT`; its key from
@@ -10,7 +11,8 @@
 //! history), and none for a loopback emulator or, for a remote account, Microsoft Entra ID
 //! (`CHATTER_COSMOS_CREDENTIAL`). The key is never printed.
 //!
-//! Exit codes: 0 done (nothing undeliverable), 1 `undeliverable` found documents, 2 bad input
+//! Exit codes: 0 done (nothing undeliverable, every lease served), 1 `undeliverable` found
+//! documents or `leases` found a lease nobody serves (free or expired), 2 bad input
 //! (flags, endpoint, key file, credential choice, a database or container that does not exist),
 //! 3 the store could not be read.
 
@@ -19,7 +21,9 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use chatter_runtime::cosmos::{CosmosConnection, CosmosStoreError, ENDPOINT_ENV};
-use chatter_runtime::operator::{OutboxSurvey, survey_outbox};
+use chatter_runtime::operator::{
+    LeaseServed, LeaseView, OutboxSurvey, survey_leases, survey_outbox,
+};
 use clap::{Args, Parser, Subcommand};
 
 /// What is stuck in a container chatter relays.
@@ -45,6 +49,18 @@ enum Command {
     /// The Outbox Documents of a container.
     #[command(subcommand)]
     Outbox(Outbox),
+    /// The leases of a lease container: each feed range's owner, last write and checkpoint
+    /// (exit code 1 when a lease is free or expired: no relay serves its range).
+    Leases(Leases),
+}
+
+#[derive(Debug, Args)]
+struct Leases {
+    #[command(flatten)]
+    at: Container,
+    /// The processors' lease expiry: a lease its owner has not written for longer is expired.
+    #[arg(long, default_value_t = 30)]
+    expiry_seconds: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -61,7 +77,7 @@ struct Container {
     /// The database.
     #[arg(long)]
     database: String,
-    /// The container the outbox documents are in.
+    /// The container: the outbox documents' (`outbox`), the leases' (`leases`).
     #[arg(long)]
     container: String,
 }
@@ -119,6 +135,16 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             print(cli.json, &survey, undeliverable_table);
             Ok(u8::from(!survey.undeliverable.is_empty()))
         }
+        Command::Leases(Leases { at, expiry_seconds }) => {
+            let expiry = std::time::Duration::from_secs(*expiry_seconds);
+            let leases = survey_leases(&cosmos, &at.database, &at.container, expiry)
+                .await
+                .map_err(|error| read_failed("the leases", at, &error))?;
+            print(cli.json, leases.as_slice(), leases_table);
+            Ok(u8::from(
+                leases.iter().any(|lease| lease.state != LeaseServed::Owned),
+            ))
+        }
     }
 }
 
@@ -154,20 +180,23 @@ async fn connect(cli: &Cli) -> Result<CosmosConnection, Failure> {
 async fn survey(cosmos: &CosmosConnection, at: &Container) -> Result<OutboxSurvey, Failure> {
     survey_outbox(cosmos, &at.database, &at.container)
         .await
-        .map_err(|error| {
-            let message = format!(
-                "cannot read the outbox of {}/{}: {}",
-                at.database,
-                at.container,
-                chain(&error)
-            );
-            // A database or container that does not exist was named wrongly: bad input.
-            if error.status() == Some(404) {
-                Failure::Input(message)
-            } else {
-                Failure::Store(message)
-            }
-        })
+        .map_err(|error| read_failed("the outbox", at, &error))
+}
+
+/// Reading `what` of `at` failed: a database or container that does not exist was named
+/// wrongly (bad input); anything else is the store's.
+fn read_failed(what: &str, at: &Container, error: &CosmosStoreError) -> Failure {
+    let message = format!(
+        "cannot read {what} of {}/{}: {}",
+        at.database,
+        at.container,
+        chain(error)
+    );
+    if error.status() == Some(404) {
+        Failure::Input(message)
+    } else {
+        Failure::Store(message)
+    }
 }
 
 /// An error and its causes on one line.
@@ -175,7 +204,7 @@ fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     chatter_runtime::ErrorChain(error).to_string()
 }
 
-fn print(json: bool, survey: &OutboxSurvey, table: fn(&OutboxSurvey) -> String) {
+fn print<T: serde::Serialize + ?Sized>(json: bool, survey: &T, table: fn(&T) -> String) {
     if json {
         match serde_json::to_string_pretty(survey) {
             Ok(text) => println!("{text}"),
@@ -242,6 +271,47 @@ fn undeliverable_table(survey: &OutboxSurvey) -> String {
         "{}{} undeliverable\n",
         columns(&rows),
         survey.undeliverable.len()
+    )
+}
+
+fn leases_table(leases: &[LeaseView]) -> String {
+    if leases.is_empty() {
+        return "no leases\n".to_owned();
+    }
+    let now = now();
+    let mut rows = vec![[
+        "PROCESSOR".to_owned(),
+        "LEASE".to_owned(),
+        "OWNER".to_owned(),
+        "LAST WRITTEN".to_owned(),
+        "CHECKPOINTED".to_owned(),
+        "STATE".to_owned(),
+    ]];
+    for lease in leases {
+        rows.push([
+            lease.processor.clone(),
+            lease.lease_token.clone(),
+            lease.owner.clone().unwrap_or_else(|| "-".to_owned()),
+            lease
+                .last_written_at
+                .map_or_else(|| "?".to_owned(), |at| when(at, now)),
+            if lease.checkpointed { "yes" } else { "no" }.to_owned(),
+            match lease.state {
+                LeaseServed::Owned => "owned",
+                LeaseServed::Expired => "EXPIRED (its owner stopped writing it)",
+                LeaseServed::Free => "FREE (no relay serves it)",
+            }
+            .to_owned(),
+        ]);
+    }
+    let unserved = leases
+        .iter()
+        .filter(|lease| lease.state != LeaseServed::Owned)
+        .count();
+    format!(
+        "{}{} leases, {unserved} not served\n",
+        columns(&rows),
+        leases.len()
     )
 }
 

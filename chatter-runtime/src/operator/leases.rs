@@ -1,0 +1,95 @@
+//! The leases of a lease container, as the store holds them: who owns each feed range, when
+//! its owner last wrote it, whether it was ever checkpointed. Read with one query, so it sees
+//! every processor's leases (a lease container may serve several).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use azure_data_cosmos::Query;
+use azure_data_cosmos::feed::FeedScope;
+use cosmos_change_feed::LeaseDocument;
+use futures::StreamExt;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::cosmos::{CosmosConnection, CosmosStoreError};
+
+/// One lease as the store holds it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LeaseView {
+    /// The change-feed processor it belongs to (the relay's: `chatter-cosmos-outbox-relay:...`).
+    pub processor: String,
+    /// Its feed range, `{min}-{max}`.
+    pub lease_token: String,
+    /// The instance that owns it; `None` when free.
+    pub owner: Option<String>,
+    /// When it was last written (`_ts`, seconds since the Unix epoch, the store's clock).
+    pub last_written_at: Option<i64>,
+    /// Whether a checkpoint was ever written to it.
+    pub checkpointed: bool,
+    /// Who serves it now, judged against the lease expiry given.
+    pub state: LeaseServed,
+}
+
+/// Whether a lease is served.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseServed {
+    /// An owner wrote it within the expiry.
+    Owned,
+    /// Its owner has not written it for longer than the expiry: that instance is gone or
+    /// stuck, and another one may take it.
+    Expired,
+    /// Nobody owns it (released, or never taken): no relay serves its range now.
+    Free,
+}
+
+/// Every lease document in `database`/`container`, by processor and lease token; `expiry` is the
+/// processors' lease expiry (the relay's default is 30 s). Documents that are not leases are
+/// skipped.
+///
+/// # Errors
+///
+/// [`CosmosStoreError`]: the container cannot be reached or the query fails.
+pub async fn survey_leases(
+    cosmos: &CosmosConnection,
+    database: &str,
+    container: &str,
+    expiry: Duration,
+) -> Result<Vec<LeaseView>, CosmosStoreError> {
+    const OPERATION: &str = "query_items";
+    let container = cosmos.container(database, container).await?;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let expiry = i64::try_from(expiry.as_secs()).unwrap_or(i64::MAX);
+    let mut items = container
+        .query_items::<Value>(
+            Query::from("SELECT * FROM c"),
+            FeedScope::full_container(),
+            None,
+        )
+        .await
+        .map_err(|e| CosmosStoreError::request(OPERATION, e))?;
+    let mut leases = Vec::new();
+    while let Some(item) = items.next().await {
+        let item = item.map_err(|e| CosmosStoreError::request(OPERATION, e))?;
+        let Ok(lease) = serde_json::from_value::<LeaseDocument>(item) else {
+            continue;
+        };
+        let state = match (&lease.owner, lease.server_timestamp) {
+            (None, _) => LeaseServed::Free,
+            (Some(_), Some(at)) if now.saturating_sub(at) > expiry => LeaseServed::Expired,
+            (Some(_), _) => LeaseServed::Owned,
+        };
+        leases.push(LeaseView {
+            processor: lease.processor_name,
+            lease_token: lease.lease_token,
+            owner: lease.owner,
+            last_written_at: lease.server_timestamp,
+            checkpointed: lease.continuation_token.is_some(),
+            state,
+        });
+    }
+    leases.sort_by(|a, b| (&a.processor, &a.lease_token).cmp(&(&b.processor, &b.lease_token)));
+    Ok(leases)
+}
