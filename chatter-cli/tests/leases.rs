@@ -2,42 +2,20 @@
 //! processor owning the leases: each lease's owner and state, and exit code 1 once the
 //! processor released them (no relay serves their ranges).
 
-use std::process::{Command, Output};
+mod common;
+
 use std::time::Duration;
 
-use chatter_emulator::EmulatorServer;
-use chatter_runtime::cosmos::{CosmosConnection, provision};
+use chatter_runtime::cosmos::provision;
+use common::{DB, chatter, served_store, stdout};
 use cosmos_change_feed::{ChangeFeedBatch, ChangeFeedProcessor, ChangeFeedProcessorOptions};
 use serde_json::Value;
-
-const DB: &str = "shop";
-
-async fn chatter(endpoint: &str, args: &[&str]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_chatter"));
-    command
-        .args(args)
-        .env_remove("CHATTER_COSMOS_KEY")
-        .env("CHATTER_COSMOS_ENDPOINT", endpoint);
-    // The emulator serves on this test's runtime: the blocking wait goes elsewhere.
-    tokio::task::spawn_blocking(move || command.output().unwrap())
-        .await
-        .unwrap()
-}
 
 const LEASES: [&str; 5] = ["leases", "--database", DB, "--container", "orders-leases"];
 
 #[tokio::test(flavor = "multi_thread")]
 async fn each_lease_shows_its_owner_and_a_released_one_is_reported_free() {
-    let emulator = EmulatorServer::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap()
-        .spawn();
-    let cosmos = CosmosConnection::connect(emulator.endpoint(), None)
-        .await
-        .unwrap();
-    provision::ensure_container(&cosmos, DB, "orders", &["/orderId"])
-        .await
-        .unwrap();
+    let (emulator, cosmos) = served_store("orders").await;
     provision::ensure_lease_container(&cosmos, DB, "orders-leases")
         .await
         .unwrap();
@@ -61,19 +39,19 @@ async fn each_lease_shows_its_owner_and_a_released_one_is_reported_free() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let owned = chatter(emulator.endpoint(), &LEASES).await;
-    let text = String::from_utf8_lossy(&owned.stdout).into_owned();
-    assert_eq!(
-        owned.status.code(),
-        Some(0),
-        "{text}{}",
-        String::from_utf8_lossy(&owned.stderr)
-    );
+    let owned = chatter(Some(emulator.endpoint()), None, &LEASES).await;
+    let text = stdout(&owned);
+    assert_eq!(owned.status.code(), Some(0), "{text}");
     assert_eq!(text.matches("host-1").count(), 4, "{text}");
     assert!(text.ends_with("4 leases, 0 not served\n"), "{text}");
 
     processor.shutdown().await;
-    let released = chatter(emulator.endpoint(), &[&LEASES[..], &["--json"]].concat()).await;
+    let released = chatter(
+        Some(emulator.endpoint()),
+        None,
+        &[&LEASES[..], &["--json"]].concat(),
+    )
+    .await;
     assert_eq!(released.status.code(), Some(1), "nobody serves them now");
     let leases: Value = serde_json::from_slice(&released.stdout).unwrap();
     let leases = leases.as_array().unwrap();

@@ -2,31 +2,21 @@
 //! exit codes (0 done, 1 undeliverable documents found, 2 bad input, 3 the store unreadable),
 //! and an account key that never reaches its output.
 
-use std::process::{Command, Output};
+mod common;
 
-use chatter_emulator::{EmulatorServer, RunningEmulator};
+use chatter_emulator::RunningEmulator;
 use chatter_runtime::BrokeredMessage;
-use chatter_runtime::cosmos::{CosmosConnection, partition_key, provision};
+use chatter_runtime::cosmos::partition_key;
 use chatter_runtime::testing::{OutboxDocument, create_item};
+use common::{DB, chatter, served_store, stderr, stdout};
 use serde_json::{Value, json};
 
-const DB: &str = "shop";
 const CONTAINER: &str = "orders";
-const KEY_ENV: &str = "CHATTER_COSMOS_KEY";
 
 /// A served emulator whose `shop/orders` holds two pending documents for `order-events`, one
 /// for `payments`, and one stamped undeliverable because its destination is blank.
 async fn store() -> RunningEmulator {
-    let emulator = EmulatorServer::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap()
-        .spawn();
-    let cosmos = CosmosConnection::connect(emulator.endpoint(), None)
-        .await
-        .unwrap();
-    provision::ensure_container(&cosmos, DB, CONTAINER, &["/orderId"])
-        .await
-        .unwrap();
+    let (emulator, cosmos) = served_store(CONTAINER).await;
     let orders = cosmos.container(DB, CONTAINER).await.unwrap();
     let write = |message_id: &str, destination: &str| {
         let message = BrokeredMessage::json(message_id, destination, r#"{"orderId":"o-1"}"#);
@@ -47,32 +37,6 @@ async fn store() -> RunningEmulator {
             .unwrap();
     }
     emulator
-}
-
-/// Runs `chatter` with `args` against `endpoint` (none: the variable unset), without a key in
-/// its environment unless `key` is given.
-async fn chatter(endpoint: Option<&str>, key: Option<&str>, args: &[&str]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_chatter"));
-    command.args(args).env_remove(KEY_ENV);
-    command.env_remove("CHATTER_COSMOS_ENDPOINT");
-    if let Some(endpoint) = endpoint {
-        command.env("CHATTER_COSMOS_ENDPOINT", endpoint);
-    }
-    if let Some(key) = key {
-        command.env(KEY_ENV, key);
-    }
-    // The emulator serves on this test's runtime: the blocking wait goes elsewhere.
-    tokio::task::spawn_blocking(move || command.output().unwrap())
-        .await
-        .unwrap()
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 const AT: [&str; 4] = ["--database", DB, "--container", CONTAINER];
@@ -150,16 +114,7 @@ async fn undeliverable_names_each_documents_violations_and_exits_1() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_empty_outbox_has_nothing_undeliverable_and_exits_0() {
-    let emulator = EmulatorServer::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap()
-        .spawn();
-    let cosmos = CosmosConnection::connect(emulator.endpoint(), None)
-        .await
-        .unwrap();
-    provision::ensure_container(&cosmos, DB, CONTAINER, &["/orderId"])
-        .await
-        .unwrap();
+    let (emulator, _cosmos) = served_store(CONTAINER).await;
 
     let output = chatter(
         Some(emulator.endpoint()),

@@ -1,0 +1,56 @@
+//! What the `chatter` binary's tests share: a served store, and running the binary.
+// Each test binary compiles this module and uses a part of it.
+#![allow(dead_code)]
+
+use std::process::{Command, Output};
+
+use chatter_emulator::{EmulatorServer, RunningEmulator};
+use chatter_runtime::cosmos::{CosmosConnection, provision};
+
+pub(crate) const DB: &str = "shop";
+pub(crate) const KEY_ENV: &str = "CHATTER_COSMOS_KEY";
+const ENDPOINT_ENV: &str = "CHATTER_COSMOS_ENDPOINT";
+
+/// `chatter-emulator` served over HTTP on a free port, with `DB`/`container` (partitioned by
+/// `/orderId`) in it.
+pub(crate) async fn served_store(container: &str) -> (RunningEmulator, CosmosConnection) {
+    let emulator = EmulatorServer::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+        .spawn();
+    let cosmos = CosmosConnection::connect(emulator.endpoint(), None)
+        .await
+        .unwrap();
+    provision::ensure_container(&cosmos, DB, container, &["/orderId"])
+        .await
+        .unwrap();
+    (emulator, cosmos)
+}
+
+/// Runs `chatter` with `args` against `endpoint` (none: the variable unset), without a key in
+/// its environment unless `key` is given.
+pub(crate) async fn chatter(endpoint: Option<&str>, key: Option<&str>, args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_chatter"));
+    command
+        .args(args)
+        .env_remove(KEY_ENV)
+        .env_remove(ENDPOINT_ENV);
+    if let Some(endpoint) = endpoint {
+        command.env(ENDPOINT_ENV, endpoint);
+    }
+    if let Some(key) = key {
+        command.env(KEY_ENV, key);
+    }
+    // The emulator serves on the test's runtime: the blocking wait goes elsewhere.
+    tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap()
+}
+
+pub(crate) fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+pub(crate) fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
