@@ -202,8 +202,18 @@ impl RequestCounts {
             Some(path) => format!("{method} /{}", path.trim_matches('/')),
             None => method,
         };
+        self.count(&key)
+    }
+
+    /// The count under `key` (0 if none).
+    fn count(&self, key: &str) -> u64 {
         let counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        counts.get(&key).copied().unwrap_or(0)
+        counts.get(key).copied().unwrap_or(0)
+    }
+
+    /// The count of requests whose `Authorization` scheme is `scheme`.
+    fn authorizations(&self, scheme: &str) -> u64 {
+        self.count(&format!("authorization {scheme}"))
     }
 }
 
@@ -362,11 +372,7 @@ impl RunningEmulator {
     /// resource token), `"other"` (another type) or `"none"` (no header, or one that names no
     /// type).
     pub fn authorization_count(&self, scheme: &str) -> u64 {
-        let counts = self.counts.0.lock().unwrap_or_else(|p| p.into_inner());
-        counts
-            .get(&format!("authorization {scheme}"))
-            .copied()
-            .unwrap_or(0)
+        self.counts.authorizations(scheme)
     }
 
     /// How many requests with HTTP `method` to the feed `path` (e.g. `"GET"` and

@@ -5,12 +5,14 @@
 //!
 //! Every failure keeps the HTTP status code (see [`CosmosStoreError::status`]).
 
-use azure_data_cosmos::TransactionalBatch;
 use azure_data_cosmos::clients::ContainerClient;
+use azure_data_cosmos::feed::FeedScope;
 use azure_data_cosmos::models::{PartitionKey, PatchInstructions, PatchOperation};
 use azure_data_cosmos::options::{
     BatchDeleteOptions, BatchReplaceOptions, PatchItemOptions, PatchStrategy, Precondition,
 };
+use azure_data_cosmos::{Query, TransactionalBatch};
+use futures::StreamExt;
 use serde_json::Value;
 
 use super::error::CosmosStoreError;
@@ -399,6 +401,24 @@ struct ContainerResource {
 struct PartitionKeyResource {
     #[serde(default)]
     paths: Option<Vec<String>>,
+}
+
+/// Runs `query` over every partition of `container` and hands each result to `each` as it
+/// arrives (nothing is collected: a backlog can be large).
+pub(crate) async fn query_each(
+    container: &ContainerClient,
+    query: Query,
+    mut each: impl FnMut(Value),
+) -> Result<(), CosmosStoreError> {
+    const OPERATION: &str = "query_items";
+    let mut items = container
+        .query_items::<Value>(query, FeedScope::full_container(), None)
+        .await
+        .map_err(|e| CosmosStoreError::request(OPERATION, e))?;
+    while let Some(item) = items.next().await {
+        each(item.map_err(|e| CosmosStoreError::request(OPERATION, e))?);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -5,12 +5,10 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use azure_data_cosmos::Query;
-use azure_data_cosmos::feed::FeedScope;
 use cosmos_change_feed::LeaseDocument;
-use futures::StreamExt;
 use serde::Serialize;
-use serde_json::Value;
 
+use crate::cosmos::store::query_each;
 use crate::cosmos::{CosmosConnection, CosmosStoreError};
 
 /// One lease as the store holds it.
@@ -56,25 +54,15 @@ pub async fn survey_leases(
     container: &str,
     expiry: Duration,
 ) -> Result<Vec<LeaseView>, CosmosStoreError> {
-    const OPERATION: &str = "query_items";
     let container = cosmos.container(database, container).await?;
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
     let expiry = i64::try_from(expiry.as_secs()).unwrap_or(i64::MAX);
-    let mut items = container
-        .query_items::<Value>(
-            Query::from("SELECT * FROM c"),
-            FeedScope::full_container(),
-            None,
-        )
-        .await
-        .map_err(|e| CosmosStoreError::request(OPERATION, e))?;
     let mut leases = Vec::new();
-    while let Some(item) = items.next().await {
-        let item = item.map_err(|e| CosmosStoreError::request(OPERATION, e))?;
+    query_each(&container, Query::from("SELECT * FROM c"), |item| {
         let Ok(lease) = serde_json::from_value::<LeaseDocument>(item) else {
-            continue;
+            return;
         };
         let state = match (&lease.owner, lease.server_timestamp) {
             (None, _) => LeaseServed::Free,
@@ -89,7 +77,8 @@ pub async fn survey_leases(
             checkpointed: lease.continuation_token.is_some(),
             state,
         });
-    }
+    })
+    .await?;
     leases.sort_by(|a, b| (&a.processor, &a.lease_token).cmp(&(&b.processor, &b.lease_token)));
     Ok(leases)
 }

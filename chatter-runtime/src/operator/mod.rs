@@ -4,7 +4,7 @@
 //! prints these.
 
 mod leases;
-mod outbox;
+pub(crate) mod outbox;
 
 pub use leases::{LeaseServed, LeaseView, survey_leases};
 pub use outbox::{OutboxSurvey, PendingByDestination, UndeliverableDocument, survey_outbox};

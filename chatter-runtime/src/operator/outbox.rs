@@ -5,17 +5,32 @@
 use std::collections::BTreeMap;
 
 use azure_data_cosmos::Query;
-use azure_data_cosmos::feed::FeedScope;
-use futures::StreamExt;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::cosmos::store::query_each;
 use crate::cosmos::{CosmosConnection, CosmosStoreError};
 use crate::document::outbox::{
     DESTINATION_FIELD, DISCRIMINATOR_FIELD, ID_FIELD, MESSAGE_ID_FIELD, STATUS_FIELD,
     STATUS_PENDING, STATUS_UNDELIVERABLE,
 };
 use crate::document::{id, outbox_contract};
+
+/// What the pending gate ([`is_pending_outbox`]) reads of a document, as a query's `SELECT`
+/// list.
+pub(crate) fn gate_fields() -> String {
+    format!("c.{ID_FIELD}, c.{MESSAGE_ID_FIELD}, c.{DISCRIMINATOR_FIELD}, c.{STATUS_FIELD}")
+}
+
+/// The Outbox Documents with `status`, `select`ing what the caller reads (`*`: everything).
+pub(crate) fn outbox_query(select: &str, status: &str) -> Result<Query, CosmosStoreError> {
+    Query::from(format!(
+        "SELECT {select} FROM c WHERE c.{DISCRIMINATOR_FIELD} = @kind AND c.{STATUS_FIELD} = @status"
+    ))
+    .with_parameter("@kind", id::OUTBOX_KIND)
+    .and_then(|q| q.with_parameter("@status", status.to_owned()))
+    .map_err(|e| CosmosStoreError::codec("query_items", e))
+}
 
 /// A container's Outbox Documents that are not delivered.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -72,31 +87,19 @@ pub async fn survey_outbox(
     database: &str,
     container: &str,
 ) -> Result<OutboxSurvey, CosmosStoreError> {
-    const OPERATION: &str = "query_items";
     let container = cosmos.container(database, container).await?;
-    let query = |select: &str, status: &str| {
-        Query::from(format!(
-            "SELECT {select} FROM c WHERE c.{DISCRIMINATOR_FIELD} = @kind AND c.{STATUS_FIELD} = @status"
-        ))
-        .with_parameter("@kind", id::OUTBOX_KIND)
-        .and_then(|q| q.with_parameter("@status", status.to_owned()))
-        .map_err(|e| CosmosStoreError::codec(OPERATION, e))
-    };
     let mut survey = OutboxSurvey::default();
 
-    let pending = query(
+    let pending = outbox_query(
         &format!("c.{ID_FIELD}, c.{MESSAGE_ID_FIELD}, c.{DESTINATION_FIELD}, c._ts"),
         STATUS_PENDING,
     )?;
-    let mut items = container
-        .query_items::<Value>(pending, FeedScope::full_container(), None)
-        .await
-        .map_err(|e| CosmosStoreError::request(OPERATION, e))?;
-    while let Some(item) = items.next().await {
-        let item = item.map_err(|e| CosmosStoreError::request(OPERATION, e))?;
-        let destination = text(&item, DESTINATION_FIELD);
+    query_each(&container, pending, |item| {
         let written_at = item.get("_ts").and_then(Value::as_i64);
-        let entry = survey.pending.entry(destination).or_default();
+        let entry = survey
+            .pending
+            .entry(text(&item, DESTINATION_FIELD))
+            .or_default();
         entry.count += 1;
         let older = match (written_at, entry.oldest_written_at) {
             (Some(at), Some(oldest)) => at < oldest,
@@ -107,15 +110,11 @@ pub async fn survey_outbox(
             entry.oldest_written_at = written_at;
             entry.oldest_message_id = Some(text(&item, MESSAGE_ID_FIELD));
         }
-    }
+    })
+    .await?;
 
-    let undeliverable = query("*", STATUS_UNDELIVERABLE)?;
-    let mut items = container
-        .query_items::<Value>(undeliverable, FeedScope::full_container(), None)
-        .await
-        .map_err(|e| CosmosStoreError::request(OPERATION, e))?;
-    while let Some(item) = items.next().await {
-        let doc = item.map_err(|e| CosmosStoreError::request(OPERATION, e))?;
+    let undeliverable = outbox_query("*", STATUS_UNDELIVERABLE)?;
+    query_each(&container, undeliverable, |doc| {
         let violations = match outbox_contract::verify(&doc) {
             Ok(_) => Vec::new(),
             Err(found) => found.violations.iter().map(ToString::to_string).collect(),
@@ -127,7 +126,8 @@ pub async fn survey_outbox(
             stamped_at: doc.get("_ts").and_then(Value::as_i64),
             violations,
         });
-    }
+    })
+    .await?;
     survey
         .undeliverable
         .sort_by(|a, b| (a.stamped_at, &a.id).cmp(&(b.stamped_at, &b.id)));

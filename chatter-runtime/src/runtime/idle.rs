@@ -4,13 +4,10 @@
 
 use std::time::Duration;
 
-use azure_data_cosmos::Query;
-use azure_data_cosmos::feed::FeedScope;
-use futures::StreamExt;
-use serde_json::Value;
-
+use crate::cosmos::store::query_each;
 use crate::cosmos::{CosmosConnection, CosmosStoreError};
 use crate::document;
+use crate::operator::outbox::{gate_fields, outbox_query};
 use crate::relay::drain::InFlightLimit;
 
 /// How often the pending documents are counted while waiting.
@@ -72,32 +69,19 @@ pub(crate) struct Drained {
 pub(crate) async fn pending_outbox_documents(
     drained: &[Drained],
 ) -> Result<usize, CosmosStoreError> {
-    const OPERATION: &str = "query_items";
     let mut pending = 0;
     for target in drained {
         let container = target
             .cosmos
             .container(&target.database, &target.container)
             .await?;
-        let query = Query::from(format!(
-            "SELECT c.id, c.{message_id}, c.{kind}, c.{status} FROM c WHERE c.{kind} = @kind AND c.{status} = @pending",
-            message_id = document::outbox::MESSAGE_ID_FIELD,
-            kind = document::outbox::DISCRIMINATOR_FIELD,
-            status = document::outbox::STATUS_FIELD,
-        ))
-        .with_parameter("@kind", document::id::OUTBOX_KIND)
-        .and_then(|q| q.with_parameter("@pending", document::outbox::STATUS_PENDING))
-        .map_err(|e| CosmosStoreError::codec(OPERATION, e))?;
-        let mut items = container
-            .query_items::<Value>(query, FeedScope::full_container(), None)
-            .await
-            .map_err(|e| CosmosStoreError::request(OPERATION, e))?;
-        while let Some(item) = items.next().await {
-            let item = item.map_err(|e| CosmosStoreError::request(OPERATION, e))?;
+        let query = outbox_query(&gate_fields(), document::outbox::STATUS_PENDING)?;
+        query_each(&container, query, |item| {
             if document::is_pending_outbox(&item) {
                 pending += 1;
             }
-        }
+        })
+        .await?;
     }
     Ok(pending)
 }
