@@ -14,7 +14,8 @@ use serde_json::{Value, json};
 const CONTAINER: &str = "orders";
 
 /// A served emulator whose `shop/orders` holds two pending documents for `order-events`, one
-/// for `payments`, and one stamped undeliverable because its destination is blank.
+/// for `payments`, one stamped undeliverable because its destination is blank, and one for
+/// `payments` that only looks pending.
 async fn store() -> RunningEmulator {
     let (emulator, cosmos) = served_store(CONTAINER).await;
     let orders = cosmos.container(DB, CONTAINER).await.unwrap();
@@ -31,6 +32,11 @@ async fn store() -> RunningEmulator {
     poison["Destination"] = json!(" ");
     poison["status"] = json!("undeliverable");
     docs.push(poison);
+    // Only looks pending: an id chatter never mints for its message id. The relay skips it, so
+    // it is no backlog.
+    let mut foreign = write("m-foreign", "payments");
+    foreign["id"] = json!("not-an-outbox-id");
+    docs.push(foreign);
     for doc in &docs {
         create_item(&orders, partition_key(&[json!("o-1")]).unwrap(), doc)
             .await

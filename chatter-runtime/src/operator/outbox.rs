@@ -14,7 +14,7 @@ use crate::document::outbox::{
     DESTINATION_FIELD, DISCRIMINATOR_FIELD, ID_FIELD, MESSAGE_ID_FIELD, STATUS_FIELD,
     STATUS_PENDING, STATUS_UNDELIVERABLE,
 };
-use crate::document::{id, outbox_contract};
+use crate::document::{id, is_pending_outbox, outbox_contract};
 
 /// What the pending gate ([`is_pending_outbox`]) reads of a document, as a query's `SELECT`
 /// list.
@@ -35,8 +35,9 @@ pub(crate) fn outbox_query(select: &str, status: &str) -> Result<Query, CosmosSt
 /// A container's Outbox Documents that are not delivered.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct OutboxSurvey {
-    /// The pending documents, by destination (a document without a readable destination is
-    /// counted under `""`).
+    /// The pending documents the relay will publish, by destination (a document without a
+    /// readable destination is counted under `""`); one that only looks pending (an id chatter
+    /// did not mint for its message id) is skipped, as the relay skips it.
     pub pending: BTreeMap<String, PendingByDestination>,
     /// Every `undeliverable` document, oldest first.
     pub undeliverable: Vec<UndeliverableDocument>,
@@ -90,11 +91,16 @@ pub async fn survey_outbox(
     let container = cosmos.container(database, container).await?;
     let mut survey = OutboxSurvey::default();
 
+    // Counted as the relay's gate sees them: a document that only looks pending is never
+    // relayed, so it is no backlog.
     let pending = outbox_query(
-        &format!("c.{ID_FIELD}, c.{MESSAGE_ID_FIELD}, c.{DESTINATION_FIELD}, c._ts"),
+        &format!("{}, c.{DESTINATION_FIELD}, c._ts", gate_fields()),
         STATUS_PENDING,
     )?;
     query_each(&container, pending, |item| {
+        if !is_pending_outbox(&item) {
+            return;
+        }
         let written_at = item.get("_ts").and_then(Value::as_i64);
         let entry = survey
             .pending
