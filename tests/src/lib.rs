@@ -21,6 +21,7 @@
 //! | [`callgrind`] | [`callgrind::profile`]: a benchmark binary run under valgrind's callgrind, its instruction total; [`callgrind::invocation`] / [`callgrind::profile_modes`]: the driver and its measuring children |
 //! | [`telemetry`] | OpenTelemetry SDK providers over in-memory exporters: [`telemetry::Metrics`], [`telemetry::Spans`] |
 //! | `rabbitmq` (feature `rabbitmq`) | the RabbitMQ URI, bounded connect / subscribe / delete |
+//! | `nats` (feature `nats`) | the shared NATS server, streams of a test's own, `nats-server` processes of a test's own |
 
 mod support {
     pub mod broker;
@@ -28,6 +29,8 @@ mod support {
     pub mod change_feed;
     pub mod commands;
     pub mod logs;
+    #[cfg(feature = "nats")]
+    pub mod nats;
     pub mod process;
     pub mod proxy;
     #[cfg(feature = "rabbitmq")]
@@ -39,6 +42,8 @@ mod support {
     pub mod wait;
 }
 
+#[cfg(feature = "nats")]
+pub use support::nats;
 #[cfg(feature = "rabbitmq")]
 pub use support::rabbitmq;
 pub use support::{

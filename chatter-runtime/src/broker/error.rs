@@ -92,6 +92,18 @@ pub enum BrokerError {
         #[source]
         source: Option<Box<BrokerError>>,
     },
+    /// The broker is set up in a way chatter cannot rely on (found by
+    /// [`Broker::verify`](super::Broker::verify) when the runtime starts): `setting` names what
+    /// to change and `fix` how.
+    #[error("broker setting {setting} {problem}; {fix}")]
+    Misconfigured {
+        /// The setting, e.g. ``duplicate_window of stream `ORDERS` ``.
+        setting: String,
+        /// What is wrong with its value.
+        problem: String,
+        /// What an operator does about it.
+        fix: String,
+    },
     /// The broker client failed (connection refused or lost, channel closed by the server...).
     #[error("broker {operation} failed")]
     Transport {
@@ -114,6 +126,7 @@ impl BrokerError {
             Self::Undecodable { .. } => "chatter_runtime::BrokerError::Undecodable",
             Self::SettlementLost { .. } => "chatter_runtime::BrokerError::SettlementLost",
             Self::Timeout { .. } => "chatter_runtime::BrokerError::Timeout",
+            Self::Misconfigured { .. } => "chatter_runtime::BrokerError::Misconfigured",
             Self::Transport { .. } => "chatter_runtime::BrokerError::Transport",
         }
     }
@@ -170,6 +183,9 @@ pub enum Refusal {
     TooLarge,
     /// The broker has no route to the destination (the message was returned as unroutable).
     Unroutable,
+    /// No stream of the broker stores the destination's subject (NATS JetStream: the publish
+    /// found no responders).
+    NoStream,
     /// The message's context names a messaging system (`Chatter.Infrastructure.Type`) the
     /// runtime has no broker for ([`MessagingSystems`](super::MessagingSystems)).
     UnknownMessagingSystem,
@@ -198,6 +214,10 @@ impl Refusal {
             }
             Self::Unroutable => {
                 "the broker has no route to the destination: declare the queue or bind it"
+            }
+            Self::NoStream => {
+                "no JetStream stream stores the subject: add it to a stream's subjects \
+                 (`nats stream edit <stream> --subjects ...`, or `nats stream add`)"
             }
             Self::UnknownMessagingSystem => {
                 "register a broker under that name (`RuntimeBuilder::broker_for`) and restart, \

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-use super::{Broker, BrokerError, Refusal, Subscription};
+use super::{Broker, BrokerContract, BrokerError, Refusal, Subscription};
 use crate::document::outbox::INFRASTRUCTURE_TYPE_CONTEXT_KEY;
 use crate::message::BrokeredMessage;
 
@@ -138,5 +138,25 @@ impl Broker for MessagingSystems {
 
     fn messaging_system(&self) -> &'static str {
         self.default.messaging_system()
+    }
+
+    /// The default broker against the whole `contract` (it serves the consumers); each named
+    /// broker against its republish bound only, as the destinations it will carry are not
+    /// known before messages name it.
+    fn verify<'a>(
+        &'a self,
+        contract: &'a BrokerContract,
+    ) -> BoxFuture<'a, Result<(), BrokerError>> {
+        Box::pin(async move {
+            self.default.verify(contract).await?;
+            let relay_only = BrokerContract {
+                destinations: Vec::new(),
+                republish_within: contract.republish_within,
+            };
+            for broker in self.named.values() {
+                broker.verify(&relay_only).await?;
+            }
+            Ok(())
+        })
     }
 }

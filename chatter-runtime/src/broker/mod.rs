@@ -14,11 +14,18 @@
 //! | --- | --- | --- |
 //! | [`InMemoryBroker`] | always | in-process queues, the embedded default |
 //! | `RabbitMqBroker` | `rabbitmq` | RabbitMQ through `lapin`: publisher confirms, durable queues, persistent messages, manual ack |
+//! | `NatsBroker` | `nats` | NATS JetStream through `async-nats`: publish acks, `Nats-Msg-Id` deduplication, durable pull consumers, explicit ack |
 //! | [`MessagingSystems`] | always | several brokers, one chosen per message by the messaging system its context names |
+//!
+//! A broker that counts a message's deliveries itself and redelivers it after a delay (JetStream)
+//! says so through [`Delivery::delivery_count`]: the runtime's consumers then retry a failed
+//! delivery with [`Delivery::nack_after`] instead of publishing a copy of it.
 
 mod error;
 mod in_memory;
 mod messaging_systems;
+#[cfg(feature = "nats")]
+mod nats;
 #[cfg(feature = "rabbitmq")]
 mod rabbitmq;
 
@@ -35,6 +42,12 @@ use futures::stream::BoxStream;
 pub use error::{BrokerError, Refusal, TransportError};
 pub use in_memory::InMemoryBroker;
 pub use messaging_systems::MessagingSystems;
+#[cfg(feature = "nats")]
+pub use nats::{
+    CONTEXT_HEADER as NATS_CONTEXT_HEADER,
+    DEAD_LETTER_REASON_HEADER as NATS_DEAD_LETTER_REASON_HEADER, DEFAULT_ACK_WAIT,
+    MESSAGE_ID_HEADER as NATS_MESSAGE_ID_HEADER, MIN_MAX_PAYLOAD, NatsBroker,
+};
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq::{
     CONTEXT_HEADER, DEAD_LETTER_REASON_HEADER, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PUBLISH_TIMEOUT,
@@ -59,10 +72,35 @@ pub(crate) async fn bounded<T>(
     })
 }
 
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+/// `uri` without its password, for logs and error messages.
+pub(crate) fn redact_uri(uri: &str) -> String {
+    match (uri.find("://"), uri.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &uri[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{}{user}:***{}", &uri[..scheme + 3], &uri[at..])
+        }
+        _ => uri.to_owned(),
+    }
+}
+
 /// The destination the dead letters of `destination` go to: `<destination>.dead-letter` on the
 /// same broker.
 pub fn dead_letter_destination(destination: &str) -> String {
     format!("{destination}.dead-letter")
+}
+
+/// What chatter needs of a broker's setup, checked by [`Broker::verify`] when the runtime starts.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct BrokerContract {
+    /// The destinations the runtime consumes and dead-letters to: each command's destination
+    /// and its [`dead_letter_destination`].
+    pub destinations: Vec<String>,
+    /// The longest time after a message's first publish at which the relay may publish it again
+    /// (a lease taken over after its expiry, then a drain suspension's window).
+    pub republish_within: std::time::Duration,
 }
 
 /// A message broker the runtime publishes to and consumes from.
@@ -120,6 +158,17 @@ pub trait Broker: Send + Sync + 'static {
     fn messaging_system(&self) -> &'static str {
         "chatter"
     }
+
+    /// Whether this broker's setup meets `contract`, checked once when the runtime starts:
+    /// `Err` (best [`BrokerError::Misconfigured`], naming the setting to change) refuses the
+    /// start. The default accepts every setup.
+    fn verify<'a>(
+        &'a self,
+        contract: &'a BrokerContract,
+    ) -> BoxFuture<'a, Result<(), BrokerError>> {
+        let _ = contract;
+        Box::pin(async { Ok(()) })
+    }
 }
 
 impl<B: Broker + ?Sized> Broker for Arc<B> {
@@ -149,6 +198,13 @@ impl<B: Broker + ?Sized> Broker for Arc<B> {
     fn messaging_system(&self) -> &'static str {
         (**self).messaging_system()
     }
+
+    fn verify<'a>(
+        &'a self,
+        contract: &'a BrokerContract,
+    ) -> BoxFuture<'a, Result<(), BrokerError>> {
+        (**self).verify(contract)
+    }
 }
 
 /// How a broker implementation settles one [`Delivery`]; [`Delivery`] calls exactly one of these
@@ -166,6 +222,26 @@ pub trait Settle: Send + Sync + 'static {
     /// never.
     fn is_stale(&self) -> bool {
         false
+    }
+    /// How many times the broker has delivered this message, this delivery included, when the
+    /// broker counts that itself and can deliver it again after a delay
+    /// ([`nack_after`](Settle::nack_after)). The default: `None`, the broker does not.
+    fn delivery_count(&self) -> Option<u32> {
+        None
+    }
+    /// The message was not handled: the broker must deliver it again after `delay`. The
+    /// default nacks at once.
+    fn nack_after(
+        self: Box<Self>,
+        delay: std::time::Duration,
+    ) -> BoxFuture<'static, Result<(), BrokerError>> {
+        let _ = delay;
+        self.nack()
+    }
+    /// The message will never be handled (it was dead-lettered): the broker must not deliver it
+    /// again. The default acks it.
+    fn term(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {
+        self.ack()
     }
 }
 
@@ -216,6 +292,33 @@ impl Delivery {
     pub async fn nack(mut self) -> Result<(), BrokerError> {
         match self.settle.take() {
             Some(settle) => settle.nack().await,
+            None => Ok(()),
+        }
+    }
+
+    /// How many times the broker delivered this message, this delivery included, when the
+    /// broker counts deliveries itself (NATS JetStream); `None` when it does not (RabbitMQ,
+    /// whose retries carry their count in the message's context instead).
+    pub fn delivery_count(&self) -> Option<u32> {
+        self.settle
+            .as_ref()
+            .and_then(|settle| settle.delivery_count())
+    }
+
+    /// The message was not handled: have the broker deliver it again once `delay` has passed
+    /// (a broker without delayed redelivery delivers it again at once).
+    pub async fn nack_after(mut self, delay: std::time::Duration) -> Result<(), BrokerError> {
+        match self.settle.take() {
+            Some(settle) => settle.nack_after(delay).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The message will never be handled (it was dead-lettered): the broker drops it for good
+    /// (JetStream `term`; an ack elsewhere).
+    pub async fn term(mut self) -> Result<(), BrokerError> {
+        match self.settle.take() {
+            Some(settle) => settle.term().await,
             None => Ok(()),
         }
     }

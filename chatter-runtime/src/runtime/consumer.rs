@@ -304,7 +304,7 @@ impl Consumer {
             delivery.discard();
             return;
         }
-        let attempt = attempt_of(&delivery.message);
+        let attempt = attempt_of(&delivery);
         let result = self.attempt(&delivery, attempt, body).await;
         self.settle(delivery, attempt, result).await;
     }
@@ -422,9 +422,17 @@ impl Consumer {
     }
 
     /// Publishes the next attempt, then acks this one; if that publish fails, nacks instead
-    /// (the broker redelivers; the attempt is not counted).
+    /// (the broker redelivers; the attempt is not counted). A broker that counts deliveries
+    /// itself (JetStream) is asked to deliver this one again after the redelivery delay.
     async fn retry(&self, delivery: Delivery, attempt: u32) {
         let name = self.command.registration.command_name;
+        if delivery.delivery_count().is_some() {
+            let message_id = delivery.message.message_id.clone();
+            if let Err(error) = delivery.nack_after(self.redelivery_delay).await {
+                self.settlement_failed(&message_id, "delayed nack", &error);
+            }
+            return;
+        }
         tokio::select! {
             _ = self.cancel.cancelled() => {}
             () = tokio::time::sleep(self.redelivery_delay) => {}
@@ -443,8 +451,9 @@ impl Consumer {
         }
     }
 
-    /// Publishes `delivery` to the dead-letter destination with `reason`, then acks it; if that
-    /// publish fails, nacks it, so nothing is dropped.
+    /// Publishes `delivery` to the dead-letter destination with `reason`, then acks it (terms
+    /// it, on a broker that tells the two apart); if that publish fails, nacks it, so nothing
+    /// is dropped.
     async fn dead_letter(&self, delivery: Delivery, attempt: u32, reason: &str) {
         let name = self.command.registration.command_name;
         let source = self.command.registration.destination;
@@ -469,7 +478,10 @@ impl Consumer {
                     reason,
                     "chatter dead-lettered a delivery"
                 );
-                self.ack(delivery, "ack after dead-lettering").await;
+                let message_id = delivery.message.message_id.clone();
+                if let Err(error) = delivery.term().await {
+                    self.settlement_failed(&message_id, "ack after dead-lettering", &error);
+                }
             }
             Err(error) => {
                 tracing::error!(command = name, message_id, error = %ErrorChain(&error), reason, "chatter consumer: could not dead-letter the delivery; returning it to the broker");
@@ -554,15 +566,20 @@ impl Drop for Lane {
     }
 }
 
-/// This delivery's attempt number: 1 for a first delivery.
-fn attempt_of(message: &BrokeredMessage) -> u32 {
-    message
+/// This delivery's attempt number: 1 for a first delivery. The count its context carries (a
+/// retry copy's), plus the broker's own count of this copy's deliveries past the first where
+/// the broker keeps one (JetStream redelivers instead of taking copies).
+fn attempt_of(delivery: &Delivery) -> u32 {
+    let carried = delivery
+        .message
         .context
         .get(ATTEMPTS_CONTEXT_KEY)
         .and_then(Value::as_u64)
         .and_then(|n| u32::try_from(n).ok())
         .filter(|n| *n >= 1)
-        .unwrap_or(1)
+        .unwrap_or(1);
+    let redeliveries = delivery.delivery_count().unwrap_or(1).max(1) - 1;
+    carried.saturating_add(redeliveries)
 }
 
 fn log_outcome(name: &str, message_id: &str, outcome: Outcome) {

@@ -107,6 +107,14 @@ pub enum StartError {
     /// no delivery could ever be handled.
     #[error("the delivery timeout must be greater than zero")]
     ZeroDeliveryTimeout,
+    /// The broker's setup does not meet what chatter needs of it
+    /// ([`Broker::verify`](crate::broker::Broker::verify)); the error names the setting.
+    #[error("the broker is not set up as chatter needs")]
+    Broker {
+        /// What [`verify`](crate::broker::Broker::verify) found.
+        #[source]
+        source: BrokerError,
+    },
     /// A command's destination could not be consumed.
     #[error("chatter could not subscribe to destination `{destination}`")]
     Subscribe {

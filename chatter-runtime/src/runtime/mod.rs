@@ -304,6 +304,12 @@ impl RuntimeBuilder {
         // The relay publishes through the broker each message names; the consumers (and their
         // retry copies and dead letters, which keep the delivery's context) use the default.
         let relay_broker = by_messaging_system(broker.clone(), self.brokers_by_system);
+        // The brokers' own setup, before anything publishes or consumes.
+        let contract = broker_contract(&registry, self.consume, relay_specs.is_some(), options);
+        let verifying = relay_broker.verify(&contract);
+        crate::broker::bounded(|| "verify".to_owned(), publish_timeout, verifying)
+            .await
+            .map_err(|source| StartError::Broker { source })?;
         // The global providers are read now: set them before `start()`.
         let telemetry = Telemetry::resolve(self.meter, self.tracer);
         let charges = Arc::new(RequestMeter::default());
@@ -832,6 +838,31 @@ fn check_messaging_systems(named: &[(String, Arc<dyn Broker>)]) -> Result<(), St
 /// every one chosen per message (a message naming a system without a broker is then refused).
 /// Without `broker_for` every message goes to the default broker whatever it names, as before
 /// brokers could be chosen: a .NET writer's system name must not block a relay that has one.
+/// What the runtime needs of its brokers: the destinations its consumers read and dead-letter
+/// to, and how long after a first publish the relay may publish a message again.
+fn broker_contract(
+    registry: &Registry,
+    consume: bool,
+    relay: bool,
+    options: &RelayOptions,
+) -> crate::broker::BrokerContract {
+    let mut contract = crate::broker::BrokerContract::default();
+    if consume {
+        for command in registry.commands() {
+            let destination = command.registration.destination;
+            contract.destinations.push(destination.to_owned());
+            contract
+                .destinations
+                .push(dead_letter_destination(destination));
+        }
+    }
+    if relay {
+        contract.republish_within =
+            options.processor.lease_expiry + crate::relay::suspension::SUSPENSION_WINDOW;
+    }
+    contract
+}
+
 fn by_messaging_system(
     default: Arc<dyn Broker>,
     named: Vec<(String, Arc<dyn Broker>)>,

@@ -17,6 +17,7 @@ use lapin::{Channel, Connection, ConnectionProperties};
 
 use crate::backoff;
 use crate::broker::BrokerError;
+pub(super) use crate::broker::redact_uri as redact;
 use crate::error_chain::ErrorChain;
 
 /// The state every clone of one [`RabbitMqBroker`](super::RabbitMqBroker) shares.
@@ -266,18 +267,6 @@ impl Inner {
 
     pub(super) fn set_connect_timeout(&self, timeout: Duration) {
         *lock(&self.connect_timeout) = timeout;
-    }
-}
-
-/// `uri` without its password, for logs and error messages.
-pub(super) fn redact(uri: &str) -> String {
-    match (uri.find("://"), uri.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &uri[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{}{user}:***{}", &uri[..scheme + 3], &uri[at..])
-        }
-        _ => uri.to_owned(),
     }
 }
 

@@ -1,0 +1,270 @@
+//! `NatsBroker` against real NATS servers: the machine's shared one (127.0.0.1:4222, streams
+//! of each test's own) and `nats-server` processes of a test's own where a server setting
+//! matters. Publish acks and `Nats-Msg-Id` deduplication, delayed redelivery counted by the
+//! server, dead-lettering what is no Brokered Message, the refusals an operator lifts, the
+//! start-time checks, and an outage through a TCP proxy.
+#![cfg(feature = "nats")]
+
+use std::time::Duration;
+
+use async_nats::jetstream::stream::Config;
+use chatter_runtime::BrokeredMessage;
+use chatter_runtime::broker::{
+    Broker, BrokerContract, BrokerError, NATS_DEAD_LETTER_REASON_HEADER, Refusal,
+};
+use chatter_runtime::dead_letter_destination;
+use chatter_tests::broker::{assert_quiet_for, next_delivery};
+use chatter_tests::nats::{self, NatsServer, TestStream};
+use chatter_tests::proxy::TcpProxy;
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(30);
+const WINDOW: Duration = Duration::from_secs(120);
+
+fn message(id: &str, destination: &str) -> BrokeredMessage {
+    let mut message = BrokeredMessage::json(id, destination, r#"{"orderId":"o-1"}"#);
+    message
+        .context
+        .insert("Chatter.Nested".into(), json!({ "a": [1, null, "x\ny"] }));
+    message
+}
+
+fn contract(destinations: &[&str], republish_within: Duration) -> BrokerContract {
+    let mut contract = BrokerContract::default();
+    contract.destinations = destinations.iter().map(|d| (*d).to_owned()).collect();
+    contract.republish_within = republish_within;
+    contract
+}
+
+#[tokio::test]
+async fn a_message_comes_back_as_published_and_an_acked_one_never_again() {
+    let broker = nats::connect(nats::URL).await;
+    let stream = TestStream::create(&broker, WINDOW).await;
+    let orders = stream.subject("orders");
+    let mut subscription = nats::subscribe(&broker, &orders).await;
+    let sent = message("m-1", &orders);
+    broker.publish(sent.clone()).await.unwrap();
+
+    let delivery = next_delivery(&mut subscription, WAIT).await;
+    assert_eq!(delivery.message, sent);
+    assert!(!delivery.redelivered);
+    assert_eq!(delivery.delivery_count(), Some(1));
+    delivery.ack().await.unwrap();
+    assert_quiet_for(&mut subscription, Duration::from_secs(1)).await;
+    stream.delete(&broker).await;
+}
+
+// The relay publishes a message again after a crash or a lease takeover: JetStream drops the
+// copy by its `Nats-Msg-Id` (the message id), and the publish still succeeds.
+#[tokio::test]
+async fn a_republish_within_the_duplicate_window_is_stored_once() {
+    let broker = nats::connect(nats::URL).await;
+    let stream = TestStream::create(&broker, WINDOW).await;
+    let orders = stream.subject("orders");
+    for _ in 0..3 {
+        broker.publish(message("m-1", &orders)).await.unwrap();
+    }
+    broker.publish(message("m-2", &orders)).await.unwrap();
+
+    let mut subscription = nats::subscribe(&broker, &orders).await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let delivery = next_delivery(&mut subscription, WAIT).await;
+        ids.push(delivery.message.message_id.clone());
+        delivery.ack().await.unwrap();
+    }
+    assert_eq!(ids, ["m-1", "m-2"]);
+    assert_quiet_for(&mut subscription, Duration::from_secs(1)).await;
+    stream.delete(&broker).await;
+}
+
+// A failed attempt is delivered again by the server after the delay, counted; a delivery
+// dropped unsettled comes back too.
+#[tokio::test]
+async fn a_delayed_nack_and_a_dropped_delivery_are_delivered_again_counted() {
+    let broker = nats::connect(nats::URL).await;
+    let stream = TestStream::create(&broker, WINDOW).await;
+    let orders = stream.subject("orders");
+    let mut subscription = nats::subscribe(&broker, &orders).await;
+    broker.publish(message("m-1", &orders)).await.unwrap();
+
+    let first = next_delivery(&mut subscription, WAIT).await;
+    let nacked_at = tokio::time::Instant::now();
+    first.nack_after(Duration::from_millis(700)).await.unwrap();
+    let second = next_delivery(&mut subscription, WAIT).await;
+    assert!(
+        nacked_at.elapsed() >= Duration::from_millis(600),
+        "the delay held"
+    );
+    assert!(second.redelivered);
+    assert_eq!(second.delivery_count(), Some(2));
+    drop(second);
+    let third = next_delivery(&mut subscription, WAIT).await;
+    assert_eq!(third.delivery_count(), Some(3));
+    third.term().await.unwrap();
+    assert_quiet_for(&mut subscription, Duration::from_secs(1)).await;
+    stream.delete(&broker).await;
+}
+
+// A subject no stream stores, and a message over the server's `max_payload`: refusals an
+// operator lifts (the relay keeps such documents pending), never permanent.
+#[tokio::test]
+async fn a_subject_without_a_stream_and_an_oversized_message_are_refused_not_undeliverable() {
+    let broker = nats::connect(nats::URL).await;
+    let nowhere = format!("chatter-test-nowhere-{}", uuid::Uuid::new_v4().simple());
+    let error = broker.publish(message("m-1", &nowhere)).await.unwrap_err();
+    assert_eq!(error.refusal(), Some(Refusal::NoStream), "{error}");
+    assert!(!error.is_permanent());
+    assert!(
+        error.to_string().contains("--subjects"),
+        "names the fix: {error}"
+    );
+
+    let stream = TestStream::create(&broker, WINDOW).await;
+    let mut large = message("m-2", &stream.subject("orders"));
+    large.body = format!("\"{}\"", "x".repeat(1_100_000));
+    let error = broker.publish(large).await.unwrap_err();
+    assert_eq!(error.refusal(), Some(Refusal::TooLarge), "{error}");
+    assert!(!error.is_permanent());
+    stream.delete(&broker).await;
+}
+
+// A foreign client's message without a message id is no Brokered Message: it is moved as it is
+// to `<subject>.dead-letter` with its reason, and not delivered again.
+#[tokio::test]
+async fn a_message_that_is_no_brokered_message_is_dead_lettered_verbatim() {
+    let broker = nats::connect(nats::URL).await;
+    let stream = TestStream::create(&broker, WINDOW).await;
+    let orders = stream.subject("orders");
+    let dead_letters = dead_letter_destination(&orders);
+    let mut subscription = nats::subscribe(&broker, &orders).await;
+    broker
+        .jetstream()
+        .publish(orders.clone(), "foreign".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+
+    let item = tokio::time::timeout(WAIT, subscription.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(item, Err(BrokerError::Undecodable { .. })),
+        "{item:?}"
+    );
+    let raw = broker.jetstream().get_stream(&stream.name).await.unwrap();
+    let letter = tokio::time::timeout(WAIT, async {
+        loop {
+            if let Ok(letter) = raw.get_last_raw_message_by_subject(&dead_letters).await {
+                return letter;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(letter.payload.as_ref(), b"foreign", "the payload is kept");
+    let reason = letter
+        .headers
+        .get(NATS_DEAD_LETTER_REASON_HEADER)
+        .expect("a reason header")
+        .as_str()
+        .to_owned();
+    assert!(reason.contains("Nats-Msg-Id"), "{reason}");
+    assert_quiet_for(&mut subscription, Duration::from_secs(1)).await;
+    stream.delete(&broker).await;
+}
+
+// What `start()` checks, on servers of the test's own: each refusal names the setting.
+#[tokio::test]
+async fn verify_refuses_each_setting_chatter_cannot_rely_on_naming_it() {
+    let small = NatsServer::with_max_payload("1MB").await;
+    let broker = nats::connect(&small.url()).await;
+    let error = broker.verify(&contract(&[], WINDOW)).await.unwrap_err();
+    assert!(error.to_string().contains("`max_payload`"), "{error}");
+    assert!(error.to_string().contains("max_payload: 2MB"), "{error}");
+
+    let server = NatsServer::start().await;
+    let broker = nats::connect(&server.url()).await;
+    let republish_within = Duration::from_secs(80);
+    let good = TestStream::create(&broker, Duration::from_secs(300)).await;
+    let orders = good.subject("orders");
+    let orders_letters = dead_letter_destination(&orders);
+    broker
+        .verify(&contract(&[&orders, &orders_letters], republish_within))
+        .await
+        .expect("a stream covering both subjects with a long enough window passes");
+
+    let error = broker
+        .verify(&contract(&["elsewhere.orders"], republish_within))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, BrokerError::Misconfigured { .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("`elsewhere.orders`"), "{error}");
+    assert!(error.to_string().contains("`subjects`"), "{error}");
+
+    let short = TestStream::create(&broker, Duration::from_secs(60)).await;
+    let error = broker
+        .verify(&contract(&[&short.subject("orders")], republish_within))
+        .await
+        .unwrap_err();
+    let text = error.to_string();
+    assert!(
+        text.contains(&format!("`duplicate_window` of stream `{}`", short.name)),
+        "{text}"
+    );
+    assert!(text.contains("--dupe-window"), "{text}");
+
+    let capped = format!("CAPPED_{}", uuid::Uuid::new_v4().simple());
+    broker
+        .jetstream()
+        .create_stream(Config {
+            name: capped.clone(),
+            subjects: vec!["capped.>".into()],
+            duplicate_window: Duration::from_secs(300),
+            max_message_size: 1024 * 1024,
+            ..Config::default()
+        })
+        .await
+        .unwrap();
+    let error = broker
+        .verify(&contract(&["capped.orders"], republish_within))
+        .await
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("`max_msg_size` of stream `{capped}`")),
+        "{error}"
+    );
+}
+
+// The network to the server is cut for 3 s: a publish made meanwhile waits and succeeds once it
+// is back, and the subscription consumes again by itself.
+#[tokio::test]
+async fn a_publish_during_an_outage_succeeds_after_it_and_the_subscription_resumes() {
+    let admin = nats::connect(nats::URL).await;
+    let stream = TestStream::create(&admin, WINDOW).await;
+    let orders = stream.subject("orders");
+    let proxy = TcpProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], 4222))).await;
+    let broker = nats::connect(&format!("nats://{}", proxy.addr())).await;
+    let mut subscription = nats::subscribe(&broker, &orders).await;
+    let liveness = subscription.liveness().clone();
+
+    proxy.cut_for(Duration::from_secs(3));
+    let published = broker.publish(message("during", &orders));
+    tokio::time::timeout(WAIT, published)
+        .await
+        .expect("the publish ends within its timeout")
+        .expect("the publish succeeds once the server is back");
+    let delivery = next_delivery(&mut subscription, WAIT).await;
+    assert_eq!(delivery.message.message_id, "during");
+    delivery.ack().await.unwrap();
+    assert!(liveness.is_live());
+    stream.delete(&admin).await;
+}
