@@ -4,8 +4,12 @@
 //! broker is cut off once for 5 s (a TCP proxy in front of RabbitMQ drops every connection and
 //! refuses new ones). Passes when no document is lost and every one is stamped delivered.
 //!
+//! The same run goes through NATS JetStream too (feature `nats`): the relays publish to a
+//! `nats-server` of the test's own through the proxy, and the stream's duplicate window drops
+//! the republishes.
+//!
 //! It prints its figures (kills, documents, lost, duplicates, drain time after the last fault);
-//! run it alone with `cargo test -p chatter-tests --features rabbitmq --test relay_chaos --
+//! run it alone with `cargo test -p chatter-tests --all-features --test relay_chaos --
 //! --nocapture` to see them.
 #![cfg(feature = "rabbitmq")]
 
@@ -33,11 +37,24 @@ const START_WAIT: Duration = Duration::from_secs(60);
 // The same `PlaceOrder` as `relay_worker`, so both register the same monitored container.
 include!("../src/relay_commands/place_order.rs");
 
-fn spawn_relay(endpoint: &str, broker_uri: &str) -> ChildProcess {
+/// The broker the relays publish to, behind the proxy.
+#[derive(Debug, Clone)]
+enum Through {
+    RabbitMq(String),
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    Nats(String),
+}
+
+fn spawn_relay(endpoint: &str, broker: &Through) -> ChildProcess {
     let mut command = Command::new(env!("CARGO_BIN_EXE_relay_worker"));
+    match broker {
+        Through::RabbitMq(uri) => command
+            .env("CHATTER_RABBITMQ_URI", uri)
+            .env_remove("CHATTER_NATS_URL"),
+        Through::Nats(url) => command.env("CHATTER_NATS_URL", url),
+    };
     command
         .env("CHATTER_COSMOS_ENDPOINT", endpoint)
-        .env("CHATTER_RABBITMQ_URI", broker_uri)
         .env("CHATTER_TEST_LEASE_EXPIRY_MS", "3000")
         .env_remove("CHATTER_COSMOS_KEY")
         .env_remove("CHATTER_TEST_HANG_AFTER_PUBLISH")
@@ -57,6 +74,39 @@ fn event_id(n: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relays_killed_at_random_and_a_broker_outage_lose_nothing() {
+    let direct = rabbitmq::connect(START_WAIT).await;
+    let queue = format!("chatter-test-chaos-{}", uuid::Uuid::new_v4().simple());
+    let received = Received::consume(rabbitmq::subscribe(&direct, &queue, START_WAIT).await);
+    let proxy = TcpProxy::start(rabbitmq::server_addr()).await;
+    let through = Through::RabbitMq(rabbitmq::uri_through(&proxy));
+    chaos(&proxy, &through, &queue, &received, direct.clone()).await;
+    rabbitmq::delete_queue(&direct, &queue, START_WAIT).await;
+}
+
+#[cfg(feature = "nats")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_killed_at_random_and_a_nats_outage_lose_nothing() {
+    use chatter_tests::nats::{self, NatsServer, TestStream};
+    let server = NatsServer::start().await;
+    let direct = nats::connect(&server.url()).await;
+    // The relays' republish bound: lease expiry 3 s plus the 60 s suspension window.
+    let stream = TestStream::create(&direct, Duration::from_secs(120)).await;
+    let events = stream.subject("chaos");
+    let received = Received::consume(nats::subscribe(&direct, &events).await);
+    let proxy = TcpProxy::start(server.addr()).await;
+    let through = Through::Nats(format!("nats://{}", proxy.addr()));
+    chaos(&proxy, &through, &events, &received, direct.clone()).await;
+}
+
+/// Three relays publishing to `broker` (through `proxy`) while 1,000 commands are written whose
+/// events go to `queue`, 20 kills and one outage; `received` consumes `queue` directly.
+async fn chaos(
+    proxy: &TcpProxy,
+    broker_uri: &Through,
+    queue: &str,
+    received: &Received,
+    direct: impl chatter_runtime::broker::Broker,
+) {
     let (emulator, cosmos) = emulator_server().await;
     let orders = provisioned_with_leases(
         &cosmos,
@@ -66,24 +116,18 @@ async fn relays_killed_at_random_and_a_broker_outage_lose_nothing() {
         "orders-leases",
     )
     .await;
-    let direct = rabbitmq::connect(START_WAIT).await;
-    let queue = format!("chatter-test-chaos-{}", uuid::Uuid::new_v4().simple());
-    let received = Received::consume(rabbitmq::subscribe(&direct, &queue, START_WAIT).await);
-    let proxy = TcpProxy::start(rabbitmq::server_addr()).await;
-    let broker_uri = rabbitmq::uri_through(&proxy);
-
     let mut relays = Vec::new();
     for _ in 0..RELAYS {
-        let mut relay = spawn_relay(emulator.endpoint(), &broker_uri);
+        let mut relay = spawn_relay(emulator.endpoint(), broker_uri);
         relay.line_starting_with("started", START_WAIT).await;
         relays.push(relay);
     }
 
     // The writer: the document tier in this process, paced so the faults land while it writes.
-    let writer = writer(&cosmos, direct.clone()).await;
+    let writer = writer(&cosmos, direct).await;
     let writing = {
         let writer = writer.clone();
-        let queue = queue.clone();
+        let queue = queue.to_owned();
         tokio::spawn(async move {
             for n in 0..DOCUMENTS {
                 let command = PlaceOrder {
@@ -106,7 +150,7 @@ async fn relays_killed_at_random_and_a_broker_outage_lose_nothing() {
             proxy.cut_for(OUTAGE);
         }
         let victim = random_below(RELAYS);
-        let mut successor = spawn_relay(emulator.endpoint(), &broker_uri);
+        let mut successor = spawn_relay(emulator.endpoint(), broker_uri);
         std::mem::swap(&mut relays[victim], &mut successor);
         successor.kill();
         relays[victim]
@@ -146,7 +190,7 @@ async fn relays_killed_at_random_and_a_broker_outage_lose_nothing() {
         .count();
     let duplicates: usize = counts.values().map(|c| c - 1).sum();
     println!(
-        "chaos: kills {KILLS}, broker outages 1 ({OUTAGE:?}), documents {DOCUMENTS}, lost {lost}, \
+        "chaos ({broker_uri:?}): kills {KILLS}, broker outages 1 ({OUTAGE:?}), documents {DOCUMENTS}, lost {lost}, \
          duplicates {duplicates} ({:.1}%), drained and stamped {drained_after:?} after the last fault and the last write",
         duplicates as f64 * 100.0 / DOCUMENTS as f64
     );
@@ -158,5 +202,4 @@ async fn relays_killed_at_random_and_a_broker_outage_lose_nothing() {
 
     drop(relays);
     writer.shutdown().await;
-    rabbitmq::delete_queue(&direct, &queue, START_WAIT).await;
 }

@@ -16,12 +16,15 @@
 //! - **Attempts survive restarts.** A failed delivery is not nacked: a copy carrying the next
 //!   attempt number in its context (`Chatter.Delivery.Attempts`) is published to the same
 //!   destination, then the original is acked. The count travels with the message, so neither a
-//!   consumer restart nor a broker restart resets it.
+//!   consumer restart nor a broker restart resets it. A broker that counts deliveries itself
+//!   ([`Delivery::delivery_count`], NATS JetStream, whose deduplication would drop such a copy)
+//!   is asked instead to deliver the original again after the redelivery delay, and its count is
+//!   the attempt number.
 //! - **Dead letters.** A delivery whose body is not the command's JSON or that has no message id
 //!   is dead-lettered at once; one that failed `max_delivery_attempts` times is dead-lettered
 //!   then. A dead letter keeps its id, body and context, adds `Chatter.DeadLetter.Reason` and
 //!   `Chatter.Delivery.Attempts`, and goes to `<destination>.dead-letter` on the same broker,
-//!   logged at Error.
+//!   logged at Error; the original is then acked (`term`ed on JetStream).
 //! - **Subscriptions.** A subscription the broker ends is made again with backoff, logged at
 //!   Error when it ends and at Info when it is back; the consumer never ends on its own.
 //! - **Shutdown.** Deliveries in progress finish and are settled; deliveries waiting behind

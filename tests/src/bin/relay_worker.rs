@@ -6,6 +6,8 @@
 //! `amqp://guest:guest@127.0.0.1:5672/%2f`), registers the same `PlaceOrder` command as the
 //! test, and runs the change-feed relay (no consumers) until its stdin is closed.
 //!
+//! - `CHATTER_NATS_URL` (feature `nats`): publish through NATS JetStream at that URL instead of
+//!   RabbitMQ.
 //! - `CHATTER_TEST_LEASE_EXPIRY_MS`: the lease expiry (default 3000 ms); the renew interval is
 //!   a quarter of it, so a killed worker's leases are taken over soon after.
 //! - `CHATTER_TEST_HANG_AFTER_PUBLISH=1`: publish through [`HangAfterPublish`], a test double
@@ -83,17 +85,29 @@ async fn run() -> Result<(), BoxError> {
     let expiry = Duration::from_millis(expiry_ms);
     let options = fast_relay(expiry).lease_renew_interval(expiry / 4);
     let cosmos = CosmosConnection::connect(&endpoint, None).await?;
-    // It may start while the broker is cut off (the chaos test): wait for it.
-    let rabbitmq = RabbitMqBroker::connect_retrying(&uri, Duration::from_secs(60)).await?;
     let builder = Runtime::builder()
         .cosmos(cosmos)
         .consume(false)
         .relay_options(options);
+    // It may start while the broker is cut off (the chaos test): wait for it.
+    #[cfg(feature = "nats")]
+    if let Some(url) = env("CHATTER_NATS_URL") {
+        let nats =
+            chatter_runtime::broker::NatsBroker::connect_retrying(&url, Duration::from_secs(60))
+                .await?;
+        return serve(builder.broker(nats), false).await;
+    }
+    let rabbitmq = RabbitMqBroker::connect_retrying(&uri, Duration::from_secs(60)).await?;
     let builder = if hang {
         builder.broker(HangAfterPublish(rabbitmq))
     } else {
         builder.broker(rabbitmq)
     };
+    serve(builder, hang).await
+}
+
+/// Starts the runtime, prints `started`, and runs until stdin closes.
+async fn serve(builder: chatter_runtime::RuntimeBuilder, hang: bool) -> Result<(), BoxError> {
     let runtime = builder.start().await?;
     println!("started");
 

@@ -11,8 +11,8 @@ use crate::runtime::DEAD_LETTER_REASON_CONTEXT_KEY;
 /// The header carrying a Brokered Message's `context`, as a JSON object string.
 pub const CONTEXT_HEADER: &str = "Chatter-Context";
 
-/// The header carrying a Brokered Message's `message_id` (its `Nats-Msg-Id` may differ: see
-/// [`nats_message_id`]).
+/// The header carrying a Brokered Message's `message_id` (its `Nats-Msg-Id` differs for a dead
+/// letter, which gets a random suffix so the stream never takes it for its original).
 pub const MESSAGE_ID_HEADER: &str = "Chatter-Message-Id";
 
 /// The header a dead-lettered delivery that is not a Brokered Message carries its reason in.
