@@ -3,6 +3,8 @@
 //! ```text
 //! chatter outbox pending       --database shop --container orders [--json]
 //! chatter outbox undeliverable --database shop --container orders [--json]
+//! chatter outbox requeue --database shop --container orders (--id ID... | --destination D | --violation TEXT) [--force] [--yes | --dry-run]
+//! chatter outbox give-up --database shop --container orders (--id ID... | --destination D) --reason TEXT [--yes | --dry-run]
 //! chatter leases --database shop --container orders-leases [--expiry-seconds 30] [--json]
 //! ```
 //!
@@ -11,20 +13,28 @@
 //! history), and none for a loopback emulator or, for a remote account, Microsoft Entra ID
 //! (`CHATTER_COSMOS_CREDENTIAL`). The key is never printed.
 //!
-//! Exit codes: 0 done (nothing undeliverable, every lease served), 1 `undeliverable` found
-//! documents or `leases` found a lease nobody serves (free or expired), 2 bad input
+//! `requeue` and `give-up` show what they will change and ask before writing (`--yes` does not
+//! ask; `--dry-run` only shows).
+//!
+//! Exit codes: 0 done (nothing undeliverable, every lease served, every selected document
+//! changed), 1 `undeliverable` found documents, `leases` found a lease nobody serves (free or
+//! expired), or a repair refused, missed or failed a document or was declined, 2 bad input
 //! (flags, endpoint, key file, credential choice, a database or container that does not exist),
 //! 3 the store could not be read.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use chatter_runtime::cosmos::{CosmosConnection, CosmosStoreError, ENDPOINT_ENV};
 use chatter_runtime::operator::{
-    LeaseServed, LeaseView, OutboxSurvey, survey_leases, survey_outbox,
+    LeaseServed, OutboxSurvey, Selection, plan_give_up, plan_requeue, survey_leases, survey_outbox,
 };
 use clap::{Args, Parser, Subcommand};
+
+mod repair;
+mod tables;
+
+use tables::{leases_table, pending_table, print, undeliverable_table};
 
 /// What is stuck in a container chatter relays.
 #[derive(Debug, Parser)]
@@ -70,6 +80,76 @@ enum Outbox {
     /// The documents stamped `undeliverable`, each with the contract violations found in it
     /// (exit code 1 when there is any).
     Undeliverable(Container),
+    /// Puts `undeliverable` documents back to `pending` once their cause is fixed; the relay
+    /// publishes them. One that still violates the contract is refused unless `--force`.
+    Requeue(Requeue),
+    /// Stamps `pending` documents `undeliverable` with a reason: the way past a document the
+    /// relay cannot publish (e.g. a broker that keeps refusing it). `requeue` undoes it.
+    GiveUp(GiveUp),
+}
+
+#[derive(Debug, Args)]
+struct Requeue {
+    #[command(flatten)]
+    at: Container,
+    #[command(flatten)]
+    select: RequeueSelection,
+    /// Requeue documents that still violate the contract too (the relay checks them again and
+    /// stamps them `undeliverable` again unless the violation no longer applies).
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    confirm: Confirm,
+}
+
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+struct RequeueSelection {
+    /// These documents (document id or message id; repeat the flag for several).
+    #[arg(long = "id")]
+    ids: Vec<String>,
+    /// Every undeliverable document for this destination.
+    #[arg(long)]
+    destination: Option<String>,
+    /// Every undeliverable document with a violation containing this text (needs `--force`:
+    /// they still violate it).
+    #[arg(long)]
+    violation: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct GiveUp {
+    #[command(flatten)]
+    at: Container,
+    #[command(flatten)]
+    select: GiveUpSelection,
+    /// Why, kept in the document (`chatterOperatorReason`) for whoever looks next.
+    #[arg(long)]
+    reason: String,
+    #[command(flatten)]
+    confirm: Confirm,
+}
+
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+struct GiveUpSelection {
+    /// These documents (document id or message id; repeat the flag for several).
+    #[arg(long = "id")]
+    ids: Vec<String>,
+    /// Every pending document for this destination.
+    #[arg(long)]
+    destination: Option<String>,
+}
+
+/// How a repair is confirmed.
+#[derive(Debug, Args)]
+struct Confirm {
+    /// Apply without asking.
+    #[arg(long, conflicts_with = "dry_run")]
+    yes: bool,
+    /// Show what would change and write nothing.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 #[derive(Debug, Args)]
@@ -134,6 +214,54 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             let survey = survey(&cosmos, at).await?;
             print(cli.json, &survey, undeliverable_table);
             Ok(u8::from(!survey.undeliverable.is_empty()))
+        }
+        Command::Outbox(Outbox::Requeue(requeue)) => {
+            let selection = match &requeue.select {
+                RequeueSelection {
+                    destination: Some(d),
+                    ..
+                } => Selection::Destination(d.clone()),
+                RequeueSelection {
+                    violation: Some(v), ..
+                } => Selection::Violation(v.clone()),
+                RequeueSelection { ids, .. } => Selection::Ids(ids.clone()),
+            };
+            let at = &requeue.at;
+            let plan = plan_requeue(
+                &cosmos,
+                &at.database,
+                &at.container,
+                &selection,
+                requeue.force,
+            )
+            .await
+            .map_err(|error| read_failed("the outbox", at, &error))?;
+            repair::run_plan(&cosmos, at, cli.json, "requeue", plan, &requeue.confirm).await
+        }
+        Command::Outbox(Outbox::GiveUp(give_up)) => {
+            if give_up.reason.trim().is_empty() {
+                return Err(Failure::Input(
+                    "--reason must say why (it is kept in the document)".into(),
+                ));
+            }
+            let selection = match &give_up.select {
+                GiveUpSelection {
+                    destination: Some(d),
+                    ..
+                } => Selection::Destination(d.clone()),
+                GiveUpSelection { ids, .. } => Selection::Ids(ids.clone()),
+            };
+            let at = &give_up.at;
+            let plan = plan_give_up(
+                &cosmos,
+                &at.database,
+                &at.container,
+                &selection,
+                give_up.reason.trim(),
+            )
+            .await
+            .map_err(|error| read_failed("the outbox", at, &error))?;
+            repair::run_plan(&cosmos, at, cli.json, "give-up", plan, &give_up.confirm).await
         }
         Command::Leases(Leases { at, expiry_seconds }) => {
             let expiry = std::time::Duration::from_secs(*expiry_seconds);
@@ -202,164 +330,4 @@ fn read_failed(what: &str, at: &Container, error: &CosmosStoreError) -> Failure 
 /// An error and its causes on one line.
 fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     chatter_runtime::ErrorChain(error).to_string()
-}
-
-fn print<T: serde::Serialize + ?Sized>(json: bool, survey: &T, table: fn(&T) -> String) {
-    if json {
-        match serde_json::to_string_pretty(survey) {
-            Ok(text) => println!("{text}"),
-            Err(error) => eprintln!("chatter: cannot write JSON: {error}"),
-        }
-    } else {
-        print!("{}", table(survey));
-    }
-}
-
-fn pending_table(survey: &OutboxSurvey) -> String {
-    if survey.pending.is_empty() {
-        return "no pending outbox documents\n".to_owned();
-    }
-    let now = now();
-    let mut rows = vec![[
-        "DESTINATION".to_owned(),
-        "PENDING".to_owned(),
-        "OLDEST WRITTEN".to_owned(),
-        "OLDEST MESSAGE ID".to_owned(),
-    ]];
-    for (destination, pending) in &survey.pending {
-        rows.push([
-            destination.clone(),
-            pending.count.to_string(),
-            pending
-                .oldest_written_at
-                .map_or_else(|| "?".to_owned(), |at| when(at, now)),
-            pending.oldest_message_id.clone().unwrap_or_default(),
-        ]);
-    }
-    format!(
-        "{}{} pending in all\n",
-        columns(&rows),
-        survey.pending_count()
-    )
-}
-
-fn undeliverable_table(survey: &OutboxSurvey) -> String {
-    if survey.undeliverable.is_empty() {
-        return "no undeliverable outbox documents\n".to_owned();
-    }
-    let now = now();
-    let mut rows = vec![[
-        "MESSAGE ID".to_owned(),
-        "DESTINATION".to_owned(),
-        "STAMPED".to_owned(),
-        "VIOLATIONS".to_owned(),
-    ]];
-    for doc in &survey.undeliverable {
-        rows.push([
-            doc.message_id.clone(),
-            doc.destination.clone(),
-            doc.stamped_at
-                .map_or_else(|| "?".to_owned(), |at| when(at, now)),
-            if doc.violations.is_empty() {
-                "none now (it passes the contract)".to_owned()
-            } else {
-                doc.violations.join("; ")
-            },
-        ]);
-    }
-    format!(
-        "{}{} undeliverable\n",
-        columns(&rows),
-        survey.undeliverable.len()
-    )
-}
-
-fn leases_table(leases: &[LeaseView]) -> String {
-    if leases.is_empty() {
-        return "no leases\n".to_owned();
-    }
-    let now = now();
-    let mut rows = vec![[
-        "PROCESSOR".to_owned(),
-        "LEASE".to_owned(),
-        "OWNER".to_owned(),
-        "LAST WRITTEN".to_owned(),
-        "CHECKPOINTED".to_owned(),
-        "STATE".to_owned(),
-    ]];
-    for lease in leases {
-        rows.push([
-            lease.processor.clone(),
-            lease.lease_token.clone(),
-            lease.owner.clone().unwrap_or_else(|| "-".to_owned()),
-            lease
-                .last_written_at
-                .map_or_else(|| "?".to_owned(), |at| when(at, now)),
-            if lease.checkpointed { "yes" } else { "no" }.to_owned(),
-            match lease.state {
-                LeaseServed::Owned => "owned",
-                LeaseServed::Expired => "EXPIRED (its owner stopped writing it)",
-                LeaseServed::Free => "FREE (no relay serves it)",
-            }
-            .to_owned(),
-        ]);
-    }
-    let unserved = leases
-        .iter()
-        .filter(|lease| lease.state != LeaseServed::Owned)
-        .count();
-    format!(
-        "{}{} leases, {unserved} not served\n",
-        columns(&rows),
-        leases.len()
-    )
-}
-
-/// Left-aligned columns, two spaces apart (the last one unpadded).
-fn columns<const N: usize>(rows: &[[String; N]]) -> String {
-    let mut widths = [0; N];
-    for row in rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for row in rows {
-        let mut line = String::new();
-        for (at, cell) in row.iter().enumerate() {
-            if at + 1 == N {
-                line.push_str(cell);
-            } else {
-                line.push_str(&format!("{cell:<width$}  ", width = widths[at]));
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
-}
-
-fn now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-}
-
-/// A Cosmos `_ts` as UTC time and age, e.g. `2026-12-02T17:20:01Z (4m 12s ago)`.
-fn when(at: i64, now: i64) -> String {
-    let stamp = time::OffsetDateTime::from_unix_timestamp(at)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| at.to_string());
-    let age = now.saturating_sub(at).max(0);
-    let age = match age {
-        s if s < 60 => format!("{s}s"),
-        s if s < 3_600 => format!("{}m {}s", s / 60, s % 60),
-        s if s < 86_400 => format!("{}h {}m", s / 3_600, (s % 3_600) / 60),
-        s => format!("{}d {}h", s / 86_400, (s % 86_400) / 3_600),
-    };
-    format!("{stamp} ({age} ago)")
 }

@@ -2,7 +2,8 @@
 // Each test binary compiles this module and uses a part of it.
 #![allow(dead_code)]
 
-use std::process::{Command, Output};
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
 
 use chatter_emulator::{EmulatorServer, RunningEmulator};
 use chatter_runtime::cosmos::{CosmosConnection, provision};
@@ -30,6 +31,17 @@ pub(crate) async fn served_store(container: &str) -> (RunningEmulator, CosmosCon
 /// Runs `chatter` with `args` against `endpoint` (none: the variable unset), without a key in
 /// its environment unless `key` is given.
 pub(crate) async fn chatter(endpoint: Option<&str>, key: Option<&str>, args: &[&str]) -> Output {
+    chatter_answering(endpoint, key, args, None).await
+}
+
+/// [`chatter`], with `input` written to its standard input (e.g. the answer to a confirmation);
+/// none: standard input is closed.
+pub(crate) async fn chatter_answering(
+    endpoint: Option<&str>,
+    key: Option<&str>,
+    args: &[&str],
+    input: Option<&str>,
+) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_chatter"));
     command
         .args(args)
@@ -41,10 +53,23 @@ pub(crate) async fn chatter(endpoint: Option<&str>, key: Option<&str>, args: &[&
     if let Some(key) = key {
         command.env(KEY_ENV, key);
     }
+    let input = input.map(str::to_owned);
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     // The emulator serves on the test's runtime: the blocking wait goes elsewhere.
-    tokio::task::spawn_blocking(move || command.output().unwrap())
-        .await
-        .unwrap()
+    tokio::task::spawn_blocking(move || {
+        let mut child = command.spawn().unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        if let Some(input) = input {
+            stdin.write_all(input.as_bytes()).unwrap();
+        }
+        drop(stdin);
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap()
 }
 
 pub(crate) fn stdout(output: &Output) -> String {

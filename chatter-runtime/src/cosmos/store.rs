@@ -352,6 +352,44 @@ pub async fn patch_item(
         .map_err(|e| CosmosStoreError::request(OPERATION, e))
 }
 
+/// One operation of [`patch_item_if_match`].
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum PatchOp {
+    /// Set the property at the path (a JSON Pointer) to the value.
+    Set(String, Value),
+    /// Remove the property at the path (the request fails if it is absent).
+    Remove(String),
+}
+
+/// Patches document `id` with `operations` in one server-side PATCH request, only if its ETag is
+/// still `if_match` (else 412: the document changed since it was read).
+pub(crate) async fn patch_item_if_match(
+    container: &ContainerClient,
+    partition_key: PartitionKey,
+    id: &str,
+    operations: &[PatchOp],
+    if_match: &str,
+) -> Result<WriteOutcome, CosmosStoreError> {
+    const OPERATION: &str = "patch_item";
+    let instructions =
+        operations
+            .iter()
+            .fold(PatchInstructions::new(), |instructions, operation| {
+                instructions.with_operation(match operation {
+                    PatchOp::Set(path, value) => PatchOperation::set(path.clone(), value.clone()),
+                    PatchOp::Remove(path) => PatchOperation::remove(path.clone()),
+                })
+            });
+    let options = PatchItemOptions::default()
+        .with_strategy(PatchStrategy::ServerSide)
+        .with_precondition(Precondition::if_match(if_match.to_owned()));
+    container
+        .patch_item(partition_key, id, instructions, Some(options))
+        .await
+        .map(|response| write_outcome(&response))
+        .map_err(|e| CosmosStoreError::request(OPERATION, e))
+}
+
 /// The container properties chatter checks (the Monitored Container Contract).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerSettings {

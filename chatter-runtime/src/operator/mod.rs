@@ -1,10 +1,16 @@
 //! What an operator asks of a container chatter relays, without running a relay: the pending
 //! Outbox Documents by destination and age, the `undeliverable` ones with the contract
-//! violations that made them so, and who serves each lease. The `chatter` command-line tool
-//! prints these.
+//! violations that made them so, and who serves each lease; and the repairs an operator makes
+//! (requeue, give up), planned before they are applied. The `chatter` command-line tool prints
+//! and runs these.
 
 mod leases;
 pub(crate) mod outbox;
+mod repair;
 
 pub use leases::{LeaseServed, LeaseView, survey_leases};
 pub use outbox::{OutboxSurvey, PendingByDestination, UndeliverableDocument, survey_outbox};
+pub use repair::{
+    AppliedChange, OPERATOR_REASON_FIELD, PlannedChange, RefusedChange, RepairPlan, Selection,
+    apply, plan_give_up, plan_requeue,
+};

@@ -76,6 +76,9 @@ pub struct UndeliverableDocument {
     /// its reason: the document keeps the .NET shape). Empty when it passes the contract today,
     /// e.g. one stamped by an operator or another tool, which can be requeued as it is.
     pub violations: Vec<String>,
+    /// The reason an operator gave when giving it up (`chatter outbox give-up`); `None` for one
+    /// the relay stamped.
+    pub operator_reason: Option<String>,
 }
 
 /// Reads the Outbox Documents of `database`/`container` that are `pending` or `undeliverable`.
@@ -131,6 +134,10 @@ pub async fn survey_outbox(
             destination: text(&doc, DESTINATION_FIELD),
             stamped_at: doc.get("_ts").and_then(Value::as_i64),
             violations,
+            operator_reason: doc
+                .get(super::OPERATOR_REASON_FIELD)
+                .and_then(Value::as_str)
+                .map(str::to_owned),
         });
     })
     .await?;

@@ -1,0 +1,149 @@
+//! `outbox requeue` and `outbox give-up`: the change is planned and shown first, applied only
+//! once confirmed (or `--yes`), never with `--dry-run`.
+
+use std::io::{BufRead, Write};
+
+use chatter_runtime::cosmos::CosmosConnection;
+use chatter_runtime::operator::{AppliedChange, RepairPlan, apply};
+use serde::Serialize;
+
+use crate::tables::columns;
+use crate::{Confirm, Container, Failure, read_failed};
+
+/// What a repair command prints with `--json`.
+#[derive(Serialize)]
+struct Report<'a> {
+    plan: &'a RepairPlan,
+    dry_run: bool,
+    /// `None` when nothing was written (a dry run, declined, nothing to change).
+    applied: Option<Vec<AppliedChange>>,
+}
+
+/// Shows `plan` (what `verb` changes), asks, applies it. Exit code 0 when every selected document
+/// was changed (or would be, in a dry run), 1 when one was refused, not found or failed, or the
+/// change was declined.
+pub(crate) async fn run_plan(
+    cosmos: &CosmosConnection,
+    at: &Container,
+    json: bool,
+    verb: &str,
+    plan: RepairPlan,
+    confirm: &Confirm,
+) -> Result<u8, Failure> {
+    let problems = !plan.refused.is_empty() || !plan.not_found.is_empty();
+    let report = |applied: Option<Vec<AppliedChange>>| {
+        if json {
+            let report = Report {
+                plan: &plan,
+                dry_run: confirm.dry_run,
+                applied,
+            };
+            match serde_json::to_string_pretty(&report) {
+                Ok(text) => println!("{text}"),
+                Err(error) => eprintln!("chatter: cannot write JSON: {error}"),
+            }
+        } else if let Some(applied) = applied {
+            print!("{}", applied_table(&applied));
+        }
+    };
+    if !json {
+        print!("{}", plan_table(verb, &plan));
+    }
+    if plan.changes.is_empty() {
+        report(None);
+        return Ok(u8::from(problems));
+    }
+    if confirm.dry_run {
+        if !json {
+            println!("dry run: nothing was written");
+        }
+        report(None);
+        return Ok(u8::from(problems));
+    }
+    if !confirm.yes && !confirmed(plan.changes.len())? {
+        eprintln!("chatter: nothing was changed");
+        report(None);
+        return Ok(1);
+    }
+    let applied = apply(cosmos, &at.database, &at.container, &plan)
+        .await
+        .map_err(|error| read_failed("the outbox", at, &error))?;
+    let failed = applied.iter().any(|change| change.failed.is_some());
+    report(Some(applied));
+    Ok(u8::from(problems || failed))
+}
+
+/// Asks on the terminal whether to apply `count` changes; anything but `y`/`yes` (or no input
+/// at all) is no.
+fn confirmed(count: usize) -> Result<bool, Failure> {
+    eprint!("apply these {count} changes? [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| Failure::Input(format!("cannot read the answer: {e}")))?;
+    Ok(matches!(
+        answer.trim().to_ascii_lowercase().as_str(),
+        "y" | "yes"
+    ))
+}
+
+fn plan_table(verb: &str, plan: &RepairPlan) -> String {
+    let mut out = String::new();
+    if plan.changes.is_empty() {
+        out.push_str(&format!("{verb}: no document to change\n"));
+    } else {
+        let mut rows = vec![[
+            "MESSAGE ID".to_owned(),
+            "DESTINATION".to_owned(),
+            "STATUS".to_owned(),
+            "VIOLATIONS".to_owned(),
+        ]];
+        for change in &plan.changes {
+            rows.push([
+                change.message_id.clone(),
+                change.destination.clone(),
+                format!("{} -> {}", change.from, change.to),
+                if change.violations.is_empty() {
+                    "none".to_owned()
+                } else {
+                    format!("{} (forced)", change.violations.join("; "))
+                },
+            ]);
+        }
+        out.push_str(&format!(
+            "{verb} will change {} documents:\n",
+            plan.changes.len()
+        ));
+        out.push_str(&columns(&rows));
+    }
+    for refused in &plan.refused {
+        out.push_str(&format!(
+            "refused {}: it still violates the contract ({}); fix the document, or --force to requeue it anyway (the relay checks it again)\n",
+            refused.message_id,
+            refused.violations.join("; ")
+        ));
+    }
+    for id in &plan.not_found {
+        out.push_str(&format!(
+            "not found: {id} (no such document in the state {verb} starts from)\n"
+        ));
+    }
+    out
+}
+
+fn applied_table(applied: &[AppliedChange]) -> String {
+    let mut out = String::new();
+    let written = applied.iter().filter(|c| c.failed.is_none()).count();
+    for change in applied {
+        if let Some(why) = &change.failed {
+            out.push_str(&format!("not changed {}: {why}\n", change.id));
+        }
+    }
+    out.push_str(&format!(
+        "{written} of {} documents changed\n",
+        applied.len()
+    ));
+    out
+}
