@@ -16,6 +16,7 @@ use chatter_runtime::dead_letter_destination;
 use chatter_tests::broker::{assert_quiet_for, next_delivery};
 use chatter_tests::nats::{self, NatsServer, TestStream};
 use chatter_tests::proxy::TcpProxy;
+use futures::StreamExt;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -65,6 +66,13 @@ async fn a_republish_within_the_duplicate_window_is_stored_once() {
         broker.publish(message("m-1", &orders)).await.unwrap();
     }
     broker.publish(message("m-2", &orders)).await.unwrap();
+    // The same message id for another subject of the stream is another message.
+    let payments = stream.subject("payments");
+    broker.publish(message("m-1", &payments)).await.unwrap();
+    let mut other = nats::subscribe(&broker, &payments).await;
+    let delivery = next_delivery(&mut other, WAIT).await;
+    assert_eq!(delivery.message.message_id, "m-1");
+    delivery.ack().await.unwrap();
 
     let mut subscription = nats::subscribe(&broker, &orders).await;
     let mut ids = Vec::new();
@@ -242,10 +250,92 @@ async fn verify_refuses_each_setting_chatter_cannot_rely_on_naming_it() {
             .contains(&format!("`max_msg_size` of stream `{capped}`")),
         "{error}"
     );
+
+    for (prefix, config) in [
+        (
+            "interest",
+            Config {
+                retention: async_nats::jetstream::stream::RetentionPolicy::Interest,
+                ..Config::default()
+            },
+        ),
+        (
+            "memory",
+            Config {
+                storage: async_nats::jetstream::stream::StorageType::Memory,
+                ..Config::default()
+            },
+        ),
+    ] {
+        let name = format!(
+            "{}_{}",
+            prefix.to_uppercase(),
+            uuid::Uuid::new_v4().simple()
+        );
+        broker
+            .jetstream()
+            .create_stream(Config {
+                name: name.clone(),
+                subjects: vec![format!("{prefix}.>")],
+                duplicate_window: Duration::from_secs(300),
+                ..config
+            })
+            .await
+            .unwrap();
+        let error = broker
+            .verify(&contract(&[&format!("{prefix}.orders")], republish_within))
+            .await
+            .unwrap_err();
+        let text = error.to_string();
+        assert!(
+            text.contains(&format!("of stream `{name}`")) && text.contains(prefix),
+            "{text}"
+        );
+    }
 }
 
-// The network to the server is cut for 3 s: a publish made meanwhile waits and succeeds once it
-// is back, and the subscription consumes again by itself.
+// A durable consumer made before with a delivery limit of its own would stop delivering a
+// message chatter has not dead-lettered: subscribing refuses it, naming the fix.
+#[tokio::test]
+async fn a_durable_consumer_with_its_own_delivery_limit_is_refused() {
+    let broker = nats::connect(nats::URL).await;
+    let stream = TestStream::create(&broker, WINDOW).await;
+    let orders = stream.subject("orders");
+    drop(nats::subscribe(&broker, &orders).await);
+    let raw = broker.jetstream().get_stream(&stream.name).await.unwrap();
+    let names: Vec<String> = raw
+        .consumer_names()
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+    raw.delete_consumer(&names[0]).await.unwrap();
+    raw.create_consumer(async_nats::jetstream::consumer::pull::Config {
+        durable_name: Some(names[0].clone()),
+        filter_subject: orders.clone(),
+        max_deliver: 3,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let error = broker.subscribe(&orders).await.unwrap_err();
+    let text = error.to_string();
+    assert!(
+        text.contains(&format!("durable consumer `{}`", names[0])),
+        "{text}"
+    );
+    assert!(
+        text.contains("after 3 deliveries") && text.contains("nats consumer rm"),
+        "{text}"
+    );
+    stream.delete(&broker).await;
+}
+
+// The network to the server is cut for 15 s, past the pull's missed-heartbeat limit: the
+// subscription shows it is not consuming, a publish made meanwhile waits and succeeds once the
+// server is back, and the subscription consumes again by itself.
 #[tokio::test]
 async fn a_publish_during_an_outage_succeeds_after_it_and_the_subscription_resumes() {
     let admin = nats::connect(nats::URL).await;
@@ -256,13 +346,30 @@ async fn a_publish_during_an_outage_succeeds_after_it_and_the_subscription_resum
     let mut subscription = nats::subscribe(&broker, &orders).await;
     let liveness = subscription.liveness().clone();
 
-    proxy.cut_for(Duration::from_secs(3));
-    let published = broker.publish(message("during", &orders));
-    tokio::time::timeout(WAIT, published)
+    proxy.cut_for(Duration::from_secs(15));
+    let publishing = tokio::spawn({
+        let broker = broker.clone();
+        let orders = orders.clone();
+        async move { broker.publish(message("during", &orders)).await }
+    });
+    // Polled while the subscription waits for its next message.
+    let receiving = tokio::spawn(async move {
+        let delivery = next_delivery(&mut subscription, Duration::from_secs(45)).await;
+        (delivery, subscription)
+    });
+    chatter_tests::wait::eventually(
+        Duration::from_secs(15),
+        Duration::from_millis(100),
+        "the subscription reports the outage",
+        || async { !liveness.is_live() },
+    )
+    .await;
+    tokio::time::timeout(WAIT, publishing)
         .await
         .expect("the publish ends within its timeout")
+        .unwrap()
         .expect("the publish succeeds once the server is back");
-    let delivery = next_delivery(&mut subscription, WAIT).await;
+    let (delivery, _subscription) = receiving.await.unwrap();
     assert_eq!(delivery.message.message_id, "during");
     delivery.ack().await.unwrap();
     assert!(liveness.is_live());

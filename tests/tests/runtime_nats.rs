@@ -20,6 +20,7 @@ use chatter_tests::nats::{self, NatsServer};
 use chatter_tests::relay::fast_relay;
 use chatter_tests::store::{embedded, find_document, provisioned_with_leases};
 use chatter_tests::wait::eventually;
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -199,4 +200,24 @@ async fn commands_through_jetstream_are_retried_by_delayed_nak_dead_lettered_and
     assert_quiet_for(&mut letters, Duration::from_secs(1)).await;
     assert_quiet_for(&mut events, Duration::from_secs(1)).await;
     runtime.shutdown().await;
+    // Every delivery of every durable consumer was settled for good (acked or termed): none is
+    // waiting for its ack or to be delivered again.
+    let mut stream = broker.jetstream().get_stream("CHATTER").await.unwrap();
+    let names: Vec<String> = stream
+        .consumer_names()
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        names.len(),
+        3,
+        "commands, their dead letters, the events: {names:?}"
+    );
+    for name in names {
+        let info = stream.consumer_info(&name).await.unwrap();
+        assert_eq!((info.num_ack_pending, info.num_pending), (0, 0), "{name}");
+    }
+    let _ = stream.info().await;
 }

@@ -141,8 +141,9 @@ impl Broker for MessagingSystems {
     }
 
     /// The default broker against the whole `contract` (it serves the consumers); each named
-    /// broker against its republish bound only, as the destinations it will carry are not
-    /// known before messages name it.
+    /// broker without destinations, as those it will carry are not known before messages name
+    /// them (a broker that checks what it publishes to later, as NATS does, is given the
+    /// republish bound to check against).
     fn verify<'a>(
         &'a self,
         contract: &'a BrokerContract,

@@ -834,10 +834,6 @@ fn check_messaging_systems(named: &[(String, Arc<dyn Broker>)]) -> Result<(), St
     Ok(())
 }
 
-/// The relay's broker: the default alone, or, once brokers were given by messaging system,
-/// every one chosen per message (a message naming a system without a broker is then refused).
-/// Without `broker_for` every message goes to the default broker whatever it names, as before
-/// brokers could be chosen: a .NET writer's system name must not block a relay that has one.
 /// What the runtime needs of its brokers: the destinations its consumers read and dead-letter
 /// to, and how long after a first publish the relay may publish a message again.
 fn broker_contract(
@@ -863,6 +859,10 @@ fn broker_contract(
     contract
 }
 
+/// The relay's broker: the default alone, or, once brokers were given by messaging system,
+/// every one chosen per message (a message naming a system without a broker is then refused).
+/// Without `broker_for` every message goes to the default broker whatever it names, as before
+/// brokers could be chosen: a .NET writer's system name must not block a relay that has one.
 fn by_messaging_system(
     default: Arc<dyn Broker>,
     named: Vec<(String, Arc<dyn Broker>)>,

@@ -11,8 +11,8 @@ use crate::runtime::DEAD_LETTER_REASON_CONTEXT_KEY;
 /// The header carrying a Brokered Message's `context`, as a JSON object string.
 pub const CONTEXT_HEADER: &str = "Chatter-Context";
 
-/// The header carrying a Brokered Message's `message_id` (its `Nats-Msg-Id` differs for a dead
-/// letter, which gets a random suffix so the stream never takes it for its original).
+/// The header carrying a Brokered Message's `message_id` (its `Nats-Msg-Id` is qualified by
+/// the destination, and a dead letter's has a random suffix).
 pub const MESSAGE_ID_HEADER: &str = "Chatter-Message-Id";
 
 /// The header a dead-lettered delivery that is not a Brokered Message carries its reason in.
@@ -52,20 +52,19 @@ pub(super) fn subject(destination: &str) -> Result<(), BrokerError> {
     Ok(())
 }
 
-/// The `Nats-Msg-Id` JetStream deduplicates `message` by: its message id, so a republish by
-/// the relay (a page published again after a crash, a lease taken over) is dropped within the
-/// stream's duplicate window. A dead letter (its context carries
-/// `Chatter.DeadLetter.Reason`) is a new message of the stream, never a duplicate of the
-/// original or of an earlier dead letter of it: its id is the message id plus a random suffix.
+/// The `Nats-Msg-Id` JetStream deduplicates `message` by: its destination and message id
+/// (`<destination>/<message id>`), so a republish by the relay (a page published again after a
+/// crash, a lease taken over) is dropped within the stream's duplicate window, while a message
+/// of the same id for another subject of the same stream (JetStream deduplicates per stream,
+/// across its subjects) is stored. A dead letter (its context carries
+/// `Chatter.DeadLetter.Reason`) gets a random suffix besides: a message dead-lettered again
+/// after a replay must be stored again (at worst a dead letter is stored twice, never lost).
 pub(super) fn nats_message_id(message: &BrokeredMessage) -> String {
+    let id = format!("{}/{}", message.destination, message.message_id);
     if message.context.contains_key(DEAD_LETTER_REASON_CONTEXT_KEY) {
-        format!(
-            "{}:dead-letter:{}",
-            message.message_id,
-            uuid::Uuid::new_v4()
-        )
+        format!("{id}:dead-letter:{}", uuid::Uuid::new_v4())
     } else {
-        message.message_id.clone()
+        id
     }
 }
 
@@ -159,7 +158,10 @@ mod tests {
         let payload = Bytes::from(message.body.clone());
         let back = decode("orders.placed", Some(&headers), &payload).unwrap();
         assert_eq!(back, message);
-        assert_eq!(headers.get(NATS_MSG_ID).unwrap().as_str(), "m-1");
+        assert_eq!(
+            headers.get(NATS_MSG_ID).unwrap().as_str(),
+            "orders.placed/m-1"
+        );
     }
 
     #[test]
@@ -170,9 +172,12 @@ mod tests {
             .insert(DEAD_LETTER_REASON_CONTEXT_KEY.into(), Value::from("poison"));
         let first = nats_message_id(&letter);
         let second = nats_message_id(&letter);
-        assert!(first.starts_with("m-1:dead-letter:"), "{first}");
+        assert!(
+            first.starts_with("orders.placed/m-1:dead-letter:"),
+            "{first}"
+        );
         assert_ne!(first, second);
-        assert_eq!(nats_message_id(&message()), "m-1");
+        assert_eq!(nats_message_id(&message()), "orders.placed/m-1");
     }
 
     #[test]

@@ -69,8 +69,13 @@ impl Inner {
         }
     }
 
-    /// The durable pull consumer of `destination` (made when missing), and a pull stream of it.
-    async fn consume(&self, destination: &str, prefetch: u16) -> Result<pull::Stream, BrokerError> {
+    /// The durable pull consumer of `destination` (made when missing, checked when it exists), a
+    /// pull stream of it, and its ack wait as the server has it.
+    async fn consume(
+        &self,
+        destination: &str,
+        prefetch: u16,
+    ) -> Result<(pull::Stream, Duration), BrokerError> {
         let stream_name = self.stream_of(destination).await?;
         let transport = |what: &str, e: async_nats::Error| {
             BrokerError::transport(format!("{what} `{destination}`"), e)
@@ -100,14 +105,20 @@ impl Inner {
             .get_or_create_consumer(&name, config)
             .await
             .map_err(|e| transport("bind the durable consumer of", e.into()))?;
-        consumer
+        // One made before (by an earlier version, another setting, or by hand) is taken as the
+        // server has it: refused when it would drop messages or deliver them to the wrong place.
+        let existing = &consumer.cached_info().config;
+        check_durable(&stream_name, &name, destination, existing)?;
+        let ack_wait = existing.ack_wait;
+        let pulling = consumer
             .stream()
             .max_messages_per_batch(usize::from(prefetch.max(1)))
             .expires(PULL_EXPIRES)
             .heartbeat(PULL_HEARTBEAT)
             .messages()
             .await
-            .map_err(|e| transport("pull from", e.into()))
+            .map_err(|e| transport("pull from", e.into()))?;
+        Ok((pulling, ack_wait))
     }
 
     /// Consumes `destination` for as long as the broker lives: after the connection or the
@@ -119,13 +130,14 @@ impl Inner {
     ) -> Result<Subscription, BrokerError> {
         subject(destination)?;
         // The first pull is made now, so a missing stream fails the subscribe.
-        let first = self.consume(destination, prefetch).await?;
+        let (first, ack_wait) = self.consume(destination, prefetch).await?;
         let liveness = Liveness::default();
         let state = Consuming {
             inner: self,
             destination: destination.to_owned(),
             prefetch,
             current: Some(first),
+            ack_wait,
             liveness: liveness.clone(),
         };
         let deliveries = futures::stream::unfold(state, |mut state| async move {
@@ -145,24 +157,30 @@ struct Consuming {
     destination: String,
     prefetch: u16,
     current: Option<pull::Stream>,
+    /// The durable consumer's ack wait on the server, which the progress signals keep ahead of.
+    ack_wait: Duration,
     liveness: Liveness,
 }
 
 impl Consuming {
     async fn next(&mut self) -> Result<Delivery, BrokerError> {
+        // Grows until a message arrives: a pull that fails as soon as it is made (a consumer
+        // the server refuses to pull from) is retried ever more slowly, not every 100 ms.
         let mut backoff = backoff::reconnect();
-        let mut lost = false;
+        let mut complaints = Complaints::default();
         loop {
             let Some(pulling) = self.current.as_mut() else {
                 match self.inner.consume(&self.destination, self.prefetch).await {
-                    Ok(pulling) => {
+                    Ok((pulling, ack_wait)) => {
                         tracing::info!(destination = %self.destination, "NATS subscription resumed");
                         self.liveness.set_live(true);
                         self.current = Some(pulling);
-                        backoff.reset();
+                        self.ack_wait = ack_wait;
                     }
                     Err(error) => {
-                        tracing::debug!(destination = %self.destination, error = %ErrorChain(&error), "NATS subscription not resumed yet");
+                        if complaints.due() {
+                            tracing::error!(destination = %self.destination, error = %ErrorChain(&error), "NATS subscription not resumed yet; retrying with backoff");
+                        }
                         tokio::time::sleep(backoff.next_delay()).await;
                     }
                 }
@@ -177,13 +195,12 @@ impl Consuming {
                     }
                 }
                 ended => {
-                    if !lost {
+                    if complaints.due() {
                         let error = match ended {
                             Some(Err(e)) => ErrorChain(&e).to_string(),
                             _ => "the server ended the pull".to_owned(),
                         };
                         tracing::error!(destination = %self.destination, %error, "NATS subscription lost; it resumes once the server answers");
-                        lost = true;
                     }
                     self.liveness.set_live(false);
                     self.current = None;
@@ -212,7 +229,7 @@ impl Consuming {
                 let settle = JetStreamSettle {
                     message_id: brokered.message_id.clone(),
                     delivered,
-                    progress: keep_in_progress(Arc::clone(&acker), self.inner.ack_wait),
+                    progress: keep_in_progress(Arc::clone(&acker), self.ack_wait),
                     acker,
                 };
                 Some(Ok(Delivery::new(brokered, delivered > 1, Box::new(settle))))
@@ -276,16 +293,79 @@ impl Consuming {
     }
 }
 
+/// When a failing subscription logs at Error again: once when it starts failing, then at most
+/// every minute while it keeps failing.
+#[derive(Default)]
+struct Complaints(Option<tokio::time::Instant>);
+
+impl Complaints {
+    const EVERY: Duration = Duration::from_secs(60);
+
+    fn due(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        let due = self
+            .0
+            .is_none_or(|at| now.duration_since(at) >= Self::EVERY);
+        if due {
+            self.0 = Some(now);
+        }
+        due
+    }
+}
+
+/// Refuses a durable consumer chatter would lose or misroute messages through: acks that are
+/// not explicit, a delivery limit of its own (the server would stop delivering a message chatter
+/// has not dead-lettered), another subject.
+fn check_durable(
+    stream: &str,
+    name: &str,
+    destination: &str,
+    config: &async_nats::jetstream::consumer::Config,
+) -> Result<(), BrokerError> {
+    let problem = if config.ack_policy != AckPolicy::Explicit {
+        Some(format!("acks by {:?}, not explicitly", config.ack_policy))
+    } else if config.max_deliver > 0 {
+        Some(format!(
+            "stops delivering a message after {} deliveries, before chatter dead-letters it",
+            config.max_deliver
+        ))
+    } else if config.filter_subject != destination {
+        Some(format!(
+            "reads `{}`, not `{destination}`",
+            config.filter_subject
+        ))
+    } else {
+        None
+    };
+    match problem {
+        None => Ok(()),
+        Some(problem) => Err(BrokerError::Misconfigured {
+            setting: format!("durable consumer `{name}` of stream `{stream}`"),
+            problem,
+            fix: format!(
+                "delete it (`nats consumer rm {stream} {name}`): chatter makes it again as it needs it"
+            ),
+        }),
+    }
+}
+
 /// Tells the server every third of `ack_wait` that the delivery is still being handled, until
 /// aborted (when it is settled or dropped).
 fn keep_in_progress(acker: Arc<Acker>, ack_wait: Duration) -> Option<AbortHandle> {
     let handle = tokio::runtime::Handle::try_current().ok()?;
     let every = ack_wait / 3;
     let task = handle.spawn(async move {
+        let mut warned = false;
         loop {
             tokio::time::sleep(every).await;
-            if acker.ack_with(AckKind::Progress).await.is_err() {
-                return;
+            // A signal lost to a dropped connection is sent again next time; if none reaches the
+            // server within the ack wait it delivers the message again (handled twice at worst,
+            // which the inbox dedups).
+            if let Err(error) = acker.ack_with(AckKind::Progress).await
+                && !warned
+            {
+                tracing::warn!(error = %ErrorChain(&*error), "NATS progress signal failed; the delivery may be delivered again");
+                warned = true;
             }
         }
     });

@@ -5,7 +5,7 @@
 //! | Brokered Message | NATS |
 //! | --- | --- |
 //! | `destination` | the subject, stored by whichever stream's subjects cover it (chatter never creates streams) |
-//! | `message_id` | the [`MESSAGE_ID_HEADER`] header, and `Nats-Msg-Id` (JetStream's deduplication; a dead letter's gets a random suffix) |
+//! | `message_id` | the [`MESSAGE_ID_HEADER`] header, and in `Nats-Msg-Id` as `<destination>/<message id>` (JetStream deduplicates per stream; a dead letter's gets a random suffix) |
 //! | `content_type` | the `Content-Type` header (left out when empty) |
 //! | `body` | the payload, UTF-8 |
 //! | `context` | the [`CONTEXT_HEADER`] header: the context as one JSON object |
@@ -58,7 +58,7 @@ pub const MIN_MAX_PAYLOAD: usize = 2 * 1024 * 1024;
 /// consumers with explicit ack.
 ///
 /// - [`publish`](Broker::publish) publishes to the destination's subject with `Nats-Msg-Id` set
-///   to the message id and waits for the stream's ack, so a republish of a message the stream
+///   to `<destination>/<message id>` and waits for the stream's ack, so a republish of a message the stream
 ///   already holds (within its duplicate window) is taken without storing it twice. A subject
 ///   no stream stores is [`BrokerError::Refused`] with
 ///   [`Refusal::NoStream`](super::Refusal::NoStream), a message over the server's
@@ -71,10 +71,12 @@ pub const MIN_MAX_PAYLOAD: usize = 2 * 1024 * 1024;
 ///   so the runtime retries it with a delayed `nak` and, past the attempt limit, `term`s it
 ///   after publishing its dead letter. A delivery being handled sends a progress signal every
 ///   third of the [ack wait](Self::with_ack_wait); one never settled comes back after it.
-/// - [`verify`](Broker::verify), at start: the server's `max_payload` and each stream's
-///   `max_msg_size` carry a Cosmos document ([`MIN_MAX_PAYLOAD`]), a stream stores each
-///   consumed destination, and each such stream's `duplicate_window` is longer than the relay can
-///   take to publish a message again.
+/// - [`verify`](Broker::verify), at start: the server's `max_payload` carries a Cosmos document
+///   ([`MIN_MAX_PAYLOAD`]); a stream stores each consumed destination, keeps its messages until
+///   they are read (limits or work-queue retention, file storage), takes a Cosmos document
+///   (`max_msg_size`), and deduplicates for longer than a running relay can take to publish a
+///   message again (`duplicate_window`). A stream only the relay publishes to is checked at its
+///   first publish (an Error log when its window is too short).
 ///
 /// **Recovery.** The client reconnects by itself, without limit (logged at Error when the
 /// connection is lost, at Info when it is back); a publish retries until the publish timeout,
@@ -95,6 +97,10 @@ struct Inner {
     url: String,
     publish_timeout: Duration,
     ack_wait: Duration,
+    /// What [`Broker::verify`] was told of the relay's republish bound; each stream the relay
+    /// publishes to is checked against it once (`streams_checked`).
+    republish_within: Arc<std::sync::Mutex<Duration>>,
+    streams_checked: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl NatsBroker {
@@ -136,6 +142,8 @@ impl NatsBroker {
                 url: redacted,
                 publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
                 ack_wait: DEFAULT_ACK_WAIT,
+                republish_within: Arc::default(),
+                streams_checked: Arc::default(),
             }),
             prefetch: 1,
         })

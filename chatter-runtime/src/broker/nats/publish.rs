@@ -65,7 +65,10 @@ impl Inner {
         };
         match acked.await {
             // A duplicate is a message the stream already holds: published, as the relay needs.
-            Ok(_ack) => Ok(()),
+            Ok(ack) => {
+                self.check_window_once(&ack.stream);
+                Ok(())
+            }
             Err(error) => Err(publish_error(message_id, destination, error)),
         }
     }
