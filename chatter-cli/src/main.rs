@@ -6,7 +6,13 @@
 //! chatter outbox requeue --database shop --container orders (--id ID... | --destination D | --violation TEXT) [--force] [--yes | --dry-run]
 //! chatter outbox give-up --database shop --container orders (--id ID... | --destination D) --reason TEXT [--yes | --dry-run]
 //! chatter leases --database shop --container orders-leases [--expiry-seconds 30] [--json]
+//! chatter dead-letters list    --broker rabbitmq|nats --destination orders [--limit 100] [--json]
+//! chatter dead-letters replay  --broker rabbitmq|nats --destination orders (--id ID... | --all) [--yes | --dry-run]
+//! chatter dead-letters discard --broker rabbitmq|nats --destination orders (--id ID... | --all) [--yes | --dry-run]
 //! ```
+//!
+//! The broker's URL (it may hold a password) comes from `CHATTER_BROKER_URL` or
+//! `--broker-url-file`, and is never printed.
 //!
 //! The account comes from `--endpoint` or `CHATTER_COSMOS_ENDPOINT`; its key from
 //! `CHATTER_COSMOS_KEY` or `--key-file` (never from a flag, which would land in the shell's
@@ -17,10 +23,11 @@
 //! ask; `--dry-run` only shows).
 //!
 //! Exit codes: 0 done (nothing undeliverable, every lease served, every selected document
-//! changed), 1 `undeliverable` found documents, `leases` found a lease nobody serves (free or
-//! expired), or a repair refused, missed or failed a document or was declined, 2 bad input
+//! changed), 1 `undeliverable` or `dead-letters list` found some, `leases` found a lease nobody
+//! serves (free or expired), or a repair or a replay refused, missed or failed one or was
+//! declined, 2 bad input
 //! (flags, endpoint, key file, credential choice, a database or container that does not exist),
-//! 3 the store could not be read.
+//! 3 the store or the broker could not be read.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,6 +38,7 @@ use chatter_runtime::operator::{
 };
 use clap::{Args, Parser, Subcommand};
 
+mod dead_letters;
 mod repair;
 mod tables;
 
@@ -59,6 +67,9 @@ enum Command {
     /// The Outbox Documents of a container.
     #[command(subcommand)]
     Outbox(Outbox),
+    /// A command's dead letters on the broker: list, replay, discard.
+    #[command(subcommand)]
+    DeadLetters(dead_letters::DeadLettersCommand),
     /// The leases of a lease container: each feed range's owner, last write and checkpoint
     /// (exit code 1 when a lease is free or expired: no relay serves its range).
     Leases(Leases),
@@ -203,6 +214,10 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<u8, Failure> {
+    // The broker's commands need no store.
+    if let Command::DeadLetters(command) = &cli.command {
+        return dead_letters::run(command, cli.json).await;
+    }
     let cosmos = connect(&cli).await?;
     match &cli.command {
         Command::Outbox(Outbox::Pending(at)) => {
@@ -263,6 +278,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             .map_err(|error| read_failed("the outbox", at, &error))?;
             repair::run_plan(&cosmos, at, cli.json, "give-up", plan, &give_up.confirm).await
         }
+        Command::DeadLetters(command) => dead_letters::run(command, cli.json).await,
         Command::Leases(Leases { at, expiry_seconds }) => {
             let expiry = std::time::Duration::from_secs(*expiry_seconds);
             let leases = survey_leases(&cosmos, &at.database, &at.container, expiry)

@@ -75,7 +75,7 @@ pub(crate) async fn run_plan(
 
 /// Asks on the terminal whether to apply `count` changes; anything but `y`/`yes` (or no input
 /// at all) is no.
-fn confirmed(count: usize) -> Result<bool, Failure> {
+pub(crate) fn confirmed(count: usize) -> Result<bool, Failure> {
     eprint!("apply these {count} changes? [y/N] ");
     let _ = std::io::stderr().flush();
     let mut answer = String::new();

@@ -34,6 +34,22 @@ pub(crate) async fn chatter(endpoint: Option<&str>, key: Option<&str>, args: &[&
     chatter_answering(endpoint, key, args, None).await
 }
 
+/// Runs `chatter` with `args` and `CHATTER_BROKER_URL` set to `broker_url`, `input` (if any) on
+/// its standard input.
+pub(crate) async fn chatter_on_broker(
+    broker_url: &str,
+    args: &[&str],
+    input: Option<&str>,
+) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_chatter"));
+    command
+        .args(args)
+        .env_remove(KEY_ENV)
+        .env_remove(ENDPOINT_ENV)
+        .env("CHATTER_BROKER_URL", broker_url);
+    run(command, input).await
+}
+
 /// [`chatter`], with `input` written to its standard input (e.g. the answer to a confirmation);
 /// none: standard input is closed.
 pub(crate) async fn chatter_answering(
@@ -53,6 +69,10 @@ pub(crate) async fn chatter_answering(
     if let Some(key) = key {
         command.env(KEY_ENV, key);
     }
+    run(command, input).await
+}
+
+async fn run(mut command: Command, input: Option<&str>) -> Output {
     let input = input.map(str::to_owned);
     command
         .stdin(Stdio::piped())

@@ -21,6 +21,7 @@
 //! says so through [`Delivery::delivery_count`]: the runtime's consumers then retry a failed
 //! delivery with [`Delivery::nack_after`] instead of publishing a copy of it.
 
+mod dead_letters;
 mod error;
 mod in_memory;
 mod messaging_systems;
@@ -39,6 +40,9 @@ use futures::Stream;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
+pub use dead_letters::{
+    DeadLetter, DeadLetterAction, DeadLetterOutcome, DeadLetterSelection, DeadLetters,
+};
 pub use error::{BrokerError, Refusal, TransportError};
 pub use in_memory::InMemoryBroker;
 pub use messaging_systems::MessagingSystems;

@@ -20,6 +20,7 @@
 mod codec;
 mod consume;
 mod contract;
+mod dead_letters;
 mod publish;
 
 use std::fmt;

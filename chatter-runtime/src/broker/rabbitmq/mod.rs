@@ -22,6 +22,7 @@
 mod codec;
 mod connection;
 mod consume;
+mod dead_letters;
 mod publish;
 
 use std::fmt;

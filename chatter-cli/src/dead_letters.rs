@@ -1,0 +1,254 @@
+//! `chatter dead-letters list|replay|discard`: a command's dead letters on RabbitMQ or NATS
+//! JetStream (`<destination>.dead-letter`).
+
+use std::path::PathBuf;
+
+use chatter_runtime::broker::{
+    DeadLetter, DeadLetterAction, DeadLetterOutcome, DeadLetterSelection, DeadLetters, NatsBroker,
+    RabbitMqBroker,
+};
+use clap::{Args, Subcommand, ValueEnum};
+use serde::Serialize;
+
+use crate::tables::columns;
+use crate::{Confirm, Failure, chain};
+
+/// The environment variable holding the broker's URL (it may carry a password).
+pub(crate) const BROKER_URL_ENV: &str = "CHATTER_BROKER_URL";
+
+/// How many dead letters `list` shows unless `--limit` says otherwise, and the most a replay or
+/// a discard takes in one run.
+const DEFAULT_LIMIT: usize = 100;
+const MOST: usize = 100_000;
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum DeadLettersCommand {
+    /// Lists a destination's dead letters, oldest first (exit code 1 when there is any).
+    List(List),
+    /// Publishes dead letters to their destination again, message id kept (the inbox skips one
+    /// that had committed after all), attempt count reset; then removes them.
+    Replay(Change),
+    /// Removes dead letters for good.
+    Discard(Change),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct At {
+    /// The broker.
+    #[arg(long, value_enum)]
+    broker: BrokerKind,
+    /// A file holding the broker's URL (else `CHATTER_BROKER_URL`), e.g.
+    /// `amqp://user:password@host:5672/%2f` or `nats://host:4222`.
+    #[arg(long)]
+    broker_url_file: Option<PathBuf>,
+    /// The command's destination (its dead letters are `<destination>.dead-letter`).
+    #[arg(long)]
+    destination: String,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum BrokerKind {
+    Rabbitmq,
+    Nats,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct List {
+    #[command(flatten)]
+    at: At,
+    /// Show at most this many.
+    #[arg(long, default_value_t = DEFAULT_LIMIT)]
+    limit: usize,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct Change {
+    #[command(flatten)]
+    at: At,
+    #[command(flatten)]
+    select: Select,
+    #[command(flatten)]
+    confirm: Confirm,
+}
+
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+struct Select {
+    /// These message ids (repeat the flag for several).
+    #[arg(long = "id")]
+    ids: Vec<String>,
+    /// Every dead letter of the destination.
+    #[arg(long)]
+    all: bool,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    selected: &'a [DeadLetter],
+    not_found: &'a [String],
+    dry_run: bool,
+    outcome: Option<&'a DeadLetterOutcome>,
+}
+
+pub(crate) async fn run(command: &DeadLettersCommand, json: bool) -> Result<u8, Failure> {
+    match command {
+        DeadLettersCommand::List(list) => {
+            let broker = connect(&list.at).await?;
+            let letters = broker
+                .list(&list.at.destination, list.limit)
+                .await
+                .map_err(|e| {
+                    Failure::Store(format!("cannot read the dead letters: {}", chain(&e)))
+                })?;
+            if json {
+                crate::tables::print(true, letters.as_slice(), table);
+            } else {
+                print!("{}", table(&letters));
+            }
+            Ok(u8::from(!letters.is_empty()))
+        }
+        DeadLettersCommand::Replay(change) => settle(change, DeadLetterAction::Replay, json).await,
+        DeadLettersCommand::Discard(change) => {
+            settle(change, DeadLetterAction::Discard, json).await
+        }
+    }
+}
+
+async fn settle(change: &Change, action: DeadLetterAction, json: bool) -> Result<u8, Failure> {
+    let verb = match action {
+        DeadLetterAction::Replay => "replay",
+        DeadLetterAction::Discard => "discard",
+    };
+    let broker = connect(&change.at).await?;
+    let destination = &change.at.destination;
+    let selection = if change.select.all {
+        DeadLetterSelection::All
+    } else {
+        DeadLetterSelection::Ids(change.select.ids.clone())
+    };
+    let letters = broker
+        .list(destination, MOST)
+        .await
+        .map_err(|e| Failure::Store(format!("cannot read the dead letters: {}", chain(&e))))?;
+    let selected: Vec<DeadLetter> = letters
+        .into_iter()
+        .filter(|letter| selection.takes(&letter.message_id))
+        .collect();
+    let not_found: Vec<String> = match &selection {
+        DeadLetterSelection::All => Vec::new(),
+        DeadLetterSelection::Ids(ids) => ids
+            .iter()
+            .filter(|id| !selected.iter().any(|letter| &letter.message_id == *id))
+            .cloned()
+            .collect(),
+    };
+    let report = |outcome: Option<&DeadLetterOutcome>| {
+        if json {
+            let report = Report {
+                selected: &selected,
+                not_found: &not_found,
+                dry_run: change.confirm.dry_run,
+                outcome,
+            };
+            crate::tables::print(true, &report, |_| String::new());
+        }
+    };
+    if !json {
+        if selected.is_empty() {
+            println!("{verb}: no dead letter of `{destination}` selected");
+        } else {
+            let target = match action {
+                DeadLetterAction::Replay => format!(" to `{destination}`"),
+                DeadLetterAction::Discard => String::new(),
+            };
+            println!("{verb} will take {} dead letters{target}:", selected.len());
+            print!("{}", table(&selected));
+        }
+        for id in &not_found {
+            println!("not found: {id}");
+        }
+    }
+    let problems = !not_found.is_empty();
+    if selected.is_empty() || change.confirm.dry_run {
+        if change.confirm.dry_run && !json {
+            println!("dry run: nothing was changed");
+        }
+        report(None);
+        return Ok(u8::from(problems));
+    }
+    if !change.confirm.yes && !crate::repair::confirmed(selected.len())? {
+        eprintln!("chatter: nothing was changed");
+        report(None);
+        return Ok(1);
+    }
+    let outcome = broker
+        .settle(destination, &selection, action)
+        .await
+        .map_err(|e| Failure::Store(format!("{verb} stopped: {}", chain(&e))))?;
+    if !json {
+        for (id, why) in &outcome.refused {
+            println!("not {verb}ed {id}: {why}");
+        }
+        println!("{} dead letters {verb}ed", outcome.done.len());
+    }
+    report(Some(&outcome));
+    Ok(u8::from(problems || !outcome.refused.is_empty()))
+}
+
+/// The broker `at` names, its URL from the file or the environment (never a flag, never
+/// printed: errors name it without its password).
+async fn connect(at: &At) -> Result<Box<dyn DeadLetters>, Failure> {
+    let url = match &at.broker_url_file {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| {
+                Failure::Input(format!(
+                    "cannot read the broker URL file {}: {e}",
+                    path.display()
+                ))
+            })?
+            .trim()
+            .to_owned(),
+        None => std::env::var(BROKER_URL_ENV)
+            .ok()
+            .filter(|url| !url.trim().is_empty())
+            .ok_or_else(|| {
+                Failure::Input(format!(
+                    "no broker URL: set {BROKER_URL_ENV} or pass --broker-url-file"
+                ))
+            })?,
+    };
+    let unreachable = |e: chatter_runtime::broker::BrokerError| {
+        Failure::Store(format!("cannot reach the broker: {}", chain(&e)))
+    };
+    Ok(match at.broker {
+        BrokerKind::Rabbitmq => Box::new(RabbitMqBroker::connect(&url).await.map_err(unreachable)?),
+        BrokerKind::Nats => Box::new(NatsBroker::connect(&url).await.map_err(unreachable)?),
+    })
+}
+
+fn table(letters: &[DeadLetter]) -> String {
+    if letters.is_empty() {
+        return "no dead letters\n".to_owned();
+    }
+    let mut rows = vec![[
+        "MESSAGE ID".to_owned(),
+        "ATTEMPTS".to_owned(),
+        "REASON".to_owned(),
+        "BODY".to_owned(),
+    ]];
+    for letter in letters {
+        rows.push([
+            letter.message_id.clone(),
+            letter
+                .attempts
+                .map_or_else(|| "-".to_owned(), |n| n.to_string()),
+            letter.reason.clone().unwrap_or_default(),
+            if letter.replayable {
+                letter.body.clone()
+            } else {
+                format!("(no Brokered Message) {}", letter.body)
+            },
+        ]);
+    }
+    format!("{}{} dead letters\n", columns(&rows), letters.len())
+}

@@ -1,0 +1,261 @@
+//! `chatter dead-letters list|replay|discard` against the machine's RabbitMQ (127.0.0.1:5672)
+//! and NATS (127.0.0.1:4222, a stream of the test's own): dead letters listed with their reason
+//! and attempts, replayed to the destination with the message id kept and the attempt count
+//! reset, discarded; a foreign message refused a replay; the broker's password never printed.
+
+mod common;
+
+use std::time::Duration;
+
+use async_nats::jetstream::stream::Config;
+use chatter_runtime::broker::{Broker, NatsBroker, RabbitMqBroker, Subscription};
+use chatter_runtime::{
+    ATTEMPTS_CONTEXT_KEY, BrokeredMessage, DEAD_LETTER_REASON_CONTEXT_KEY, dead_letter_destination,
+};
+use common::{chatter_on_broker, stderr, stdout};
+use serde_json::Value;
+
+const RABBITMQ: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+const NATS: &str = "nats://127.0.0.1:4222";
+const WAIT: Duration = Duration::from_secs(30);
+
+/// A dead letter as chatter's consumer writes one.
+fn letter(id: &str, destination: &str, reason: &str) -> BrokeredMessage {
+    let mut message = BrokeredMessage::json(
+        id,
+        dead_letter_destination(destination),
+        format!(r#"{{"orderId":"{id}"}}"#),
+    );
+    message
+        .context
+        .insert(DEAD_LETTER_REASON_CONTEXT_KEY.into(), Value::from(reason));
+    message
+        .context
+        .insert(ATTEMPTS_CONTEXT_KEY.into(), Value::from(5));
+    message
+}
+
+async fn next(subscription: &mut Subscription) -> BrokeredMessage {
+    let delivery = tokio::time::timeout(WAIT, subscription.next())
+        .await
+        .expect("a delivery arrives")
+        .unwrap()
+        .unwrap();
+    let message = delivery.message.clone();
+    delivery.ack().await.unwrap();
+    message
+}
+
+fn args<'a>(
+    command: &'a str,
+    broker: &'a str,
+    destination: &'a str,
+    more: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec![
+        "dead-letters",
+        command,
+        "--broker",
+        broker,
+        "--destination",
+        destination,
+    ];
+    args.extend_from_slice(more);
+    args
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rabbitmq_dead_letters_are_listed_replayed_with_their_id_and_discarded() {
+    let broker = RabbitMqBroker::connect(RABBITMQ).await.unwrap();
+    let destination = format!("chatter-test-dl-{}", uuid::Uuid::new_v4().simple());
+    let d = destination.as_str();
+    for (id, reason) in [("d-1", "the directory is read-only"), ("d-2", "poison")] {
+        broker.publish(letter(id, d, reason)).await.unwrap();
+    }
+
+    let listed = chatter_on_broker(RABBITMQ, &args("list", "rabbitmq", d, &[]), None).await;
+    assert_eq!(listed.status.code(), Some(1), "{}", stderr(&listed));
+    let text = stdout(&listed);
+    assert!(
+        text.contains("d-1") && text.contains("the directory is read-only"),
+        "{text}"
+    );
+    assert!(text.contains("2 dead letters"), "{text}");
+
+    // Declined, then a dry run: nothing moves.
+    let declined = chatter_on_broker(
+        RABBITMQ,
+        &args("replay", "rabbitmq", d, &["--id", "d-1"]),
+        Some("n\n"),
+    )
+    .await;
+    assert_eq!(declined.status.code(), Some(1));
+    let dry = chatter_on_broker(
+        RABBITMQ,
+        &args("discard", "rabbitmq", d, &["--all", "--dry-run"]),
+        None,
+    )
+    .await;
+    assert_eq!(dry.status.code(), Some(0), "{}", stderr(&dry));
+    assert!(stdout(&dry).contains("discard will take 2 dead letters"));
+
+    let mut commands = broker.subscribe(d).await.unwrap();
+    let replayed = chatter_on_broker(
+        RABBITMQ,
+        &args(
+            "replay",
+            "rabbitmq",
+            d,
+            &["--id", "d-1", "--id", "nope", "--yes"],
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(
+        replayed.status.code(),
+        Some(1),
+        "a missing id is reported: {}",
+        stdout(&replayed)
+    );
+    assert!(stdout(&replayed).contains("not found: nope"));
+    assert!(
+        stdout(&replayed).contains("1 dead letters replayed"),
+        "{}",
+        stdout(&replayed)
+    );
+    let again = next(&mut commands).await;
+    assert_eq!(again.message_id, "d-1", "the message id is kept");
+    assert_eq!(again.destination, d);
+    assert!(
+        !again.context.contains_key(ATTEMPTS_CONTEXT_KEY),
+        "attempts reset"
+    );
+    assert!(!again.context.contains_key(DEAD_LETTER_REASON_CONTEXT_KEY));
+
+    let json = chatter_on_broker(RABBITMQ, &args("list", "rabbitmq", d, &[]), None).await;
+    assert!(
+        !stdout(&json).contains("d-1") && stdout(&json).contains("d-2"),
+        "{}",
+        stdout(&json)
+    );
+    let discarded = chatter_on_broker(
+        RABBITMQ,
+        &args("discard", "rabbitmq", d, &["--all", "--yes"]),
+        None,
+    )
+    .await;
+    assert_eq!(discarded.status.code(), Some(0), "{}", stderr(&discarded));
+    let empty = chatter_on_broker(RABBITMQ, &args("list", "rabbitmq", d, &[]), None).await;
+    assert_eq!(empty.status.code(), Some(0));
+    assert!(stdout(&empty).contains("no dead letters"));
+    drop(commands);
+    broker.delete_queue(d).await.unwrap();
+    broker
+        .delete_queue(&dead_letter_destination(d))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_dead_letters_are_replayed_each_time_and_a_foreign_one_can_only_be_discarded() {
+    let broker = NatsBroker::connect(NATS).await.unwrap();
+    let prefix = format!("chatter-test-dl-{}", uuid::Uuid::new_v4().simple());
+    let stream = format!("CHATTER_TEST_DL_{}", uuid::Uuid::new_v4().simple());
+    broker
+        .jetstream()
+        .create_stream(Config {
+            name: stream.clone(),
+            subjects: vec![format!("{prefix}.>")],
+            duplicate_window: Duration::from_secs(300),
+            max_age: Duration::from_secs(600),
+            ..Config::default()
+        })
+        .await
+        .unwrap();
+    let destination = format!("{prefix}.orders");
+    let d = destination.as_str();
+    broker.publish(letter("d-1", d, "poison")).await.unwrap();
+    broker
+        .jetstream()
+        .publish(dead_letter_destination(d), "foreign".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let mut commands = broker.subscribe(d).await.unwrap();
+
+    // Replayed twice (dead-lettered again in between): stored both times, although the stream
+    // still holds the first replay within its duplicate window.
+    for round in 1..=2 {
+        let replayed = chatter_on_broker(
+            NATS,
+            &args("replay", "nats", d, &["--id", "d-1", "--yes"]),
+            None,
+        )
+        .await;
+        assert_eq!(
+            replayed.status.code(),
+            Some(0),
+            "round {round}: {}{}",
+            stdout(&replayed),
+            stderr(&replayed)
+        );
+        let again = next(&mut commands).await;
+        assert_eq!(again.message_id, "d-1");
+        assert!(!again.context.contains_key(ATTEMPTS_CONTEXT_KEY));
+        if round == 1 {
+            broker
+                .publish(letter("d-1", d, "poison again"))
+                .await
+                .unwrap();
+        }
+    }
+
+    let listed = chatter_on_broker(NATS, &args("list", "nats", d, &["--json"]), None).await;
+    assert_eq!(listed.status.code(), Some(1));
+    let letters: Value = serde_json::from_str(&stdout(&listed)).unwrap();
+    assert_eq!(letters.as_array().unwrap().len(), 1, "{letters}");
+    assert_eq!(letters[0]["replayable"], false);
+    assert_eq!(letters[0]["body"], "foreign");
+
+    let refused =
+        chatter_on_broker(NATS, &args("replay", "nats", d, &["--all", "--yes"]), None).await;
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stdout(&refused).contains("it is no Brokered Message: discard it"),
+        "{}",
+        stdout(&refused)
+    );
+    let discarded =
+        chatter_on_broker(NATS, &args("discard", "nats", d, &["--all", "--yes"]), None).await;
+    assert_eq!(discarded.status.code(), Some(0), "{}", stderr(&discarded));
+    let empty = chatter_on_broker(NATS, &args("list", "nats", d, &[]), None).await;
+    assert_eq!(empty.status.code(), Some(0), "{}", stdout(&empty));
+    drop(commands);
+    let _ = broker.jetstream().delete_stream(&stream).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_broker_password_is_never_printed_and_a_missing_url_is_bad_input() {
+    let secret = "s3cr3t-pa55word";
+    let url = format!("amqp://guest:{secret}@127.0.0.1:5672/%2f");
+    let refused = chatter_on_broker(&url, &args("list", "rabbitmq", "orders", &[]), None).await;
+    assert_eq!(refused.status.code(), Some(3), "{}", stderr(&refused));
+    let all = format!("{}{}", stdout(&refused), stderr(&refused));
+    assert!(!all.contains(secret), "{all}");
+    assert!(all.contains("cannot reach the broker"), "{all}");
+
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_chatter"));
+    command
+        .args(args("list", "nats", "orders", &[]))
+        .env_remove("CHATTER_BROKER_URL");
+    let output = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).contains("CHATTER_BROKER_URL"),
+        "{}",
+        stderr(&output)
+    );
+}

@@ -1,0 +1,142 @@
+//! What an operator does with a command's dead letters (`<destination>.dead-letter`): list
+//! them, replay them to the destination (the message id kept, so the inbox dedups one that had
+//! committed after all; the attempt count reset), or discard them.
+
+use futures::future::BoxFuture;
+use serde::Serialize;
+
+use super::BrokerError;
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+use crate::message::BrokeredMessage;
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+use crate::runtime::{ATTEMPTS_CONTEXT_KEY, DEAD_LETTER_REASON_CONTEXT_KEY};
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+use serde_json::Value;
+
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+/// How much of a dead letter's body a listing shows.
+const BODY_SHOWN: usize = 200;
+
+/// A message in a dead-letter destination, as an operator sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeadLetter {
+    /// Its message id (`<none>` when it carried none).
+    pub message_id: String,
+    /// Why it was dead-lettered.
+    pub reason: Option<String>,
+    /// How many deliveries it had (`Chatter.Delivery.Attempts`).
+    pub attempts: Option<u64>,
+    /// Whether it is a Brokered Message (only those can be replayed; one a foreign client
+    /// published can only be discarded).
+    pub replayable: bool,
+    /// The start of its body (UTF-8, lossy).
+    pub body: String,
+}
+
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+impl DeadLetter {
+    /// A dead letter that decoded as `message`.
+    pub(crate) fn of(message: &BrokeredMessage) -> Self {
+        Self {
+            message_id: message.message_id.clone(),
+            reason: message
+                .context
+                .get(DEAD_LETTER_REASON_CONTEXT_KEY)
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            attempts: message
+                .context
+                .get(ATTEMPTS_CONTEXT_KEY)
+                .and_then(Value::as_u64),
+            replayable: true,
+            body: shown(message.body.as_bytes()),
+        }
+    }
+
+    /// A dead letter that is no Brokered Message.
+    pub(crate) fn raw(message_id: Option<String>, reason: Option<String>, body: &[u8]) -> Self {
+        Self {
+            message_id: message_id.unwrap_or_else(|| "<none>".to_owned()),
+            reason,
+            attempts: None,
+            replayable: false,
+            body: shown(body),
+        }
+    }
+}
+
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+fn shown(body: &[u8]) -> String {
+    String::from_utf8_lossy(body)
+        .chars()
+        .take(BODY_SHOWN)
+        .collect()
+}
+
+/// Which dead letters a replay or a discard takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeadLetterSelection {
+    /// Every one.
+    All,
+    /// Those with these message ids.
+    Ids(Vec<String>),
+}
+
+impl DeadLetterSelection {
+    /// Whether this selection takes the dead letter with `message_id`.
+    pub fn takes(&self, message_id: &str) -> bool {
+        match self {
+            Self::All => true,
+            Self::Ids(ids) => ids.iter().any(|id| id == message_id),
+        }
+    }
+}
+
+/// What to do with the selected dead letters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadLetterAction {
+    /// Publish each to the destination again (attempts reset, reason dropped, message id kept),
+    /// then remove it from the dead letters.
+    Replay,
+    /// Remove each from the dead letters.
+    Discard,
+}
+
+/// What a replay or a discard did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct DeadLetterOutcome {
+    /// The message ids replayed or discarded.
+    pub done: Vec<String>,
+    /// Selected dead letters left where they are, with why (e.g. no Brokered Message to replay).
+    pub refused: Vec<(String, String)>,
+}
+
+/// A broker whose dead-letter destinations an operator can browse and settle.
+pub trait DeadLetters: Send + Sync {
+    /// Up to `limit` dead letters of `destination`, oldest first, leaving them where they are.
+    fn list<'a>(
+        &'a self,
+        destination: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, BrokerError>>;
+
+    /// Replays or discards the dead letters of `destination` that `selection` takes. A replay
+    /// is published (and confirmed) before its dead letter is removed: a failure between the
+    /// two leaves it to be replayed again, never lost.
+    fn settle<'a>(
+        &'a self,
+        destination: &'a str,
+        selection: &'a DeadLetterSelection,
+        action: DeadLetterAction,
+    ) -> BoxFuture<'a, Result<DeadLetterOutcome, BrokerError>>;
+}
+
+/// The message a replay publishes: the dead letter's, to `destination`, without its reason and
+/// attempt count.
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+pub(crate) fn replayed(mut letter: BrokeredMessage, destination: &str) -> BrokeredMessage {
+    letter.destination = destination.to_owned();
+    letter.context.remove(DEAD_LETTER_REASON_CONTEXT_KEY);
+    letter.context.remove(ATTEMPTS_CONTEXT_KEY);
+    letter
+}

@@ -1,0 +1,155 @@
+//! A command's dead letters for an operator: the messages of `<destination>.dead-letter` in the
+//! stream that stores it, read by sequence, removed by sequence.
+
+use async_nats::jetstream::message::{PublishMessage, StreamMessage};
+use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+
+use super::NatsBroker;
+use super::codec::{DEAD_LETTER_REASON_HEADER, NATS_MSG_ID, decode, headers};
+use crate::broker::dead_letters::{
+    DeadLetter, DeadLetterAction, DeadLetterOutcome, DeadLetterSelection, DeadLetters, replayed,
+};
+use crate::broker::{BrokerError, Refusal, dead_letter_destination};
+
+impl NatsBroker {
+    /// The stream storing `destination`'s dead letters; `None` when no stream does (so there
+    /// are none).
+    async fn dead_letter_stream(&self, destination: &str) -> Result<Option<Stream>, BrokerError> {
+        let subject = dead_letter_destination(destination);
+        let name = match self.inner.stream_of(&subject).await {
+            Ok(name) => name,
+            Err(error) if error.refusal() == Some(Refusal::NoStream) => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        self.inner
+            .jetstream
+            .get_stream(&name)
+            .await
+            .map(Some)
+            .map_err(|e| BrokerError::transport(format!("get stream `{name}`"), e))
+    }
+
+    /// Up to `limit` stored messages of `destination`'s dead-letter subject, oldest first.
+    async fn stored(
+        &self,
+        stream: &Stream,
+        destination: &str,
+        limit: usize,
+    ) -> Result<Vec<StreamMessage>, BrokerError> {
+        let subject = dead_letter_destination(destination);
+        let mut found = Vec::new();
+        let mut sequence = 1;
+        while found.len() < limit {
+            let next = stream
+                .raw_message_builder()
+                .sequence(sequence)
+                .next_by_subject(subject.clone())
+                .send()
+                .await;
+            match next {
+                Ok(message) => {
+                    sequence = message.sequence + 1;
+                    found.push(message);
+                }
+                Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => break,
+                Err(error) => {
+                    return Err(BrokerError::transport(format!("read `{subject}`"), error));
+                }
+            }
+        }
+        Ok(found)
+    }
+}
+
+fn letter(destination: &str, message: &StreamMessage) -> DeadLetter {
+    match decode(destination, Some(&message.headers), &message.payload) {
+        Ok(decoded) => DeadLetter::of(&decoded),
+        Err(_) => DeadLetter::raw(
+            message
+                .headers
+                .get(NATS_MSG_ID)
+                .map(|v| v.as_str().to_owned()),
+            message
+                .headers
+                .get(DEAD_LETTER_REASON_HEADER)
+                .map(|v| v.as_str().to_owned()),
+            &message.payload,
+        ),
+    }
+}
+
+impl DeadLetters for NatsBroker {
+    fn list<'a>(
+        &'a self,
+        destination: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, BrokerError>> {
+        async move {
+            let Some(stream) = self.dead_letter_stream(destination).await? else {
+                return Ok(Vec::new());
+            };
+            let stored = self.stored(&stream, destination, limit).await?;
+            Ok(stored.iter().map(|m| letter(destination, m)).collect())
+        }
+        .boxed()
+    }
+
+    fn settle<'a>(
+        &'a self,
+        destination: &'a str,
+        selection: &'a DeadLetterSelection,
+        action: DeadLetterAction,
+    ) -> BoxFuture<'a, Result<DeadLetterOutcome, BrokerError>> {
+        async move {
+            let mut outcome = DeadLetterOutcome::default();
+            let Some(stream) = self.dead_letter_stream(destination).await? else {
+                return Ok(outcome);
+            };
+            let subject = dead_letter_destination(destination);
+            for stored in self.stored(&stream, destination, usize::MAX).await? {
+                let shown = letter(destination, &stored);
+                if !selection.takes(&shown.message_id) {
+                    continue;
+                }
+                if action == DeadLetterAction::Replay {
+                    let Ok(message) = decode(&subject, Some(&stored.headers), &stored.payload)
+                    else {
+                        outcome.refused.push((
+                            shown.message_id,
+                            "it is no Brokered Message: discard it".to_owned(),
+                        ));
+                        continue;
+                    };
+                    let message = replayed(message, destination);
+                    let mut replay_headers = headers(&message)?;
+                    // Not the original's id, which the stream may still hold within its
+                    // duplicate window: one per dead letter, so a replay repeated after a crash
+                    // before the removal below is still stored once.
+                    replay_headers.insert(
+                        NATS_MSG_ID,
+                        format!(
+                            "{destination}/{}:replay:{}",
+                            message.message_id, stored.sequence
+                        )
+                        .as_str(),
+                    );
+                    let publish = PublishMessage::build()
+                        .headers(replay_headers)
+                        .payload(Bytes::from(message.body.clone().into_bytes()));
+                    self.inner
+                        .publish_to(&message.message_id, destination, publish)
+                        .await?;
+                }
+                stream.delete_message(stored.sequence).await.map_err(|e| {
+                    BrokerError::transport(format!("remove a dead letter of `{subject}`"), e)
+                })?;
+                outcome.done.push(shown.message_id);
+            }
+            Ok(outcome)
+        }
+        .boxed()
+    }
+}
