@@ -1,7 +1,7 @@
 //! `chatter dead-letters list|replay|discard`: a command's dead letters on RabbitMQ or NATS
 //! JetStream (`<destination>.dead-letter`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use chatter_runtime::broker::{
     DeadLetter, DeadLetterAction, DeadLetterOutcome, DeadLetterSelection, DeadLetters, NatsBroker,
@@ -195,11 +195,11 @@ async fn settle(change: &Change, action: DeadLetterAction, json: bool) -> Result
     Ok(u8::from(problems || !outcome.refused.is_empty()))
 }
 
-/// The broker `at` names, its URL from the file or the environment (never a flag, never
-/// printed: errors name it without its password).
-async fn connect(at: &At) -> Result<Box<dyn DeadLetters>, Failure> {
-    let url = match &at.broker_url_file {
-        Some(path) => std::fs::read_to_string(path)
+/// The broker's URL from `file`, else from `CHATTER_BROKER_URL` (never a flag: it may hold a
+/// password, and is never printed).
+pub(crate) fn broker_url(file: Option<&Path>) -> Result<String, Failure> {
+    match file {
+        Some(path) => Ok(std::fs::read_to_string(path)
             .map_err(|e| {
                 Failure::Input(format!(
                     "cannot read the broker URL file {}: {e}",
@@ -207,7 +207,7 @@ async fn connect(at: &At) -> Result<Box<dyn DeadLetters>, Failure> {
                 ))
             })?
             .trim()
-            .to_owned(),
+            .to_owned()),
         None => std::env::var(BROKER_URL_ENV)
             .ok()
             .filter(|url| !url.trim().is_empty())
@@ -215,8 +215,13 @@ async fn connect(at: &At) -> Result<Box<dyn DeadLetters>, Failure> {
                 Failure::Input(format!(
                     "no broker URL: set {BROKER_URL_ENV} or pass --broker-url-file"
                 ))
-            })?,
-    };
+            }),
+    }
+}
+
+/// The broker `at` names (errors name its URL without the password).
+async fn connect(at: &At) -> Result<Box<dyn DeadLetters>, Failure> {
+    let url = broker_url(at.broker_url_file.as_deref())?;
     let unreachable = |e: chatter_runtime::broker::BrokerError| {
         Failure::Store(format!("cannot reach the broker: {}", chain(&e)))
     };

@@ -6,6 +6,7 @@
 //! chatter outbox requeue --database shop --container orders (--id ID... | --destination D | --violation TEXT) [--force] [--yes | --dry-run]
 //! chatter outbox give-up --database shop --container orders (--id ID... | --destination D) --reason TEXT [--yes | --dry-run]
 //! chatter leases --database shop --container orders-leases [--expiry-seconds 30] [--json]
+//! chatter relay --config relay.toml
 //! chatter dead-letters list    --broker rabbitmq|nats --destination orders [--limit 100] [--json]
 //! chatter dead-letters replay  --broker rabbitmq|nats --destination orders (--id ID... | --all) [--yes | --dry-run]
 //! chatter dead-letters discard --broker rabbitmq|nats --destination orders (--id ID... | --all) [--yes | --dry-run]
@@ -39,6 +40,7 @@ use chatter_runtime::operator::{
 use clap::{Args, Parser, Subcommand};
 
 mod dead_letters;
+mod relay;
 mod repair;
 mod tables;
 
@@ -67,12 +69,22 @@ enum Command {
     /// The Outbox Documents of a container.
     #[command(subcommand)]
     Outbox(Outbox),
+    /// Runs standalone relays from a TOML file until SIGINT or SIGTERM.
+    Relay(RelayArgs),
     /// A command's dead letters on the broker: list, replay, discard.
     #[command(subcommand)]
     DeadLetters(dead_letters::DeadLettersCommand),
     /// The leases of a lease container: each feed range's owner, last write and checkpoint
     /// (exit code 1 when a lease is free or expired: no relay serves its range).
     Leases(Leases),
+}
+
+#[derive(Debug, Args)]
+struct RelayArgs {
+    /// The relay configuration (TOML: `[cosmos]`, `[broker]`, one `[[relay]]` per monitored
+    /// container).
+    #[arg(long)]
+    config: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -214,11 +226,20 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<u8, Failure> {
-    // The broker's commands need no store.
-    if let Command::DeadLetters(command) = &cli.command {
-        return dead_letters::run(command, cli.json).await;
+    match &cli.command {
+        // The broker's commands need no store.
+        Command::DeadLetters(command) => return dead_letters::run(command, cli.json).await,
+        Command::Relay(args) => {
+            return relay::run(
+                &args.config,
+                cli.endpoint.as_deref(),
+                cli.key_file.as_deref(),
+            )
+            .await;
+        }
+        _ => {}
     }
-    let cosmos = connect(&cli).await?;
+    let cosmos = connect_store(cli.endpoint.as_deref(), cli.key_file.as_deref()).await?;
     match &cli.command {
         Command::Outbox(Outbox::Pending(at)) => {
             let survey = survey(&cosmos, at).await?;
@@ -279,6 +300,14 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             repair::run_plan(&cosmos, at, cli.json, "give-up", plan, &give_up.confirm).await
         }
         Command::DeadLetters(command) => dead_letters::run(command, cli.json).await,
+        Command::Relay(args) => {
+            relay::run(
+                &args.config,
+                cli.endpoint.as_deref(),
+                cli.key_file.as_deref(),
+            )
+            .await
+        }
         Command::Leases(Leases { at, expiry_seconds }) => {
             let expiry = std::time::Duration::from_secs(*expiry_seconds);
             let leases = survey_leases(&cosmos, &at.database, &at.container, expiry)
@@ -292,13 +321,18 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
     }
 }
 
-async fn connect(cli: &Cli) -> Result<CosmosConnection, Failure> {
-    let Some(endpoint) = cli.endpoint.as_deref().filter(|e| !e.trim().is_empty()) else {
+/// The store at `endpoint`, its key from `key_file` or `CHATTER_COSMOS_KEY` (none: a loopback
+/// emulator, or Microsoft Entra ID for a remote account).
+async fn connect_store(
+    endpoint: Option<&str>,
+    key_file: Option<&std::path::Path>,
+) -> Result<CosmosConnection, Failure> {
+    let Some(endpoint) = endpoint.filter(|e| !e.trim().is_empty()) else {
         return Err(Failure::Input(format!(
             "no account endpoint: pass --endpoint or set {ENDPOINT_ENV}"
         )));
     };
-    let key = match &cli.key_file {
+    let key = match key_file {
         Some(path) => Some(
             std::fs::read_to_string(path)
                 .map_err(|e| {

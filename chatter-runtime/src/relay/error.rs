@@ -91,6 +91,10 @@ pub enum RelayError {
         #[source]
         source: ChangeFeedError,
     },
+    /// The broker's setup does not meet what the relay needs of it
+    /// ([`Broker::verify`](crate::broker::Broker::verify)); the error names the setting.
+    #[error("the broker is not set up as the relay needs")]
+    Broker(#[source] crate::broker::BrokerError),
 }
 
 impl RelayError {

@@ -111,7 +111,8 @@ impl StandaloneRelay {
     /// # Errors
     ///
     /// As [`RuntimeBuilder::start`](crate::RuntimeBuilder::start) for its relays: options that
-    /// cannot work, two relays with one identity, a container that breaks the Monitored
+    /// cannot work, two relays with one identity, a broker whose setup does not meet the relay's
+    /// needs ([`Broker::verify`]), a container that breaks the Monitored
     /// Container Contract or cannot be reached, a processor that does not start (what started
     /// is stopped first).
     pub async fn start_all(
@@ -124,6 +125,24 @@ impl StandaloneRelay {
             crate::telemetry::Source::Global,
         );
         let specs = specs(&[], &relays)?;
+        // As `start()` does for a runtime's relay: how late a republish can come.
+        let contract = crate::broker::BrokerContract {
+            destinations: Vec::new(),
+            republish_within: relays
+                .iter()
+                .map(|relay| relay.options.processor.lease_expiry)
+                .max()
+                .unwrap_or_default()
+                + super::suspension::SUSPENSION_WINDOW,
+        };
+        let bound = relays
+            .iter()
+            .map(|relay| relay.options.publish_timeout)
+            .max()
+            .unwrap_or_default();
+        crate::broker::bounded(|| "verify".to_owned(), bound, broker.verify(&contract))
+            .await
+            .map_err(RelayError::Broker)?;
         let host = RelayHost::start_specs(Arc::new(broker), specs, &charges, &telemetry).await?;
         Ok(RunningRelays { host })
     }

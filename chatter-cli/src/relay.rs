@@ -1,0 +1,270 @@
+//! `chatter relay --config relay.toml`: standalone relays from a file, for a team that deploys a
+//! relay without writing Rust. Runs until SIGINT or SIGTERM, then stops gracefully (pages in
+//! flight finish, leases are released).
+//!
+//! ```toml
+//! [cosmos]
+//! endpoint = "https://my-account.documents.azure.com:443/" # else CHATTER_COSMOS_ENDPOINT
+//! key_file = "/run/secrets/cosmos-key"   # else CHATTER_COSMOS_KEY; neither: emulator or Entra ID
+//!
+//! [broker]
+//! kind = "rabbitmq"                      # or "nats"
+//! url_file = "/run/secrets/broker-url"   # else CHATTER_BROKER_URL
+//!
+//! [[relay]]
+//! database = "shop"
+//! container = "orders"
+//! lease_container = "orders-leases"      # lease_database: the database unless given
+//! partition_key = ["/orderId"]
+//!
+//! [relay.options]                        # every one optional
+//! poll_interval_ms = 1000
+//! lease_expiry_seconds = 60
+//! publish_timeout_seconds = 300
+//! max_in_flight = 32
+//! max_items_per_page = 100
+//! delivered_status = "delivered"
+//! delivered_ttl_seconds = 86400
+//! ```
+//!
+//! Secrets are never read from the file (an unknown key such as `key` or `url` is refused):
+//! the account key and the broker's URL come from the environment or the files named.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use chatter_runtime::broker::{Broker, NatsBroker, RabbitMqBroker};
+use chatter_runtime::cosmos::CosmosConnection;
+use chatter_runtime::{RelayOptions, RunningRelays, StandaloneRelay};
+use serde::Deserialize;
+
+use crate::{Failure, chain, connect_store};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Config {
+    #[serde(default)]
+    cosmos: CosmosSection,
+    broker: BrokerSection,
+    relay: Vec<RelaySection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CosmosSection {
+    endpoint: Option<String>,
+    key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BrokerSection {
+    kind: BrokerKind,
+    url_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum BrokerKind {
+    Rabbitmq,
+    Nats,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RelaySection {
+    database: String,
+    container: String,
+    lease_database: Option<String>,
+    lease_container: String,
+    partition_key: PartitionKey,
+    source_identity: Option<SourceIdentity>,
+    #[serde(default)]
+    options: OptionsSection,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum PartitionKey {
+    One(String),
+    Levels(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SourceIdentity {
+    monitored: String,
+    lease: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OptionsSection {
+    poll_interval_ms: Option<u64>,
+    lease_expiry_seconds: Option<u64>,
+    publish_timeout_seconds: Option<u64>,
+    max_in_flight: Option<usize>,
+    max_items_per_page: Option<u32>,
+    delivered_status: Option<String>,
+    delivered_ttl_seconds: Option<i64>,
+}
+
+impl OptionsSection {
+    fn relay_options(&self) -> RelayOptions {
+        let mut options = RelayOptions::default();
+        if let Some(ms) = self.poll_interval_ms {
+            options = options.poll_interval(Duration::from_millis(ms));
+        }
+        if let Some(seconds) = self.lease_expiry_seconds {
+            options = options.lease_expiry(Duration::from_secs(seconds));
+        }
+        if let Some(seconds) = self.publish_timeout_seconds {
+            options = options.publish_timeout(Duration::from_secs(seconds));
+        }
+        if let Some(n) = self.max_in_flight {
+            options = options.max_in_flight(n);
+        }
+        if let Some(n) = self.max_items_per_page {
+            options = options.max_items_per_page(n);
+        }
+        if let Some(status) = &self.delivered_status {
+            options = options.delivered_status(status.clone());
+        }
+        if let Some(seconds) = self.delivered_ttl_seconds {
+            options = options.delivered_ttl_seconds(seconds);
+        }
+        options
+    }
+}
+
+/// Runs the relays `path` describes until SIGINT or SIGTERM.
+pub(crate) async fn run(
+    path: &Path,
+    endpoint_flag: Option<&str>,
+    key_file_flag: Option<&Path>,
+) -> Result<u8, Failure> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Failure::Input(format!("cannot read {}: {e}", path.display())))?;
+    // The message and the line only: toml's own rendering quotes the line, which could be a
+    // secret put in the file by mistake.
+    let config: Config = toml::from_str(&text).map_err(|e| {
+        let line = e
+            .span()
+            .map(|span| text[..span.start.min(text.len())].lines().count().max(1));
+        Failure::Input(format!(
+            "{}{} is not a relay configuration: {} (the account key and the broker URL never go \
+             in the file: CHATTER_COSMOS_KEY or key_file, CHATTER_BROKER_URL or url_file)",
+            path.display(),
+            line.map_or_else(String::new, |line| format!(":{line}")),
+            e.message().trim_end()
+        ))
+    })?;
+    if config.relay.is_empty() {
+        return Err(Failure::Input(format!(
+            "{} names no [[relay]]",
+            path.display()
+        )));
+    }
+    let endpoint = endpoint_flag
+        .map(str::to_owned)
+        .or(config.cosmos.endpoint.clone());
+    let key_file = key_file_flag
+        .map(Path::to_path_buf)
+        .or(config.cosmos.key_file.clone());
+    let cosmos = connect_store(endpoint.as_deref(), key_file.as_deref()).await?;
+    let relays = config
+        .relay
+        .iter()
+        .map(|section| relay(&cosmos, section))
+        .collect::<Result<Vec<_>, _>>()?;
+    let url = crate::dead_letters::broker_url(config.broker.url_file.as_deref())?;
+    let unreachable = |e: chatter_runtime::broker::BrokerError| {
+        Failure::Store(format!("cannot reach the broker: {}", chain(&e)))
+    };
+    let running = match config.broker.kind {
+        BrokerKind::Rabbitmq => {
+            start(
+                relays,
+                RabbitMqBroker::connect(&url).await.map_err(unreachable)?,
+            )
+            .await?
+        }
+        BrokerKind::Nats => {
+            start(
+                relays,
+                NatsBroker::connect(&url).await.map_err(unreachable)?,
+            )
+            .await?
+        }
+    };
+    for (processor, leases) in running.owned_leases() {
+        println!("relaying {processor} (leases owned now: {})", leases.len());
+    }
+    println!("chatter relay started; SIGINT or SIGTERM stops it");
+    stopped().await;
+    println!("stopping: pages in flight finish, leases are released");
+    running.shutdown().await;
+    Ok(0)
+}
+
+async fn start(
+    relays: Vec<StandaloneRelay>,
+    broker: impl Broker,
+) -> Result<RunningRelays, Failure> {
+    StandaloneRelay::start_all(relays, broker)
+        .await
+        .map_err(|e| Failure::Input(format!("the relay did not start: {}", chain(&e))))
+}
+
+fn relay(cosmos: &CosmosConnection, section: &RelaySection) -> Result<StandaloneRelay, Failure> {
+    let lease_database = section
+        .lease_database
+        .as_deref()
+        .unwrap_or(&section.database);
+    let paths: Vec<&str> = match &section.partition_key {
+        PartitionKey::One(path) => vec![path.as_str()],
+        PartitionKey::Levels(paths) => paths.iter().map(String::as_str).collect(),
+    };
+    let mut builder = StandaloneRelay::builder(
+        cosmos,
+        (&section.database, &section.container),
+        (lease_database, &section.lease_container),
+    )
+    .partition_key_paths(&paths)
+    .options(section.options.relay_options());
+    if let Some(identity) = &section.source_identity {
+        builder = builder.source_identities(&identity.monitored, &identity.lease);
+    }
+    builder.build().map_err(|e| {
+        Failure::Input(format!(
+            "relay {}/{}: {}",
+            section.database,
+            section.container,
+            chain(&e)
+        ))
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn stopped() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(terminate) => terminate,
+                Err(_) => {
+                    let _ = interrupt.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}
