@@ -35,7 +35,8 @@ use std::process::ExitCode;
 
 use chatter_runtime::cosmos::{CosmosConnection, CosmosStoreError, ENDPOINT_ENV};
 use chatter_runtime::operator::{
-    LeaseServed, OutboxSurvey, Selection, plan_give_up, plan_requeue, survey_leases, survey_outbox,
+    LeaseServed, OutboxSurvey, Selection, estimate_backlog, plan_give_up, plan_requeue,
+    survey_leases, survey_outbox,
 };
 use clap::{Args, Parser, Subcommand};
 
@@ -94,6 +95,14 @@ struct Leases {
     /// The processors' lease expiry: a lease its owner has not written for longer is expired.
     #[arg(long, default_value_t = 30)]
     expiry_seconds: u64,
+    /// Also estimate each lease's backlog (pending Outbox Documents after its checkpoint) of
+    /// the relay of this monitored container (in the same database), reading its change feed.
+    #[arg(long, value_name = "MONITORED_CONTAINER")]
+    backlog_of: Option<String>,
+    /// The relay's processor name, for a relay with a declared source identity (else the name
+    /// a relay of `--backlog-of` through this endpoint has).
+    #[arg(long, requires = "backlog_of")]
+    processor: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -308,11 +317,41 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             )
             .await
         }
-        Command::Leases(Leases { at, expiry_seconds }) => {
+        Command::Leases(Leases {
+            at,
+            expiry_seconds,
+            backlog_of,
+            processor,
+        }) => {
             let expiry = std::time::Duration::from_secs(*expiry_seconds);
-            let leases = survey_leases(&cosmos, &at.database, &at.container, expiry)
+            let mut leases = survey_leases(&cosmos, &at.database, &at.container, expiry)
                 .await
                 .map_err(|error| read_failed("the leases", at, &error))?;
+            if let Some(monitored) = backlog_of {
+                let estimated = estimate_backlog(
+                    &cosmos,
+                    &at.database,
+                    monitored,
+                    &at.container,
+                    processor.as_deref(),
+                    &mut leases,
+                )
+                .await
+                .map_err(|error| {
+                    Failure::Store(format!(
+                        "cannot estimate the backlog of {}/{monitored}: {}",
+                        at.database,
+                        chain(error.as_ref())
+                    ))
+                })?;
+                if !leases.iter().any(|lease| lease.processor == estimated) {
+                    return Err(Failure::Input(format!(
+                        "no lease of processor {estimated} (the relay of {}/{monitored}) in {}/{}; \
+                         a relay with a declared source identity: pass --processor",
+                        at.database, at.database, at.container
+                    )));
+                }
+            }
             print(cli.json, leases.as_slice(), leases_table);
             Ok(u8::from(
                 leases.iter().any(|lease| lease.state != LeaseServed::Owned),

@@ -87,6 +87,7 @@ pub(crate) fn leases_table(leases: &[LeaseView]) -> String {
         "OWNER".to_owned(),
         "LAST WRITTEN".to_owned(),
         "CHECKPOINTED".to_owned(),
+        "BACKLOG".to_owned(),
         "STATE".to_owned(),
     ]];
     for lease in leases {
@@ -98,6 +99,9 @@ pub(crate) fn leases_table(leases: &[LeaseView]) -> String {
                 .last_written_at
                 .map_or_else(|| "?".to_owned(), |at| when(at, now)),
             if lease.checkpointed { "yes" } else { "no" }.to_owned(),
+            lease
+                .backlog
+                .map_or_else(|| "-".to_owned(), |n| n.to_string()),
             match lease.state {
                 LeaseServed::Owned => "owned",
                 LeaseServed::Expired => "EXPIRED (its owner stopped writing it)",

@@ -62,3 +62,94 @@ async fn each_lease_shows_its_owner_and_a_released_one_is_reported_free() {
         assert!(lease["owner"].is_null(), "{lease}");
     }
 }
+
+// With `--backlog-of`, each lease shows the pending Outbox Documents after its checkpoint: here
+// a processor that never checkpoints (its handler always fails), so all three are behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn backlog_of_counts_the_pending_outbox_documents_behind_each_lease() {
+    use chatter_runtime::BrokeredMessage;
+    use chatter_runtime::cosmos::partition_key;
+    use chatter_runtime::testing::{OutboxDocument, create_item};
+    use serde_json::json;
+
+    let (emulator, cosmos) = served_store("orders").await;
+    provision::ensure_lease_container(&cosmos, DB, "orders-leases")
+        .await
+        .unwrap();
+    let orders = cosmos.container(DB, "orders").await.unwrap();
+    for n in 0..3 {
+        let key = format!("o-{n}");
+        let message = BrokeredMessage::json(format!("m-{n}"), "order-events", "{}");
+        let doc = OutboxDocument::build(&message, &["/orderId"], &[json!(key)]).unwrap();
+        create_item(&orders, partition_key(&[json!(key)]).unwrap(), &doc)
+            .await
+            .unwrap();
+    }
+    // Not an Outbox Document: not counted.
+    create_item(
+        &orders,
+        partition_key(&[json!("o-9")]).unwrap(),
+        &json!({ "id": "order-9", "orderId": "o-9" }),
+    )
+    .await
+    .unwrap();
+    let processor = ChangeFeedProcessor::builder(
+        "orders-relay",
+        "host-1",
+        orders.clone(),
+        cosmos.container(DB, "orders-leases").await.unwrap(),
+    )
+    .options(ChangeFeedProcessorOptions::default().with_poll_interval(Duration::from_millis(100)))
+    .start(|_batch: ChangeFeedBatch| Box::pin(async { Err("never handled".into()) }))
+    .await
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while processor.owned_leases().len() < 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the leases are taken"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let estimated = chatter(
+        Some(emulator.endpoint()),
+        None,
+        &[
+            &LEASES[..],
+            &[
+                "--backlog-of",
+                "orders",
+                "--processor",
+                "orders-relay",
+                "--json",
+            ],
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(estimated.status.code(), Some(0), "{}", stdout(&estimated));
+    let leases: Value = serde_json::from_slice(&estimated.stdout).unwrap();
+    let total: u64 = leases
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|lease| lease["backlog"].as_u64().expect("every lease estimated"))
+        .sum();
+    assert_eq!(total, 3, "{leases}");
+
+    // Without --processor, the name a relay of these containers has: none here.
+    let unknown = chatter(
+        Some(emulator.endpoint()),
+        None,
+        &[&LEASES[..], &["--backlog-of", "orders"]].concat(),
+    )
+    .await;
+    assert_eq!(unknown.status.code(), Some(2));
+    assert!(
+        common::stderr(&unknown).contains("pass --processor"),
+        "{}",
+        common::stderr(&unknown)
+    );
+    processor.shutdown().await;
+}

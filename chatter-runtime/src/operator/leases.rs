@@ -26,6 +26,9 @@ pub struct LeaseView {
     pub checkpointed: bool,
     /// Who serves it now, judged against the lease expiry given.
     pub state: LeaseServed,
+    /// The pending Outbox Documents after its checkpoint, when estimated
+    /// ([`estimate_backlog`]); `None` when not asked for, or not readable.
+    pub backlog: Option<u64>,
 }
 
 /// Whether a lease is served.
@@ -76,9 +79,64 @@ pub async fn survey_leases(
             last_written_at: lease.server_timestamp,
             checkpointed: lease.continuation_token.is_some(),
             state,
+            backlog: None,
         });
     })
     .await?;
     leases.sort_by(|a, b| (&a.processor, &a.lease_token).cmp(&(&b.processor, &b.lease_token)));
     Ok(leases)
+}
+
+/// Estimates the backlog of each lease of the relay of `database`/`monitored` whose leases are
+/// in `database`/`lease_container` (the pending Outbox Documents after each lease's checkpoint,
+/// read from the change feed as the relay's own estimator reads it) and fills it into `leases`.
+/// The relay is `processor` when given (a declared source identity's name), else the name a
+/// relay of those containers through this connection's endpoint has.
+///
+/// Only reads; costs what reading the backlog costs (see
+/// [`ChangeFeedEstimator`](cosmos_change_feed::ChangeFeedEstimator)). A lease whose backlog
+/// cannot be read keeps `None`.
+///
+/// # Errors
+///
+/// A container cannot be reached ([`CosmosStoreError`]), or the leases cannot be listed
+/// ([`cosmos_change_feed::StoreError`]).
+pub async fn estimate_backlog(
+    cosmos: &CosmosConnection,
+    database: &str,
+    monitored: &str,
+    lease_container: &str,
+    processor: Option<&str>,
+    leases: &mut [LeaseView],
+) -> Result<String, crate::BoxError> {
+    let processor = match processor {
+        Some(name) => name.to_owned(),
+        None => crate::relay::identity::SourceIdentity::GroundTruth {
+            monitored_endpoint: cosmos.endpoint().to_owned(),
+            monitored_database: database.to_owned(),
+            monitored_container: monitored.to_owned(),
+            lease_endpoint: cosmos.endpoint().to_owned(),
+            lease_database: database.to_owned(),
+            lease_container: lease_container.to_owned(),
+        }
+        .processor_name(),
+    };
+    let estimator = cosmos_change_feed::ChangeFeedEstimator::new(
+        processor.clone(),
+        cosmos.container(database, monitored).await?,
+        cosmos.container(database, lease_container).await?,
+    )
+    .options(crate::RelayOptions::default().processor);
+    let estimates = estimator
+        .estimate(crate::document::is_pending_outbox)
+        .await?;
+    for estimate in estimates {
+        if let Some(lease) = leases
+            .iter_mut()
+            .find(|l| l.processor == processor && l.lease_token == estimate.lease_token)
+        {
+            lease.backlog = estimate.pending.ok();
+        }
+    }
+    Ok(processor)
 }

@@ -8,7 +8,7 @@ mod leases;
 pub(crate) mod outbox;
 mod repair;
 
-pub use leases::{LeaseServed, LeaseView, survey_leases};
+pub use leases::{LeaseServed, LeaseView, estimate_backlog, survey_leases};
 pub use outbox::{OutboxSurvey, PendingByDestination, UndeliverableDocument, survey_outbox};
 pub use repair::{
     AppliedChange, OPERATOR_REASON_FIELD, PlannedChange, RefusedChange, RepairPlan, Selection,
