@@ -16,9 +16,9 @@ use crate::{Confirm, Failure, chain};
 /// The environment variable holding the broker's URL (it may carry a password).
 pub(crate) const BROKER_URL_ENV: &str = "CHATTER_BROKER_URL";
 
-/// How many dead letters `list` shows unless `--limit` says otherwise, and the most a replay or
-/// a discard takes in one run.
+/// How many dead letters `list` shows unless `--limit` says otherwise.
 const DEFAULT_LIMIT: usize = 100;
+/// The most dead letters a replay or a discard reads (and so can take) in one run.
 const MOST: usize = 100_000;
 
 #[derive(Debug, Subcommand)]
@@ -130,6 +130,7 @@ async fn settle(change: &Change, action: DeadLetterAction, json: bool) -> Result
         .list(destination, MOST)
         .await
         .map_err(|e| Failure::Store(format!("cannot read the dead letters: {}", chain(&e))))?;
+    let read = letters.len();
     let selected: Vec<DeadLetter> = letters
         .into_iter()
         .filter(|letter| selection.takes(&letter.message_id))
@@ -153,20 +154,36 @@ async fn settle(change: &Change, action: DeadLetterAction, json: bool) -> Result
             crate::tables::print(true, &report, |_| String::new());
         }
     };
+    let mut shown = String::new();
+    if selected.is_empty() {
+        shown.push_str(&format!(
+            "{verb}: no dead letter of `{destination}` selected\n"
+        ));
+    } else {
+        let target = match action {
+            DeadLetterAction::Replay => format!(" to `{destination}`"),
+            DeadLetterAction::Discard => String::new(),
+        };
+        shown.push_str(&format!(
+            "{verb} will take these {} dead letters{target}:\n{}",
+            selected.len(),
+            table(&selected)
+        ));
+    }
+    for id in &not_found {
+        shown.push_str(&format!("not found: {id}\n"));
+    }
+    if read == MOST {
+        shown.push_str(&format!(
+            "only the first {MOST} dead letters were read; run again for the rest\n"
+        ));
+    }
+    let asking = !selected.is_empty() && !change.confirm.yes && !change.confirm.dry_run;
     if !json {
-        if selected.is_empty() {
-            println!("{verb}: no dead letter of `{destination}` selected");
-        } else {
-            let target = match action {
-                DeadLetterAction::Replay => format!(" to `{destination}`"),
-                DeadLetterAction::Discard => String::new(),
-            };
-            println!("{verb} will take {} dead letters{target}:", selected.len());
-            print!("{}", table(&selected));
-        }
-        for id in &not_found {
-            println!("not found: {id}");
-        }
+        print!("{shown}");
+    } else if asking {
+        // Nobody is asked about a change they were not shown.
+        eprint!("{shown}");
     }
     let problems = !not_found.is_empty();
     if selected.is_empty() || change.confirm.dry_run {
@@ -176,23 +193,32 @@ async fn settle(change: &Change, action: DeadLetterAction, json: bool) -> Result
         report(None);
         return Ok(u8::from(problems));
     }
-    if !change.confirm.yes && !crate::repair::confirmed(selected.len())? {
+    if asking && !crate::repair::confirmed(selected.len())? {
         eprintln!("chatter: nothing was changed");
         report(None);
         return Ok(1);
     }
+    // Exactly the dead letters shown: one that arrived since is not taken.
     let outcome = broker
-        .settle(destination, &selection, action)
+        .settle(destination, &selected, action)
         .await
-        .map_err(|e| Failure::Store(format!("{verb} stopped: {}", chain(&e))))?;
+        .map_err(|e| Failure::Store(format!("{verb} did not start: {}", chain(&e))))?;
     if !json {
         for (id, why) in &outcome.refused {
             println!("not {verb}ed {id}: {why}");
         }
         println!("{} dead letters {verb}ed", outcome.done.len());
     }
+    if let Some(error) = &outcome.failed {
+        eprintln!(
+            "chatter: {verb} stopped part-way ({} done): {error}",
+            outcome.done.len()
+        );
+    }
     report(Some(&outcome));
-    Ok(u8::from(problems || !outcome.refused.is_empty()))
+    Ok(u8::from(
+        problems || !outcome.refused.is_empty() || outcome.failed.is_some(),
+    ))
 }
 
 /// The broker's URL from `file`, else from `CHATTER_BROKER_URL` (never a flag: it may hold a

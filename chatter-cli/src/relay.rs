@@ -4,7 +4,7 @@
 //!
 //! ```toml
 //! [cosmos]
-//! endpoint = "https://my-account.documents.azure.com:443/" # else CHATTER_COSMOS_ENDPOINT
+//! endpoint = "https://my-account.documents.azure.com:443/" # --endpoint / CHATTER_COSMOS_ENDPOINT win
 //! key_file = "/run/secrets/cosmos-key"   # else CHATTER_COSMOS_KEY; neither: emulator or Entra ID
 //!
 //! [broker]
@@ -39,6 +39,7 @@ use chatter_runtime::{RelayOptions, RunningRelays, StandaloneRelay};
 use serde::Deserialize;
 
 use crate::{Failure, chain, connect_store};
+use chatter_runtime::error::RelayError;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -148,9 +149,10 @@ pub(crate) async fn run(
     // The message and the line only: toml's own rendering quotes the line, which could be a
     // secret put in the file by mistake.
     let config: Config = toml::from_str(&text).map_err(|e| {
-        let line = e
-            .span()
-            .map(|span| text[..span.start.min(text.len())].lines().count().max(1));
+        let line = e.span().map(|span| {
+            text.get(..span.start)
+                .map_or(1, |before| before.matches('\n').count() + 1)
+        });
         Failure::Input(format!(
             "{}{} is not a relay configuration: {} (the account key and the broker URL never go \
              in the file: CHATTER_COSMOS_KEY or key_file, CHATTER_BROKER_URL or url_file)",
@@ -213,7 +215,26 @@ async fn start(
 ) -> Result<RunningRelays, Failure> {
     StandaloneRelay::start_all(relays, broker)
         .await
-        .map_err(|e| Failure::Input(format!("the relay did not start: {}", chain(&e))))
+        .map_err(|error| {
+            let message = format!("the relay did not start: {}", chain(&error));
+            // What an operator changes in the configuration or the containers is bad input; a
+            // store or broker that did not answer is not.
+            match &error {
+                RelayError::Processor { .. } => Failure::Store(message),
+                RelayError::Container { source, .. } if source.status() != Some(404) => {
+                    Failure::Store(message)
+                }
+                RelayError::Broker(source)
+                    if !matches!(
+                        source,
+                        chatter_runtime::broker::BrokerError::Misconfigured { .. }
+                    ) =>
+                {
+                    Failure::Store(message)
+                }
+                _ => Failure::Input(message),
+            }
+        })
 }
 
 fn relay(cosmos: &CosmosConnection, section: &RelaySection) -> Result<StandaloneRelay, Failure> {

@@ -46,8 +46,12 @@ pub(crate) async fn run_plan(
             print!("{}", applied_table(&applied));
         }
     };
+    let asking = !plan.changes.is_empty() && !confirm.yes && !confirm.dry_run;
     if !json {
         print!("{}", plan_table(verb, &plan));
+    } else if asking {
+        // Nobody is asked about a change they were not shown.
+        eprint!("{}", plan_table(verb, &plan));
     }
     if plan.changes.is_empty() {
         report(None);
@@ -96,6 +100,7 @@ fn plan_table(verb: &str, plan: &RepairPlan) -> String {
     } else {
         let mut rows = vec![[
             "MESSAGE ID".to_owned(),
+            "PARTITION KEY".to_owned(),
             "DESTINATION".to_owned(),
             "STATUS".to_owned(),
             "VIOLATIONS".to_owned(),
@@ -103,6 +108,7 @@ fn plan_table(verb: &str, plan: &RepairPlan) -> String {
         for change in &plan.changes {
             rows.push([
                 change.message_id.clone(),
+                serde_json::to_string(&change.partition_key).unwrap_or_default(),
                 change.destination.clone(),
                 format!("{} -> {}", change.from, change.to),
                 if change.violations.is_empty() {
@@ -120,9 +126,10 @@ fn plan_table(verb: &str, plan: &RepairPlan) -> String {
     }
     for refused in &plan.refused {
         out.push_str(&format!(
-            "refused {}: it still violates the contract ({}); fix the document, or --force to requeue it anyway (the relay checks it again)\n",
+            "refused {} {}: {}\n",
             refused.message_id,
-            refused.violations.join("; ")
+            serde_json::to_string(&refused.partition_key).unwrap_or_default(),
+            refused.why
         ));
     }
     for id in &plan.not_found {

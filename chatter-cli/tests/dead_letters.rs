@@ -97,7 +97,7 @@ async fn rabbitmq_dead_letters_are_listed_replayed_with_their_id_and_discarded()
     )
     .await;
     assert_eq!(dry.status.code(), Some(0), "{}", stderr(&dry));
-    assert!(stdout(&dry).contains("discard will take 2 dead letters"));
+    assert!(stdout(&dry).contains("discard will take these 2 dead letters"));
 
     let mut commands = broker.subscribe(d).await.unwrap();
     let replayed = chatter_on_broker(
@@ -258,4 +258,68 @@ async fn the_broker_password_is_never_printed_and_a_missing_url_is_bad_input() {
         "{}",
         stderr(&output)
     );
+}
+
+// A replay or a discard takes exactly the dead letters that were listed (and shown): one that
+// arrives between the listing and the settling stays where it is.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_letter_that_arrives_after_the_listing_is_not_taken() {
+    use chatter_runtime::broker::{DeadLetterAction, DeadLetters};
+
+    let rabbitmq = RabbitMqBroker::connect(RABBITMQ).await.unwrap();
+    let nats = NatsBroker::connect(NATS).await.unwrap();
+    let prefix = format!("chatter-test-dl-{}", uuid::Uuid::new_v4().simple());
+    let stream = format!("CHATTER_TEST_DL_{}", uuid::Uuid::new_v4().simple());
+    nats.jetstream()
+        .create_stream(Config {
+            name: stream.clone(),
+            subjects: vec![format!("{prefix}.>")],
+            duplicate_window: Duration::from_secs(300),
+            max_age: Duration::from_secs(600),
+            ..Config::default()
+        })
+        .await
+        .unwrap();
+    let destination = format!("{prefix}.orders");
+    let d = destination.as_str();
+    let brokers: [(&dyn DeadLetters, &dyn Broker); 2] = [(&rabbitmq, &rabbitmq), (&nats, &nats)];
+    for (dead_letters, broker) in brokers {
+        for id in ["d-1", "d-2"] {
+            broker.publish(letter(id, d, "poison")).await.unwrap();
+        }
+        let listed = dead_letters.list(d, 100).await.unwrap();
+        assert_eq!(listed.len(), 2);
+        broker.publish(letter("d-late", d, "poison")).await.unwrap();
+        let outcome = dead_letters
+            .settle(d, &listed, DeadLetterAction::Discard)
+            .await
+            .unwrap();
+        assert_eq!(outcome.done, ["d-1", "d-2"]);
+        assert!(
+            outcome.refused.is_empty() && outcome.failed.is_none(),
+            "{outcome:?}"
+        );
+        let left = dead_letters.list(d, 100).await.unwrap();
+        let ids: Vec<&str> = left.iter().map(|l| l.message_id.as_str()).collect();
+        assert_eq!(ids, ["d-late"]);
+        // Listed again and settled twice: the second finds it gone, and says so.
+        let outcome = dead_letters
+            .settle(d, &left, DeadLetterAction::Discard)
+            .await
+            .unwrap();
+        assert_eq!(outcome.done, ["d-late"]);
+        let again = dead_letters
+            .settle(d, &left, DeadLetterAction::Discard)
+            .await
+            .unwrap();
+        assert!(
+            again.done.is_empty() && again.refused.len() == 1,
+            "{again:?}"
+        );
+    }
+    rabbitmq
+        .delete_queue(&dead_letter_destination(d))
+        .await
+        .unwrap();
+    let _ = nats.jetstream().delete_stream(&stream).await;
 }

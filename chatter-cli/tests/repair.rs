@@ -117,10 +117,10 @@ async fn requeue_refuses_a_document_that_still_violates_the_contract_unless_forc
     assert_eq!(refused.status.code(), Some(1));
     let text = stdout(&refused);
     assert!(
-        text.contains("refused m-poison: it still violates the contract"),
+        text.contains("refused m-poison") && text.contains("it still violates the contract"),
         "{text}"
     );
-    assert!(text.contains("--force"), "{text}");
+    assert!(text.contains("force it"), "{text}");
     assert_eq!(status(&cosmos, "m-poison").await, "undeliverable");
 
     let missing = chatter(
@@ -295,4 +295,35 @@ async fn a_document_changed_since_the_plan_read_it_is_left_as_it_is() {
     let why = applied[0].failed.as_deref().expect("not applied");
     assert!(why.contains("changed since it was read"), "{why}");
     assert_eq!(status(&cosmos, "m-pay").await, "delivered");
+}
+
+// One message id in two logical partitions: an id must name one document, so neither is taken.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_id_that_several_documents_have_is_refused_for_each() {
+    let (emulator, cosmos) = store().await;
+    let orders = cosmos.container(DB, CONTAINER).await.unwrap();
+    for key in ["o-1", "o-2"] {
+        let message = BrokeredMessage::json("m-twin", "payments", r#"{"orderId":"x"}"#);
+        let doc = OutboxDocument::build(&message, &["/orderId"], &[json!(key)]).unwrap();
+        create_item(&orders, partition_key(&[json!(key)]).unwrap(), &doc)
+            .await
+            .unwrap();
+    }
+    let output = chatter(
+        Some(emulator.endpoint()),
+        None,
+        &args(
+            &["outbox", "give-up"],
+            &["--id", "m-twin", "--reason", "stuck", "--yes"],
+        ),
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert_eq!(text.matches("refused m-twin").count(), 2, "{text}");
+    assert!(text.contains("several documents"), "{text}");
+    assert!(
+        text.contains("[\"o-1\"]") && text.contains("[\"o-2\"]"),
+        "{text}"
+    );
 }

@@ -20,6 +20,10 @@ const BODY_SHOWN: usize = 200;
 /// A message in a dead-letter destination, as an operator sees it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DeadLetter {
+    /// Where it was found: its stream sequence (NATS), its place in the queue counted from 0
+    /// (RabbitMQ). [`DeadLetters::settle`] acts on the dead letter found there, and only if it
+    /// still has this message id.
+    pub position: u64,
     /// Its message id (`<none>` when it carried none).
     pub message_id: String,
     /// Why it was dead-lettered.
@@ -35,9 +39,10 @@ pub struct DeadLetter {
 
 #[cfg(any(feature = "rabbitmq", feature = "nats"))]
 impl DeadLetter {
-    /// A dead letter that decoded as `message`.
-    pub(crate) fn of(message: &BrokeredMessage) -> Self {
+    /// A dead letter at `position` that decoded as `message`.
+    pub(crate) fn of(position: u64, message: &BrokeredMessage) -> Self {
         Self {
+            position,
             message_id: message.message_id.clone(),
             reason: message
                 .context
@@ -53,9 +58,15 @@ impl DeadLetter {
         }
     }
 
-    /// A dead letter that is no Brokered Message.
-    pub(crate) fn raw(message_id: Option<String>, reason: Option<String>, body: &[u8]) -> Self {
+    /// A dead letter at `position` that is no Brokered Message.
+    pub(crate) fn raw(
+        position: u64,
+        message_id: Option<String>,
+        reason: Option<String>,
+        body: &[u8],
+    ) -> Self {
         Self {
+            position,
             message_id: message_id.unwrap_or_else(|| "<none>".to_owned()),
             reason,
             attempts: None,
@@ -107,8 +118,12 @@ pub enum DeadLetterAction {
 pub struct DeadLetterOutcome {
     /// The message ids replayed or discarded.
     pub done: Vec<String>,
-    /// Selected dead letters left where they are, with why (e.g. no Brokered Message to replay).
+    /// Chosen dead letters left where they are, with why (no Brokered Message to replay, no
+    /// longer where it was listed).
     pub refused: Vec<(String, String)>,
+    /// The error that stopped the run before every chosen dead letter was handled (those in
+    /// `done` were).
+    pub failed: Option<String>,
 }
 
 /// A broker whose dead-letter destinations an operator can browse and settle.
@@ -120,13 +135,15 @@ pub trait DeadLetters: Send + Sync {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<DeadLetter>, BrokerError>>;
 
-    /// Replays or discards the dead letters of `destination` that `selection` takes. A replay
-    /// is published (and confirmed) before its dead letter is removed: a failure between the
-    /// two leaves it to be replayed again, never lost.
+    /// Replays or discards exactly the dead letters `chosen` (as [`list`](Self::list) gave
+    /// them): each one found at its position with its message id, never one that arrived
+    /// since. A replay is published (and confirmed) before its dead letter is removed: a
+    /// failure between the two leaves it to be replayed again, never lost. A failure part-way
+    /// is reported in [`DeadLetterOutcome::failed`] with what was done before it.
     fn settle<'a>(
         &'a self,
         destination: &'a str,
-        selection: &'a DeadLetterSelection,
+        chosen: &'a [DeadLetter],
         action: DeadLetterAction,
     ) -> BoxFuture<'a, Result<DeadLetterOutcome, BrokerError>>;
 }

@@ -77,13 +77,19 @@ pub(crate) async fn bounded<T>(
 }
 
 #[cfg(any(feature = "rabbitmq", feature = "nats"))]
-/// `uri` without its password, for logs and error messages.
+/// `uri` without its password (or its token, when the user part is one alone), for logs and
+/// error messages.
 pub(crate) fn redact_uri(uri: &str) -> String {
     match (uri.find("://"), uri.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let userinfo = &uri[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{}{user}:***{}", &uri[..scheme + 3], &uri[at..])
+            match userinfo.split_once(':') {
+                Some((user, _password)) => {
+                    format!("{}{user}:***{}", &uri[..scheme + 3], &uri[at..])
+                }
+                // A token alone (`nats://TOKEN@host`) is the secret itself.
+                None => format!("{}***{}", &uri[..scheme + 3], &uri[at..]),
+            }
         }
         _ => uri.to_owned(),
     }

@@ -49,23 +49,25 @@ pub struct PlannedChange {
     /// The contract violations found in it now (a forced requeue carries some: the relay will
     /// stamp it undeliverable again unless they no longer apply).
     pub violations: Vec<String>,
-    #[serde(skip)]
-    key: Vec<Value>,
+    /// Its partition-key values.
+    pub partition_key: Vec<Value>,
     #[serde(skip)]
     etag: String,
     #[serde(skip)]
     operations: Vec<PatchOp>,
 }
 
-/// A selected document a requeue will not touch, and why.
+/// A selected document a repair will not touch, and why.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RefusedChange {
     /// The document id.
     pub id: String,
     /// Its `MessageId`.
     pub message_id: String,
-    /// Why: the violations it still has (`--force` overrides).
-    pub violations: Vec<String>,
+    /// Its partition-key values.
+    pub partition_key: Vec<Value>,
+    /// Why it is left alone.
+    pub why: String,
 }
 
 /// A repair, planned: nothing is written until [`apply`].
@@ -105,12 +107,17 @@ pub async fn plan_requeue(
 ) -> Result<RepairPlan, CosmosStoreError> {
     let candidates = candidates(cosmos, database, container, STATUS_UNDELIVERABLE).await?;
     let mut plan = RepairPlan::default();
-    for candidate in select(candidates, selection, &mut plan.not_found) {
+    for candidate in select(candidates, selection, &mut plan) {
         if !candidate.violations.is_empty() && !force {
             plan.refused.push(RefusedChange {
+                why: format!(
+                    "it still violates the contract ({}); fix the document, or force it (the \
+                     relay checks it again)",
+                    candidate.violations.join("; ")
+                ),
                 id: candidate.id,
                 message_id: candidate.message_id,
-                violations: candidate.violations,
+                partition_key: candidate.key,
             });
             continue;
         }
@@ -140,7 +147,7 @@ pub async fn plan_give_up(
 ) -> Result<RepairPlan, CosmosStoreError> {
     let candidates = candidates(cosmos, database, container, STATUS_PENDING).await?;
     let mut plan = RepairPlan::default();
-    for candidate in select(candidates, selection, &mut plan.not_found) {
+    for candidate in select(candidates, selection, &mut plan) {
         let operations = vec![
             PatchOp::Set(STATUS_PATH.to_owned(), STATUS_UNDELIVERABLE.into()),
             PatchOp::Set(format!("/{OPERATOR_REASON_FIELD}"), reason.into()),
@@ -166,7 +173,7 @@ pub async fn apply(
     let container = cosmos.container(database, container).await?;
     let mut applied = Vec::with_capacity(plan.changes.len());
     for change in &plan.changes {
-        let failed = match partition_key::sdk_key(&change.key) {
+        let failed = match partition_key::sdk_key(&change.partition_key) {
             Err(error) => Some(format!("its partition key cannot be used: {error}")),
             Ok(key) => {
                 match patch_item_if_match(&container, key, &change.id, &change.operations, &change.etag)
@@ -213,7 +220,7 @@ impl Candidate {
             from: self.status,
             to: to.to_owned(),
             violations: self.violations,
-            key: self.key,
+            partition_key: self.key,
             etag: self.etag,
             operations,
         }
@@ -260,26 +267,49 @@ async fn candidates(
     Ok(found)
 }
 
-/// The candidates `selection` takes; ids asked for that none is go to `not_found`.
+/// The candidates `selection` takes. An id asked for that none is goes to `plan.not_found`; one
+/// that several documents have (one message id in several logical partitions) is refused for
+/// each of them: an id must name one document.
 fn select(
     candidates: Vec<Candidate>,
     selection: &Selection,
-    not_found: &mut Vec<String>,
+    plan: &mut RepairPlan,
 ) -> Vec<Candidate> {
     match selection {
         Selection::Ids(ids) => {
+            let named = |c: &Candidate| ids.iter().any(|id| c.id == *id || c.message_id == *id);
             for id in ids {
                 if !candidates
                     .iter()
                     .any(|c| c.id == *id || c.message_id == *id)
                 {
-                    not_found.push(id.clone());
+                    plan.not_found.push(id.clone());
                 }
             }
-            candidates
-                .into_iter()
-                .filter(|c| ids.iter().any(|id| c.id == *id || c.message_id == *id))
-                .collect()
+            let taken: Vec<Candidate> = candidates.into_iter().filter(named).collect();
+            // Document ids are minted from message ids: documents that share one are in other
+            // logical partitions, and an id must name one document.
+            let mut sharing = std::collections::BTreeMap::<String, usize>::new();
+            for candidate in &taken {
+                *sharing.entry(candidate.message_id.clone()).or_default() += 1;
+            }
+            let mut unique = Vec::with_capacity(taken.len());
+            for candidate in taken {
+                if sharing.get(&candidate.message_id).copied().unwrap_or(0) > 1 {
+                    plan.refused.push(RefusedChange {
+                        why: "several documents (in other logical partitions) have this id: \
+                              select them by destination, or change them one at a time in the \
+                              store"
+                            .to_owned(),
+                        id: candidate.id,
+                        message_id: candidate.message_id,
+                        partition_key: candidate.key,
+                    });
+                } else {
+                    unique.push(candidate);
+                }
+            }
+            unique
         }
         Selection::Destination(destination) => candidates
             .into_iter()

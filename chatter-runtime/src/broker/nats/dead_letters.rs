@@ -10,9 +10,10 @@ use futures::future::BoxFuture;
 use super::NatsBroker;
 use super::codec::{DEAD_LETTER_REASON_HEADER, NATS_MSG_ID, decode, headers};
 use crate::broker::dead_letters::{
-    DeadLetter, DeadLetterAction, DeadLetterOutcome, DeadLetterSelection, DeadLetters, replayed,
+    DeadLetter, DeadLetterAction, DeadLetterOutcome, DeadLetters, replayed,
 };
 use crate::broker::{BrokerError, Refusal, dead_letter_destination};
+use crate::error_chain::ErrorChain;
 
 impl NatsBroker {
     /// The stream storing `destination`'s dead letters; `None` when no stream does (so there
@@ -66,8 +67,9 @@ impl NatsBroker {
 
 fn letter(destination: &str, message: &StreamMessage) -> DeadLetter {
     match decode(destination, Some(&message.headers), &message.payload) {
-        Ok(decoded) => DeadLetter::of(&decoded),
+        Ok(decoded) => DeadLetter::of(message.sequence, &decoded),
         Err(_) => DeadLetter::raw(
+            message.sequence,
             message
                 .headers
                 .get(NATS_MSG_ID)
@@ -100,7 +102,7 @@ impl DeadLetters for NatsBroker {
     fn settle<'a>(
         &'a self,
         destination: &'a str,
-        selection: &'a DeadLetterSelection,
+        chosen: &'a [DeadLetter],
         action: DeadLetterAction,
     ) -> BoxFuture<'a, Result<DeadLetterOutcome, BrokerError>> {
         async move {
@@ -108,48 +110,87 @@ impl DeadLetters for NatsBroker {
             let Some(stream) = self.dead_letter_stream(destination).await? else {
                 return Ok(outcome);
             };
-            let subject = dead_letter_destination(destination);
-            for stored in self.stored(&stream, destination, usize::MAX).await? {
-                let shown = letter(destination, &stored);
-                if !selection.takes(&shown.message_id) {
-                    continue;
+            for shown in chosen {
+                match self.settle_one(&stream, destination, shown, action).await {
+                    Ok(Settled::Done) => outcome.done.push(shown.message_id.clone()),
+                    Ok(Settled::Refused(why)) => {
+                        outcome
+                            .refused
+                            .push((shown.message_id.clone(), why.to_owned()));
+                    }
+                    Err(error) => {
+                        outcome.failed = Some(ErrorChain(&error).to_string());
+                        break;
+                    }
                 }
-                if action == DeadLetterAction::Replay {
-                    let Ok(message) = decode(&subject, Some(&stored.headers), &stored.payload)
-                    else {
-                        outcome.refused.push((
-                            shown.message_id,
-                            "it is no Brokered Message: discard it".to_owned(),
-                        ));
-                        continue;
-                    };
-                    let message = replayed(message, destination);
-                    let mut replay_headers = headers(&message)?;
-                    // Not the original's id, which the stream may still hold within its
-                    // duplicate window: one per dead letter, so a replay repeated after a crash
-                    // before the removal below is still stored once.
-                    replay_headers.insert(
-                        NATS_MSG_ID,
-                        format!(
-                            "{destination}/{}:replay:{}",
-                            message.message_id, stored.sequence
-                        )
-                        .as_str(),
-                    );
-                    let publish = PublishMessage::build()
-                        .headers(replay_headers)
-                        .payload(Bytes::from(message.body.clone().into_bytes()));
-                    self.inner
-                        .publish_to(&message.message_id, destination, publish)
-                        .await?;
-                }
-                stream.delete_message(stored.sequence).await.map_err(|e| {
-                    BrokerError::transport(format!("remove a dead letter of `{subject}`"), e)
-                })?;
-                outcome.done.push(shown.message_id);
             }
             Ok(outcome)
         }
         .boxed()
+    }
+}
+
+enum Settled {
+    Done,
+    Refused(&'static str),
+}
+
+impl NatsBroker {
+    /// Replays or discards the dead letter stored at `shown.position`, if it is still the one
+    /// shown.
+    async fn settle_one(
+        &self,
+        stream: &Stream,
+        destination: &str,
+        shown: &DeadLetter,
+        action: DeadLetterAction,
+    ) -> Result<Settled, BrokerError> {
+        let subject = dead_letter_destination(destination);
+        let stored = match stream.get_raw_message(shown.position).await {
+            Ok(stored) => stored,
+            Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => {
+                return Ok(Settled::Refused("it is no longer there: list again"));
+            }
+            Err(error) => {
+                return Err(BrokerError::transport(format!("read `{subject}`"), error));
+            }
+        };
+        if stored.subject.as_str() != subject
+            || letter(destination, &stored).message_id != shown.message_id
+        {
+            return Ok(Settled::Refused("it is no longer there: list again"));
+        }
+        if action == DeadLetterAction::Replay {
+            let Ok(message) = decode(&subject, Some(&stored.headers), &stored.payload) else {
+                return Ok(Settled::Refused("it is no Brokered Message: discard it"));
+            };
+            let message = replayed(message, destination);
+            let mut replay_headers = headers(&message)?;
+            // Not the original's id, which the stream may still hold within its duplicate
+            // window, but one per stored dead letter (its sequence and when it was stored, so a
+            // recreated stream's reused sequence is another one): a replay repeated after a
+            // crash before the removal below is taken for the duplicate it is, and the dead
+            // letter it already replayed is removed.
+            replay_headers.insert(
+                NATS_MSG_ID,
+                format!(
+                    "{destination}/{}:replay:{}:{}",
+                    message.message_id,
+                    stored.sequence,
+                    stored.time.unix_timestamp_nanos()
+                )
+                .as_str(),
+            );
+            let publish = PublishMessage::build()
+                .headers(replay_headers)
+                .payload(Bytes::from(message.body.clone().into_bytes()));
+            self.inner
+                .publish_to(&message.message_id, destination, publish)
+                .await?;
+        }
+        stream.delete_message(stored.sequence).await.map_err(|e| {
+            BrokerError::transport(format!("remove a dead letter of `{subject}`"), e)
+        })?;
+        Ok(Settled::Done)
     }
 }

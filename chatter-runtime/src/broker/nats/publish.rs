@@ -50,13 +50,14 @@ impl Inner {
         }
     }
 
-    /// One publish of `publish` to `destination`, and its ack.
+    /// One publish of `publish` to `destination`, and its ack: whether the stream took it for
+    /// a duplicate of one it holds.
     pub(super) async fn publish_to(
         &self,
         message_id: &str,
         destination: &str,
         publish: Publish,
-    ) -> Result<(), BrokerError> {
+    ) -> Result<bool, BrokerError> {
         let acked = async {
             self.jetstream
                 .send_publish(destination.to_owned(), publish)
@@ -67,7 +68,7 @@ impl Inner {
             // A duplicate is a message the stream already holds: published, as the relay needs.
             Ok(ack) => {
                 self.check_window_once(&ack.stream);
-                Ok(())
+                Ok(ack.duplicate)
             }
             Err(error) => Err(publish_error(message_id, destination, error)),
         }
@@ -80,6 +81,7 @@ impl Inner {
     ) -> Result<(), BrokerError> {
         self.publish_to(&message.message_id, &message.destination, publish)
             .await
+            .map(|_duplicate| ())
     }
 }
 

@@ -281,6 +281,10 @@ mod tests {
             "amqp://guest:***@host:5672/%2f"
         );
         assert_eq!(redact("amqp://host:5672"), "amqp://host:5672");
+        assert_eq!(
+            redact("nats://s3cr3t-token@host:4222"),
+            "nats://***@host:4222"
+        );
         assert_eq!(redact("not a uri @ all"), "not a uri @ all");
     }
 }

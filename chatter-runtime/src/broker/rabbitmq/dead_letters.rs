@@ -12,60 +12,54 @@ use lapin::types::{AMQPValue, ShortString};
 use super::RabbitMqBroker;
 use super::codec::{DEAD_LETTER_REASON_HEADER, decode, queue_name};
 use crate::broker::dead_letters::{
-    DeadLetter, DeadLetterAction, DeadLetterOutcome, DeadLetterSelection, DeadLetters, replayed,
+    DeadLetter, DeadLetterAction, DeadLetterOutcome, DeadLetters, replayed,
 };
 use crate::broker::{BrokerError, dead_letter_destination};
+use crate::error_chain::ErrorChain;
 
 impl RabbitMqBroker {
-    /// Takes up to `limit` messages of `destination`'s dead-letter queue (unacked) on a channel
-    /// of its own; whatever the caller leaves unacked goes back to the queue when it closes the
-    /// channel ([`close`]).
-    async fn take(
-        &self,
-        destination: &str,
-        limit: usize,
-    ) -> Result<(Channel, Vec<(DeadLetter, Delivery)>), BrokerError> {
-        let dead_letters = dead_letter_destination(destination);
-        let queue = queue_name(&dead_letters)?;
+    /// A channel of its own on which `destination`'s dead-letter queue is browsed: everything
+    /// taken from it and not acked goes back to the queue when it closes ([`close`]).
+    async fn browsing(&self) -> Result<Channel, BrokerError> {
         let connection = self.inner.connection().await?;
-        let channel = connection
+        connection
             .create_channel()
             .await
-            .map_err(|e| BrokerError::transport("channel.open", e))?;
-        let mut taken = Vec::new();
-        while taken.len() < limit {
-            let got = channel
-                .basic_get(queue.clone(), BasicGetOptions { no_ack: false })
-                .await;
-            let message = match got {
-                Ok(Some(message)) => message,
-                Ok(None) => break,
-                // The queue was never declared: no dead letters.
-                Err(error) if is_not_found(&error) => break,
-                Err(error) => {
-                    close(&channel).await;
-                    return Err(BrokerError::transport(
-                        format!("basic.get `{dead_letters}`"),
-                        error,
-                    ));
-                }
-            };
-            let delivery = message.delivery;
-            let letter = match decode(&dead_letters, &delivery) {
-                Ok(message) => DeadLetter::of(&message),
-                Err(_) => DeadLetter::raw(
-                    delivery
-                        .properties
-                        .message_id()
-                        .as_ref()
-                        .map(|id| id.as_str().to_owned()),
-                    reason_header(&delivery),
-                    &delivery.data,
-                ),
-            };
-            taken.push((letter, delivery));
-        }
-        Ok((channel, taken))
+            .map_err(|e| BrokerError::transport("channel.open", e))
+    }
+}
+
+/// The next message of `queue` on `channel`, unacked; `None` when it is empty (or was never
+/// declared).
+async fn next(channel: &Channel, queue: &ShortString) -> Result<Option<Delivery>, BrokerError> {
+    match channel
+        .basic_get(queue.clone(), BasicGetOptions { no_ack: false })
+        .await
+    {
+        Ok(Some(message)) => Ok(Some(message.delivery)),
+        Ok(None) => Ok(None),
+        Err(error) if is_not_found(&error) => Ok(None),
+        Err(error) => Err(BrokerError::transport(
+            format!("basic.get `{queue}`"),
+            error,
+        )),
+    }
+}
+
+/// `delivery`, found at `position` of `dead_letters`, as an operator sees it.
+fn described(dead_letters: &str, position: u64, delivery: &Delivery) -> DeadLetter {
+    match decode(dead_letters, delivery) {
+        Ok(message) => DeadLetter::of(position, &message),
+        Err(_) => DeadLetter::raw(
+            position,
+            delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.as_str().to_owned()),
+            reason_header(delivery),
+            &delivery.data,
+        ),
     }
 }
 
@@ -101,9 +95,22 @@ impl DeadLetters for RabbitMqBroker {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<DeadLetter>, BrokerError>> {
         async move {
-            let (channel, taken) = self.take(destination, limit).await?;
+            let dead_letters = dead_letter_destination(destination);
+            let queue = queue_name(&dead_letters)?;
+            let channel = self.browsing().await?;
+            let mut letters = Vec::new();
+            let listed = async {
+                while letters.len() < limit {
+                    let Some(delivery) = next(&channel, &queue).await? else {
+                        break;
+                    };
+                    letters.push(described(&dead_letters, letters.len() as u64, &delivery));
+                }
+                Ok(())
+            }
+            .await;
             close(&channel).await;
-            Ok(taken.into_iter().map(|(letter, _)| letter).collect())
+            listed.map(|()| letters)
         }
         .boxed()
     }
@@ -111,52 +118,92 @@ impl DeadLetters for RabbitMqBroker {
     fn settle<'a>(
         &'a self,
         destination: &'a str,
-        selection: &'a DeadLetterSelection,
+        chosen: &'a [DeadLetter],
         action: DeadLetterAction,
     ) -> BoxFuture<'a, Result<DeadLetterOutcome, BrokerError>> {
         async move {
-            let (channel, taken) = self.take(destination, usize::MAX).await?;
-            let settled = self
-                .settle_taken(destination, taken, selection, action)
-                .await;
+            let dead_letters = dead_letter_destination(destination);
+            let queue = queue_name(&dead_letters)?;
+            let channel = self.browsing().await?;
+            let mut outcome = DeadLetterOutcome::default();
+            let mut found = vec![false; chosen.len()];
+            // Only as far as the last chosen position: what arrived since is never reached.
+            let last = chosen.iter().map(|letter| letter.position).max();
+            let mut position = 0;
+            while last.is_some_and(|last| position <= last) {
+                let delivery = match next(&channel, &queue).await {
+                    Ok(Some(delivery)) => delivery,
+                    Ok(None) => break,
+                    Err(error) => {
+                        outcome.failed = Some(ErrorChain(&error).to_string());
+                        break;
+                    }
+                };
+                let at = chosen.iter().position(|letter| letter.position == position);
+                position += 1;
+                let Some(at) = at else {
+                    continue;
+                };
+                let shown = &chosen[at];
+                if described(&dead_letters, shown.position, &delivery).message_id
+                    != shown.message_id
+                {
+                    continue;
+                }
+                found[at] = true;
+                if let Err(error) = self
+                    .settle_one(destination, &dead_letters, &delivery, action, &mut outcome)
+                    .await
+                {
+                    outcome.failed = Some(ErrorChain(&error).to_string());
+                    break;
+                }
+            }
             close(&channel).await;
-            settled
+            if outcome.failed.is_none() {
+                for (letter, found) in chosen.iter().zip(found) {
+                    if !found {
+                        outcome.refused.push((
+                            letter.message_id.clone(),
+                            "it is no longer where it was listed (the queue changed): list again"
+                                .to_owned(),
+                        ));
+                    }
+                }
+            }
+            Ok(outcome)
         }
         .boxed()
     }
 }
 
 impl RabbitMqBroker {
-    async fn settle_taken(
+    /// Replays (publish, confirm, then ack) or discards (ack) one dead letter.
+    async fn settle_one(
         &self,
         destination: &str,
-        taken: Vec<(DeadLetter, Delivery)>,
-        selection: &DeadLetterSelection,
+        dead_letters: &str,
+        delivery: &Delivery,
         action: DeadLetterAction,
-    ) -> Result<DeadLetterOutcome, BrokerError> {
-        let dead_letters = dead_letter_destination(destination);
-        let mut outcome = DeadLetterOutcome::default();
-        for (letter, delivery) in taken {
-            if !selection.takes(&letter.message_id) {
-                continue;
-            }
-            if action == DeadLetterAction::Replay {
-                let Ok(message) = decode(&dead_letters, &delivery) else {
-                    outcome.refused.push((
-                        letter.message_id,
-                        "it is no Brokered Message: discard it".to_owned(),
-                    ));
-                    continue;
-                };
-                self.inner.publish(replayed(message, destination)).await?;
-            }
-            delivery
-                .acker
-                .ack(BasicAckOptions::default())
-                .await
-                .map_err(|e| BrokerError::transport("basic.ack", e))?;
-            outcome.done.push(letter.message_id);
+        outcome: &mut DeadLetterOutcome,
+    ) -> Result<(), BrokerError> {
+        let shown = described(dead_letters, 0, delivery);
+        if action == DeadLetterAction::Replay {
+            let Ok(message) = decode(dead_letters, delivery) else {
+                outcome.refused.push((
+                    shown.message_id,
+                    "it is no Brokered Message: discard it".to_owned(),
+                ));
+                return Ok(());
+            };
+            self.inner.publish(replayed(message, destination)).await?;
         }
-        Ok(outcome)
+        delivery
+            .acker
+            .ack(BasicAckOptions::default())
+            .await
+            .map_err(|e| BrokerError::transport("basic.ack", e))?;
+        outcome.done.push(shown.message_id);
+        Ok(())
     }
 }
