@@ -64,6 +64,24 @@ fn args<'a>(
     args
 }
 
+/// A stream of the test's own on `broker`'s server storing `<prefix>.>`: its name and prefix.
+async fn test_stream(broker: &NatsBroker) -> (String, String) {
+    let prefix = format!("chatter-test-dl-{}", uuid::Uuid::new_v4().simple());
+    let stream = format!("CHATTER_TEST_DL_{}", uuid::Uuid::new_v4().simple());
+    broker
+        .jetstream()
+        .create_stream(Config {
+            name: stream.clone(),
+            subjects: vec![format!("{prefix}.>")],
+            duplicate_window: Duration::from_secs(300),
+            max_age: Duration::from_secs(600),
+            ..Config::default()
+        })
+        .await
+        .unwrap();
+    (stream, prefix)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn rabbitmq_dead_letters_are_listed_replayed_with_their_id_and_discarded() {
     let broker = RabbitMqBroker::connect(RABBITMQ).await.unwrap();
@@ -159,19 +177,7 @@ async fn rabbitmq_dead_letters_are_listed_replayed_with_their_id_and_discarded()
 #[tokio::test(flavor = "multi_thread")]
 async fn nats_dead_letters_are_replayed_each_time_and_a_foreign_one_can_only_be_discarded() {
     let broker = NatsBroker::connect(NATS).await.unwrap();
-    let prefix = format!("chatter-test-dl-{}", uuid::Uuid::new_v4().simple());
-    let stream = format!("CHATTER_TEST_DL_{}", uuid::Uuid::new_v4().simple());
-    broker
-        .jetstream()
-        .create_stream(Config {
-            name: stream.clone(),
-            subjects: vec![format!("{prefix}.>")],
-            duplicate_window: Duration::from_secs(300),
-            max_age: Duration::from_secs(600),
-            ..Config::default()
-        })
-        .await
-        .unwrap();
+    let (stream, prefix) = test_stream(&broker).await;
     let destination = format!("{prefix}.orders");
     let d = destination.as_str();
     broker.publish(letter("d-1", d, "poison")).await.unwrap();
@@ -268,18 +274,7 @@ async fn a_dead_letter_that_arrives_after_the_listing_is_not_taken() {
 
     let rabbitmq = RabbitMqBroker::connect(RABBITMQ).await.unwrap();
     let nats = NatsBroker::connect(NATS).await.unwrap();
-    let prefix = format!("chatter-test-dl-{}", uuid::Uuid::new_v4().simple());
-    let stream = format!("CHATTER_TEST_DL_{}", uuid::Uuid::new_v4().simple());
-    nats.jetstream()
-        .create_stream(Config {
-            name: stream.clone(),
-            subjects: vec![format!("{prefix}.>")],
-            duplicate_window: Duration::from_secs(300),
-            max_age: Duration::from_secs(600),
-            ..Config::default()
-        })
-        .await
-        .unwrap();
+    let (stream, prefix) = test_stream(&nats).await;
     let destination = format!("{prefix}.orders");
     let d = destination.as_str();
     let brokers: [(&dyn DeadLetters, &dyn Broker); 2] = [(&rabbitmq, &rabbitmq), (&nats, &nats)];

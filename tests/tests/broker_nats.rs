@@ -16,7 +16,6 @@ use chatter_runtime::dead_letter_destination;
 use chatter_tests::broker::{assert_quiet_for, next_delivery};
 use chatter_tests::nats::{self, NatsServer, TestStream};
 use chatter_tests::proxy::TcpProxy;
-use futures::StreamExt;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -303,13 +302,7 @@ async fn a_durable_consumer_with_its_own_delivery_limit_is_refused() {
     let orders = stream.subject("orders");
     drop(nats::subscribe(&broker, &orders).await);
     let raw = broker.jetstream().get_stream(&stream.name).await.unwrap();
-    let names: Vec<String> = raw
-        .consumer_names()
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
+    let names = nats::consumer_names(&raw).await;
     assert_eq!(names.len(), 1, "{names:?}");
     raw.delete_consumer(&names[0]).await.unwrap();
     raw.create_consumer(async_nats::jetstream::consumer::pull::Config {

@@ -20,7 +20,6 @@ use chatter_tests::nats::{self, NatsServer};
 use chatter_tests::relay::fast_relay;
 use chatter_tests::store::{embedded, find_document, provisioned_with_leases};
 use chatter_tests::wait::eventually;
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -203,13 +202,7 @@ async fn commands_through_jetstream_are_retried_by_delayed_nak_dead_lettered_and
     // Every delivery of every durable consumer was settled for good (acked or termed): none is
     // waiting for its ack or to be delivered again.
     let mut stream = broker.jetstream().get_stream("CHATTER").await.unwrap();
-    let names: Vec<String> = stream
-        .consumer_names()
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
+    let names = nats::consumer_names(&stream).await;
     assert_eq!(
         names.len(),
         3,

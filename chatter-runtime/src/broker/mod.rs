@@ -95,6 +95,46 @@ pub(crate) fn redact_uri(uri: &str) -> String {
     }
 }
 
+/// `connect()`, retried with backoff while the broker at `url` is unreachable, for up to
+/// `give_up_after` (the first failure logged at Error, the recovery at Info; the last failure
+/// returned): for a process that may start while its broker restarts.
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+pub(crate) async fn connect_retrying<B, F>(
+    system: &str,
+    url: &str,
+    give_up_after: std::time::Duration,
+    mut connect: impl FnMut() -> F,
+) -> Result<B, BrokerError>
+where
+    F: Future<Output = Result<B, BrokerError>>,
+{
+    let deadline = tokio::time::Instant::now() + give_up_after;
+    let mut backoff = crate::backoff::reconnect();
+    let mut attempts = 0u32;
+    let url = redact_uri(url);
+    loop {
+        match connect().await {
+            Ok(broker) => {
+                if attempts > 0 {
+                    tracing::info!(%url, attempts, "{system} reachable; connected");
+                }
+                return Ok(broker);
+            }
+            Err(error) => {
+                let delay = backoff.next_delay();
+                if tokio::time::Instant::now() + delay > deadline {
+                    return Err(error);
+                }
+                if attempts == 0 {
+                    tracing::error!(%url, error = %crate::error_chain::ErrorChain(&error), "{system} unreachable; retrying the connection with backoff");
+                }
+                attempts += 1;
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
 /// The destination the dead letters of `destination` go to: `<destination>.dead-letter` on the
 /// same broker.
 pub fn dead_letter_destination(destination: &str) -> String {

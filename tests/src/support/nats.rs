@@ -161,3 +161,15 @@ fn server_binary() -> PathBuf {
         PathBuf::from("nats-server")
     }
 }
+
+/// The names of the consumers of `stream`; panics if they cannot be listed.
+pub async fn consumer_names(stream: &async_nats::jetstream::stream::Stream) -> Vec<String> {
+    use futures::StreamExt;
+    stream
+        .consumer_names()
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .map(|name| name.expect("the consumers are listed"))
+        .collect()
+}

@@ -154,30 +154,7 @@ impl NatsBroker {
     /// to `give_up_after`: for a process that may start while the server restarts. The first
     /// failure is logged at Error; the last one is returned.
     pub async fn connect_retrying(url: &str, give_up_after: Duration) -> Result<Self, BrokerError> {
-        let deadline = tokio::time::Instant::now() + give_up_after;
-        let mut backoff = crate::backoff::reconnect();
-        let mut attempts = 0u32;
-        loop {
-            match Self::connect(url).await {
-                Ok(broker) => {
-                    if attempts > 0 {
-                        tracing::info!(url = %redact_uri(url), attempts, "NATS reachable; connected");
-                    }
-                    return Ok(broker);
-                }
-                Err(error) => {
-                    let delay = backoff.next_delay();
-                    if tokio::time::Instant::now() + delay > deadline {
-                        return Err(error);
-                    }
-                    if attempts == 0 {
-                        tracing::error!(url = %redact_uri(url), error = %crate::error_chain::ErrorChain(&error), "NATS unreachable; retrying the connection with backoff");
-                    }
-                    attempts += 1;
-                    tokio::time::sleep(delay).await;
-                }
-            }
-        }
+        super::connect_retrying("NATS", url, give_up_after, || Self::connect(url)).await
     }
 
     /// The same broker, whose new subscriptions hold up to `prefetch` unacked deliveries each

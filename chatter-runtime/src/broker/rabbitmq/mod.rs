@@ -38,8 +38,6 @@ use tokio::runtime::Handle;
 pub use codec::{CONTEXT_HEADER, DEAD_LETTER_REASON_HEADER};
 
 use super::{Broker, BrokerError, Subscription};
-use crate::backoff;
-use crate::error_chain::ErrorChain;
 use crate::message::BrokeredMessage;
 use codec::{properties, queue_name};
 use connection::{Inner, open, redact};
@@ -122,30 +120,7 @@ impl RabbitMqBroker {
     /// to `give_up_after`: for a process that may start while the broker restarts. The first
     /// failure is logged at Error; the last one is returned.
     pub async fn connect_retrying(uri: &str, give_up_after: Duration) -> Result<Self, BrokerError> {
-        let deadline = tokio::time::Instant::now() + give_up_after;
-        let mut backoff = backoff::reconnect();
-        let mut attempts = 0u32;
-        loop {
-            match Self::connect(uri).await {
-                Ok(broker) => {
-                    if attempts > 0 {
-                        tracing::info!(uri = %redact(uri), attempts, "RabbitMQ reachable; connected");
-                    }
-                    return Ok(broker);
-                }
-                Err(error) => {
-                    let delay = backoff.next_delay();
-                    if tokio::time::Instant::now() + delay > deadline {
-                        return Err(error);
-                    }
-                    if attempts == 0 {
-                        tracing::error!(uri = %redact(uri), error = %ErrorChain(&error), "RabbitMQ unreachable; retrying the connection with backoff");
-                    }
-                    attempts += 1;
-                    tokio::time::sleep(delay).await;
-                }
-            }
-        }
+        super::connect_retrying("RabbitMQ", uri, give_up_after, || Self::connect(uri)).await
     }
 
     /// The same broker, whose new subscriptions hold up to `prefetch` unacked deliveries each
