@@ -2,6 +2,13 @@
 
 use serde_json::{Map, Value};
 
+/// The context key counting a message's deliveries (absent on the first). Kept with the
+/// message: the consumers write it, the brokers and the dead-letter tools read it.
+pub const ATTEMPTS_CONTEXT_KEY: &str = "Chatter.Delivery.Attempts";
+
+/// The context key a dead letter carries its reason in.
+pub const DEAD_LETTER_REASON_CONTEXT_KEY: &str = "Chatter.DeadLetter.Reason";
+
 /// A message as the broker carries it and as an Outbox Document stores it.
 ///
 /// The body is a string because the Outbox Document stores it as one (`MessageBody`); the relay

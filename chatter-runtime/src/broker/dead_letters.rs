@@ -9,7 +9,7 @@ use super::BrokerError;
 #[cfg(any(feature = "rabbitmq", feature = "nats"))]
 use crate::message::BrokeredMessage;
 #[cfg(any(feature = "rabbitmq", feature = "nats"))]
-use crate::runtime::{ATTEMPTS_CONTEXT_KEY, DEAD_LETTER_REASON_CONTEXT_KEY};
+use crate::message::{ATTEMPTS_CONTEXT_KEY, DEAD_LETTER_REASON_CONTEXT_KEY};
 #[cfg(any(feature = "rabbitmq", feature = "nats"))]
 use serde_json::Value;
 

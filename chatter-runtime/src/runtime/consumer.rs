@@ -64,11 +64,7 @@ pub const DEFAULT_CONSUMER_CONCURRENCY: usize = 16;
 /// otherwise: 5 minutes, as long as the relay gives a page.
 pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 
-/// The context key counting a message's deliveries (absent on the first).
-pub const ATTEMPTS_CONTEXT_KEY: &str = "Chatter.Delivery.Attempts";
-
-/// The context key a dead letter carries its reason in.
-pub const DEAD_LETTER_REASON_CONTEXT_KEY: &str = "Chatter.DeadLetter.Reason";
+pub use crate::message::{ATTEMPTS_CONTEXT_KEY, DEAD_LETTER_REASON_CONTEXT_KEY};
 
 /// What a consumer task needs.
 pub(super) struct Consumer {

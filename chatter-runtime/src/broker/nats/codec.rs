@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use crate::broker::BrokerError;
 use crate::message::BrokeredMessage;
-use crate::runtime::DEAD_LETTER_REASON_CONTEXT_KEY;
+use crate::message::DEAD_LETTER_REASON_CONTEXT_KEY;
 
 /// The header carrying a Brokered Message's `context`, as a JSON object string.
 pub const CONTEXT_HEADER: &str = "Chatter-Context";
