@@ -56,6 +56,21 @@ async fn rename_user(_command: RenameUser, _ctx: &mut HandlerContext) -> Result<
     Ok(())
 }
 
+/// Archives a user; its dead-letter queue is declared otherwise by another service in a test.
+#[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "accounts", container = "users", lease = "users-leases")]
+#[partition_key(path = "/userId")]
+#[chatter(destination = "chatter-test-archive-user")]
+#[serde(rename_all = "camelCase")]
+pub struct ArchiveUser {
+    pub user_id: String,
+}
+
+#[handler]
+async fn archive_user(_command: ArchiveUser, _ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    Ok(())
+}
+
 /// The registry of this binary holding only `command`.
 fn only(command: &str) -> Registry {
     use chatter_runtime::__private::{CommandRegistration, HandlerRegistration, inventory};
@@ -90,6 +105,61 @@ async fn start_refuses_a_command_whose_dead_letters_rabbitmq_could_never_carry()
         err.contains("the dead letters of command `RenameUser` could never be published"),
         "{err}"
     );
+}
+
+// Another service declared a command's dead-letter queue otherwise (non-durable): the start
+// refuses, naming the queue and the fix, instead of the first poison message finding out.
+#[tokio::test]
+async fn start_refuses_a_dead_letter_queue_declared_otherwise() {
+    use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+    use lapin::types::{FieldTable, ShortString};
+
+    let cosmos = embedded().await;
+    provisioned(&cosmos, "accounts", "users", &["/userId"]).await;
+    let dead_letters = dead_letter_destination(ArchiveUser::DOCUMENT_RELIABILITY.destination);
+    let foreign = rabbitmq::foreign_channel(WAIT).await;
+    let _ = foreign
+        .queue_delete(
+            ShortString::from(dead_letters.as_str()),
+            QueueDeleteOptions::default(),
+        )
+        .await;
+    let foreign = rabbitmq::foreign_channel(WAIT).await;
+    foreign
+        .queue_declare(
+            ShortString::from(dead_letters.as_str()),
+            QueueDeclareOptions {
+                durable: false,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let error = Runtime::builder()
+        .registry(only("ArchiveUser"))
+        .cosmos(cosmos)
+        .broker(rabbitmq::connect(WAIT).await)
+        .without_relay()
+        .start()
+        .await
+        .unwrap_err();
+    let text = chatter_runtime::ErrorChain(&error).to_string();
+    assert!(
+        matches!(error, chatter_runtime::StartError::Broker { .. }),
+        "{text}"
+    );
+    assert!(
+        text.contains(&dead_letters) && text.contains("delete it or declare it so"),
+        "{text}"
+    );
+    foreign
+        .queue_delete(
+            ShortString::from(dead_letters.as_str()),
+            QueueDeleteOptions::default(),
+        )
+        .await
+        .unwrap();
 }
 
 #[tokio::test]

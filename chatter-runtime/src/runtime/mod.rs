@@ -304,7 +304,11 @@ impl RuntimeBuilder {
         // The relay publishes through the broker each message names; the consumers (and their
         // retry copies and dead letters, which keep the delivery's context) use the default.
         let relay_broker = by_messaging_system(broker.clone(), self.brokers_by_system);
-        // The brokers' own setup, before anything publishes or consumes.
+        // The brokers' own setup, before anything publishes or consumes: first what no setting
+        // could fix (a dead-letter destination the protocol cannot name), then the settings.
+        if self.consume {
+            check_dead_letters(&registry, broker.as_ref())?;
+        }
         let contract = broker_contract(&registry, self.consume, relay_specs.is_some(), options);
         let verifying = relay_broker.verify(&contract);
         crate::broker::bounded(|| "verify".to_owned(), publish_timeout, verifying)
@@ -528,18 +532,14 @@ impl Consumers {
     }
 }
 
-/// Checks that every command's dead letters could be carried (one the broker never could would
-/// loop forever), then subscribes to every command's destination and starts its consumer. A
-/// failed subscription stops the consumers already started.
-async fn start_consumers(
-    registry: &Registry,
-    plan: ConsumerPlan<'_>,
-) -> Result<Consumers, StartError> {
+/// Checks that every command's dead letters could be carried: one the broker never could would
+/// loop forever.
+fn check_dead_letters(registry: &Registry, broker: &dyn Broker) -> Result<(), StartError> {
     for command in registry.commands() {
         let dead_letters = dead_letter_destination(command.registration.destination);
         let probe =
             crate::message::BrokeredMessage::json("dead-letter-check", dead_letters.clone(), "{}");
-        if let Err(source) = plan.broker.check(&probe) {
+        if let Err(source) = broker.check(&probe) {
             return Err(StartError::DeadLetters {
                 command: command.registration.command_name,
                 dead_letters,
@@ -547,6 +547,15 @@ async fn start_consumers(
             });
         }
     }
+    Ok(())
+}
+
+/// Subscribes to every command's destination and starts its consumer. A failed subscription
+/// stops the consumers already started.
+async fn start_consumers(
+    registry: &Registry,
+    plan: ConsumerPlan<'_>,
+) -> Result<Consumers, StartError> {
     let consumers = Consumers::none();
     let mut statuses = Vec::new();
     for command in registry.commands() {

@@ -37,7 +37,7 @@ use tokio::runtime::Handle;
 
 pub use codec::{CONTEXT_HEADER, DEAD_LETTER_REASON_HEADER};
 
-use super::{Broker, BrokerError, Subscription};
+use super::{Broker, BrokerContract, BrokerError, Subscription};
 use crate::message::BrokeredMessage;
 use codec::{properties, queue_name};
 use connection::{Inner, open, redact};
@@ -237,5 +237,24 @@ impl Broker for RabbitMqBroker {
     fn check(&self, message: &BrokeredMessage) -> Result<(), BrokerError> {
         queue_name(&message.destination)?;
         properties(message).map(|_| ())
+    }
+
+    /// Declares every destination of `contract` (each command's queue and its dead-letter
+    /// queue) as chatter declares it, so a queue another service declared otherwise refuses the
+    /// start instead of a poison message's dead letter, later. (A quorum queue's delivery limit
+    /// cannot be read over AMQP; see the README.)
+    fn verify<'a>(
+        &'a self,
+        contract: &'a BrokerContract,
+    ) -> BoxFuture<'a, Result<(), BrokerError>> {
+        async move {
+            for destination in &contract.destinations {
+                self.inner
+                    .declare(destination, queue_name(destination)?)
+                    .await?;
+            }
+            Ok(())
+        }
+        .boxed()
     }
 }
