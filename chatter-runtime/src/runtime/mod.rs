@@ -271,7 +271,10 @@ impl RuntimeBuilder {
     /// [delivery timeout](Self::delivery_timeout) and [relay options](Self::relay_options) that
     /// cannot work fail it before anything connects ([`StartError::ConsumerConcurrency`],
     /// [`StartError::ZeroDeliveryTimeout`], [`StartError::Relay`]). Each container check is
-    /// bounded by the relay's `store_timeout` (30 s without the relay).
+    /// bounded by the relay's `store_timeout` (30 s without the relay). The brokers are then
+    /// checked against what chatter needs of them ([`Broker::verify`]: RabbitMQ declares every
+    /// command's queue and dead-letter queue, NATS checks the server and the streams), bounded by
+    /// the relay's publish timeout ([`StartError::Broker`]).
     pub async fn start(self) -> Result<Runtime, StartError> {
         // 1. Settings, before anything connects.
         let concurrency = self.checked_concurrency()?;
