@@ -353,9 +353,9 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                 }
             }
             print(cli.json, leases.as_slice(), leases_table);
-            Ok(u8::from(
-                leases.iter().any(|lease| lease.state != LeaseServed::Owned),
-            ))
+            Ok(u8::from(leases.iter().any(|lease| {
+                lease.state != LeaseServed::Owned || lease.suspended
+            })))
         }
     }
 }

@@ -102,17 +102,20 @@ pub(crate) fn leases_table(leases: &[LeaseView]) -> String {
             lease
                 .backlog
                 .map_or_else(|| "-".to_owned(), |n| n.to_string()),
-            match lease.state {
-                LeaseServed::Owned => "owned",
-                LeaseServed::Expired => "EXPIRED (its owner stopped writing it)",
-                LeaseServed::Free => "FREE (no relay serves it)",
+            match (lease.state, lease.suspended) {
+                (LeaseServed::Owned, true) => {
+                    "SUSPENDED (Drain Suspension: its stamps keep failing)"
+                }
+                (LeaseServed::Owned, false) => "owned",
+                (LeaseServed::Expired, _) => "EXPIRED (its owner stopped writing it)",
+                (LeaseServed::Free, _) => "FREE (no relay serves it)",
             }
             .to_owned(),
         ]);
     }
     let unserved = leases
         .iter()
-        .filter(|lease| lease.state != LeaseServed::Owned)
+        .filter(|lease| lease.state != LeaseServed::Owned || lease.suspended)
         .count();
     format!(
         "{}{} leases, {unserved} not served\n",

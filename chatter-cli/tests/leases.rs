@@ -153,3 +153,69 @@ async fn backlog_of_counts_the_pending_outbox_documents_behind_each_lease() {
     );
     processor.shutdown().await;
 }
+
+// A relay whose stamps keep failing suspends draining its lease; `chatter leases`, another
+// process, sees it from the state the relay keeps beside the leases, and exits 1.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_under_a_drain_suspension_is_reported_suspended() {
+    use chatter_runtime::broker::InMemoryBroker;
+    use chatter_runtime::cosmos::partition_key;
+    use chatter_runtime::testing::{OutboxDocument, create_item};
+    use chatter_runtime::{BrokeredMessage, RelayOptions, StandaloneRelay};
+    use serde_json::json;
+
+    let (emulator, cosmos) = served_store("orders").await;
+    provision::ensure_lease_container(&cosmos, DB, "orders-leases")
+        .await
+        .unwrap();
+    let orders = cosmos.container(DB, "orders").await.unwrap();
+    let message = BrokeredMessage::json("m-1", "order-events", "{}");
+    let doc = OutboxDocument::build(&message, &["/orderId"], &[json!("o-1")]).unwrap();
+    create_item(&orders, partition_key(&[json!("o-1")]).unwrap(), &doc)
+        .await
+        .unwrap();
+    // Every stamp is refused: five Confirmation Failures suspend the lease.
+    emulator
+        .faults()
+        .refuse("PATCH", 403, Duration::from_secs(3600));
+    let options = RelayOptions::default()
+        .poll_interval(Duration::from_millis(100))
+        .lease_expiry(Duration::from_secs(3))
+        .lease_renew_interval(Duration::from_millis(400))
+        .lease_acquire_interval(Duration::from_millis(250))
+        .max_backoff(Duration::from_millis(300));
+    let relay = StandaloneRelay::builder(&cosmos, (DB, "orders"), (DB, "orders-leases"))
+        .partition_key_paths(&["/orderId"])
+        .options(options)
+        .build()
+        .unwrap();
+    let running = StandaloneRelay::start_all(vec![relay], InMemoryBroker::new())
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let listed = chatter(
+            Some(emulator.endpoint()),
+            None,
+            &[&LEASES[..], &["--expiry-seconds", "3"]].concat(),
+        )
+        .await;
+        let text = stdout(&listed);
+        if text.contains("SUSPENDED") {
+            assert_eq!(listed.status.code(), Some(1), "{text}");
+            assert_eq!(
+                text.matches("SUSPENDED").count(),
+                1,
+                "one lease holds the document: {text}"
+            );
+            assert!(!running.suspended_leases().is_empty());
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the suspension is never reported: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    running.shutdown().await;
+}

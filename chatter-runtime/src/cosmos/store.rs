@@ -310,7 +310,6 @@ pub async fn create_item(
         .map_err(|e| CosmosStoreError::request(OPERATION, e))
 }
 
-#[cfg(any(test, feature = "test-support"))]
 /// Creates or replaces `doc` (its `id` field names it) in `partition_key`.
 pub async fn upsert_item(
     container: &ContainerClient,

@@ -1,5 +1,6 @@
 //! The leases of a lease container, as the store holds them: who owns each feed range, when
-//! its owner last wrote it, whether it was ever checkpointed. Read with one query, so it sees
+//! its owner last wrote it, whether it was ever checkpointed, and whether its owner holds it
+//! under a Drain Suspension (from the state document its relay keeps beside the leases). Read with one query, so it sees
 //! every processor's leases (a lease container may serve several).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -26,6 +27,9 @@ pub struct LeaseView {
     pub checkpointed: bool,
     /// Who serves it now, judged against the lease expiry given.
     pub state: LeaseServed,
+    /// Whether its owner holds it under a Drain Suspension (as the owner's relay last recorded
+    /// beside the leases; a relay that recorded nothing has suspended nothing).
+    pub suspended: bool,
     /// The pending Outbox Documents after its checkpoint, when estimated
     /// ([`estimate_backlog`]); `None` when not asked for, or not readable.
     pub backlog: Option<u64>,
@@ -63,7 +67,13 @@ pub async fn survey_leases(
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
     let expiry = i64::try_from(expiry.as_secs()).unwrap_or(i64::MAX);
     let mut leases = Vec::new();
+    // (processor, instance) -> the lease tokens that instance recorded as suspended.
+    let mut suspended = std::collections::HashMap::<(String, String), Vec<String>>::new();
     query_each(&container, Query::from("SELECT * FROM c"), |item| {
+        if let Some((key, tokens)) = relay_state(&item) {
+            suspended.insert(key, tokens);
+            return;
+        }
         let Ok(lease) = serde_json::from_value::<LeaseDocument>(item) else {
             return;
         };
@@ -79,10 +89,17 @@ pub async fn survey_leases(
             last_written_at: lease.server_timestamp,
             checkpointed: lease.continuation_token.is_some(),
             state,
+            suspended: false,
             backlog: None,
         });
     })
     .await?;
+    for lease in &mut leases {
+        let Some(owner) = &lease.owner else { continue };
+        lease.suspended = suspended
+            .get(&(lease.processor.clone(), owner.clone()))
+            .is_some_and(|tokens| tokens.contains(&lease.lease_token));
+    }
     leases.sort_by(|a, b| (&a.processor, &a.lease_token).cmp(&(&b.processor, &b.lease_token)));
     Ok(leases)
 }
@@ -139,4 +156,27 @@ pub async fn estimate_backlog(
         }
     }
     Ok(processor)
+}
+
+/// A relay state document (`relay::state`): its processor and instance, and the lease tokens
+/// it recorded as suspended.
+fn relay_state(item: &serde_json::Value) -> Option<((String, String), Vec<String>)> {
+    use crate::relay::state::{
+        STATE_ID_PREFIX, STATE_INSTANCE_FIELD, STATE_PROCESSOR_FIELD, STATE_SUSPENDED_FIELD,
+    };
+    let id = item.get("id")?.as_str()?;
+    if !id.starts_with(STATE_ID_PREFIX) {
+        return None;
+    }
+    let text = |field: &str| item.get(field).and_then(|v| v.as_str()).map(str::to_owned);
+    let tokens = item
+        .get(STATE_SUSPENDED_FIELD)?
+        .as_array()?
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect();
+    Some((
+        (text(STATE_PROCESSOR_FIELD)?, text(STATE_INSTANCE_FIELD)?),
+        tokens,
+    ))
 }

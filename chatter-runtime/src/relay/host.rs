@@ -126,7 +126,7 @@ impl RelayHost {
                 Ok(processor) => processors.push(processor),
                 Err(error) => {
                     // Stop what already started; the original error is what the caller sees.
-                    for (started, _, _, _) in processors {
+                    for (started, _, _, _, _) in processors {
                         started.shutdown().await;
                     }
                     return Err(error);
@@ -137,10 +137,11 @@ impl RelayHost {
         let estimators = TaskTracker::new();
         let processors = processors
             .into_iter()
-            .map(|(processor, gate, backlogs, estimator)| {
+            .map(|(processor, gate, backlogs, estimator, state)| {
                 if let Some(estimator) = estimator {
                     estimators.spawn(estimator.run(estimates.clone()));
                 }
+                estimators.spawn(state.run(estimates.clone()));
                 (processor, gate, backlogs)
             })
             .collect();
@@ -279,6 +280,14 @@ async fn start_one(
         metrics: Arc::clone(metrics),
         last: Arc::clone(&backlogs.last),
     });
+    let state = super::state::StatePublisher {
+        processor_name: source.processor_name.clone(),
+        instance: instance.to_owned(),
+        leases: Arc::clone(&leases),
+        gate: Arc::clone(drain.gate()),
+        every: options.processor.lease_renew_interval,
+        store_timeout: options.processor.store_timeout,
+    };
     let read_metrics = drain.metrics().cloned();
     let page_charges = Arc::clone(charges);
     let gate = Arc::clone(drain.gate());
@@ -343,7 +352,7 @@ async fn start_one(
                 source: e,
             })?;
     tracing::info!(processor = processor_name, instance, container = %format!("{}/{}", source.database, source.container), "chatter relay started");
-    Ok((processor, gate, backlogs, estimator))
+    Ok((processor, gate, backlogs, estimator, state))
 }
 
 /// A started processor, its gate, its backlog estimates and (metrics on) what makes them.
@@ -352,6 +361,7 @@ type Started = (
     Arc<DrainGate>,
     Backlogs,
     Option<backlog::Estimator>,
+    super::state::StatePublisher,
 );
 
 /// One owned lease as the runtime's health reports it.

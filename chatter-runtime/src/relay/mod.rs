@@ -26,6 +26,7 @@ pub(crate) mod identity;
 mod options;
 pub(crate) mod resolver;
 pub(crate) mod standalone;
+pub(crate) mod state;
 pub(crate) mod suspension;
 
 pub use options::RelayOptions;
