@@ -178,7 +178,9 @@ async fn a_lease_under_a_drain_suspension_is_reported_suspended() {
     emulator
         .faults()
         .refuse("PATCH", 403, Duration::from_secs(3600));
+    let clock = std::sync::Arc::new(chatter_runtime::testing::ManualClock::new());
     let options = RelayOptions::default()
+        .suspension_clock(clock.clone())
         .poll_interval(Duration::from_millis(100))
         .lease_expiry(Duration::from_secs(3))
         .lease_renew_interval(Duration::from_millis(400))
@@ -214,6 +216,30 @@ async fn a_lease_under_a_drain_suspension_is_reported_suspended() {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the suspension is never reported: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The stamps work again and the suspension window passes: the probe page lands, the lease
+    // drains again, and the CLI no longer reports it.
+    emulator.faults().clear();
+    clock.advance(chatter_runtime::testing::SUSPENSION_WINDOW);
+    loop {
+        let listed = chatter(
+            Some(emulator.endpoint()),
+            None,
+            &[&LEASES[..], &["--expiry-seconds", "3"]].concat(),
+        )
+        .await;
+        let text = stdout(&listed);
+        if !text.contains("SUSPENDED") {
+            assert_eq!(listed.status.code(), Some(0), "{text}");
+            assert!(running.suspended_leases().is_empty());
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the suspension stays reported after it ended: {text}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

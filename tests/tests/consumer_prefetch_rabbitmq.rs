@@ -148,6 +148,9 @@ async fn a_consumer_holds_as_many_unacked_deliveries_as_its_concurrency() {
         "each handled once"
     );
     assert_eq!(rabbitmq::delete_queue(&direct, &commands, WAIT).await, 0);
+    // The start declared its dead-letter queue too.
+    let dead_letters = chatter_runtime::dead_letter_destination(&commands);
+    rabbitmq::delete_queue(&direct, &dead_letters, WAIT).await;
 }
 
 // The broker on its own: a subscription with a prefetch of 3 receives three deliveries and no

@@ -101,4 +101,7 @@ async fn deliveries_waiting_in_a_lane_when_the_channel_closes_are_not_handled() 
     );
     runtime.shutdown().await;
     rabbitmq::delete_queue(&direct, &queue, WAIT).await;
+    // The start declared its dead-letter queue too.
+    let dead_letters = chatter_runtime::dead_letter_destination(&queue);
+    rabbitmq::delete_queue(&direct, &dead_letters, WAIT).await;
 }

@@ -168,4 +168,8 @@ async fn ride_out(cut: impl Fn(&TcpProxy), configure: impl Fn(RabbitMqBroker) ->
     );
     runtime.shutdown().await;
     rabbitmq::delete_queue(&direct, &events, WAIT).await;
+    // The commands' queue and, declared at start, its dead-letter queue.
+    rabbitmq::delete_queue(&direct, commands, WAIT).await;
+    let dead_letters = chatter_runtime::dead_letter_destination(commands);
+    rabbitmq::delete_queue(&direct, &dead_letters, WAIT).await;
 }

@@ -3,7 +3,9 @@
 //! its lease container, rewritten only when that set changes; `chatter leases` reads it.
 //!
 //! The lease documents keep the .NET shape, so the state sits beside them under an id no lease
-//! has (`chatter-relay-state:...`), with fields no lease document has.
+//! has (`chatter-relay-state:` and a hash of processor and instance), with fields no lease
+//! document has, and a `ttl` of a day (rewritten twice a day while a lease stays suspended), so
+//! where the lease container has TTL on, the state of an instance gone for good goes too.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,10 +37,17 @@ pub(super) struct StatePublisher {
     pub(super) store_timeout: Duration,
 }
 
+/// How long a state document lives without being rewritten (where the lease container has TTL
+/// on, as chatter's own lease containers have): a relay gone for good leaves nothing for long.
+const STATE_TTL: Duration = Duration::from_secs(24 * 3600);
+
 impl StatePublisher {
     pub(super) async fn run(self, stop: CancellationToken) {
-        // Nothing is written while nothing was ever suspended: a quiet relay costs nothing.
-        let mut written: Vec<String> = Vec::new();
+        // What the store holds, as far as this instance knows: nothing written while nothing
+        // was ever suspended, so a quiet relay costs nothing. `None` after a failed write (it
+        // may have landed or not): the next look writes whatever the set is then.
+        let mut written: Option<Vec<String>> = Some(Vec::new());
+        let mut written_at = tokio::time::Instant::now();
         let mut warned = false;
         loop {
             tokio::select! {
@@ -46,30 +55,50 @@ impl StatePublisher {
                 () = tokio::time::sleep(self.every) => {}
             }
             let suspended = self.gate.suspended_leases();
-            if suspended == written {
+            // A non-empty set is rewritten before its document would expire.
+            let stale = !suspended.is_empty() && written_at.elapsed() > STATE_TTL / 2;
+            if written.as_ref() == Some(&suspended) && !stale {
                 continue;
             }
-            match self.write(&suspended).await {
+            let writing = self.write(&suspended);
+            let result = tokio::select! {
+                () = stop.cancelled() => return,
+                result = writing => result,
+            };
+            match result {
                 Ok(()) => {
-                    written = suspended;
+                    written = Some(suspended);
+                    written_at = tokio::time::Instant::now();
                     warned = false;
                 }
-                Err(error) if !warned => {
-                    tracing::warn!(processor = self.processor_name, error = %ErrorChain(&error), "chatter relay could not record its suspended leases for operators' tools; it tries again");
-                    warned = true;
+                Err(error) => {
+                    written = None;
+                    if !warned {
+                        tracing::warn!(processor = self.processor_name, error = %ErrorChain(&error), "chatter relay could not record its suspended leases for operators' tools; it tries again");
+                        warned = true;
+                    }
                 }
-                Err(_) => {}
             }
         }
     }
 
+    /// The document's id: the prefix and a hash of processor and instance (an instance name is
+    /// a host name, which may hold characters a Cosmos id may not).
+    fn id(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(format!("{}\n{}", self.processor_name, self.instance));
+        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        format!("{STATE_ID_PREFIX}{hex}")
+    }
+
     async fn write(&self, suspended: &[String]) -> Result<(), crate::cosmos::CosmosStoreError> {
-        let id = format!("{STATE_ID_PREFIX}{}:{}", self.processor_name, self.instance);
+        let id = self.id();
         let doc: Value = json!({
             "id": id,
             STATE_PROCESSOR_FIELD: self.processor_name,
             STATE_INSTANCE_FIELD: self.instance,
             STATE_SUSPENDED_FIELD: suspended,
+            "ttl": STATE_TTL.as_secs(),
         });
         let key = azure_data_cosmos::models::PartitionKey::from(id.clone());
         crate::cosmos::store::bounded(
