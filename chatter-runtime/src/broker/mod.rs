@@ -135,6 +135,61 @@ where
     }
 }
 
+/// A Brokered Message's context as carried in a header named `header` (a JSON object), or why it
+/// is not one.
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+pub(crate) fn context_from_header(
+    header: &str,
+    json: &[u8],
+) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_slice(json) {
+        Ok(serde_json::Value::Object(context)) => Ok(context),
+        Ok(other) => Err(format!(
+            "its `{header}` header is JSON but not an object: {other}"
+        )),
+        Err(e) => Err(format!("its `{header}` header is not JSON: {e}")),
+    }
+}
+
+/// Publishes through `attempt`, made again after each [`BrokerError::Transport`] (after
+/// `after_transport`, with backoff) until `bound`; past it, a [`BrokerError::Timeout`] of
+/// `operation` carrying the last failure. Any other outcome is returned as it is. The broker never
+/// confirmed a failed attempt, so at worst a message is stored twice, which consumers (and
+/// JetStream's deduplication) take care of.
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+pub(crate) async fn publish_retrying<F>(
+    operation: String,
+    bound: std::time::Duration,
+    mut attempt: impl FnMut() -> F,
+    mut after_transport: impl FnMut(&BrokerError),
+) -> Result<(), BrokerError>
+where
+    F: Future<Output = Result<(), BrokerError>>,
+{
+    let mut last_error = None;
+    let attempts = async {
+        let mut backoff = crate::backoff::reconnect();
+        loop {
+            match attempt().await {
+                Err(error @ BrokerError::Transport { .. }) => {
+                    after_transport(&error);
+                    last_error = Some(Box::new(error));
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+                done => return done,
+            }
+        }
+    };
+    match tokio::time::timeout(bound, attempts).await {
+        Ok(done) => done,
+        Err(_) => Err(BrokerError::Timeout {
+            operation,
+            after: bound,
+            source: last_error,
+        }),
+    }
+}
+
 /// The destination the dead letters of `destination` go to: `<destination>.dead-letter` on the
 /// same broker.
 pub fn dead_letter_destination(destination: &str) -> String {

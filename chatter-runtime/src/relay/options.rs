@@ -71,6 +71,12 @@ impl Default for RelayOptions {
 
 impl RelayOptions {
     /// Refuses settings that cannot work together, before anything connects.
+    /// How late after a message's first publish a running relay with these options may publish
+    /// it again: a lease taken over after its expiry, then a Drain Suspension's window.
+    pub(crate) fn republish_within(&self) -> Duration {
+        self.processor.lease_expiry + super::suspension::SUSPENSION_WINDOW
+    }
+
     pub(crate) fn validate(&self) -> Result<(), RelayError> {
         self.delivery.validate()?;
         self.processor

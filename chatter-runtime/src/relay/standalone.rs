@@ -130,10 +130,9 @@ impl StandaloneRelay {
             destinations: Vec::new(),
             republish_within: relays
                 .iter()
-                .map(|relay| relay.options.processor.lease_expiry)
+                .map(|relay| relay.options.republish_within())
                 .max()
-                .unwrap_or_default()
-                + super::suspension::SUSPENSION_WINDOW,
+                .unwrap_or_default(),
         };
         let bound = relays
             .iter()

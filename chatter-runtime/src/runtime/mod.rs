@@ -865,8 +865,7 @@ fn broker_contract(
         }
     }
     if relay {
-        contract.republish_within =
-            options.processor.lease_expiry + crate::relay::suspension::SUSPENSION_WINDOW;
+        contract.republish_within = options.republish_within();
     }
     contract
 }

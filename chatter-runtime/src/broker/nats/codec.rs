@@ -2,7 +2,7 @@
 
 use async_nats::HeaderMap;
 use bytes::Bytes;
-use serde_json::{Map, Value};
+use serde_json::Map;
 
 use crate::broker::BrokerError;
 use crate::message::BrokeredMessage;
@@ -119,15 +119,7 @@ pub(super) fn decode(
     let content_type = header(CONTENT_TYPE).unwrap_or_default().to_owned();
     let context = match header(CONTEXT_HEADER) {
         None => Map::new(),
-        Some(json) => match serde_json::from_str(json) {
-            Ok(Value::Object(context)) => context,
-            Ok(other) => {
-                return Err(format!(
-                    "its `{CONTEXT_HEADER}` header is JSON but not an object: {other}"
-                ));
-            }
-            Err(e) => return Err(format!("its `{CONTEXT_HEADER}` header is not JSON: {e}")),
-        },
+        Some(json) => crate::broker::context_from_header(CONTEXT_HEADER, json.as_bytes())?,
     };
     Ok(BrokeredMessage {
         message_id,
@@ -167,9 +159,10 @@ mod tests {
     #[test]
     fn a_dead_letter_is_never_deduplicated_against_its_original() {
         let mut letter = message();
-        letter
-            .context
-            .insert(DEAD_LETTER_REASON_CONTEXT_KEY.into(), Value::from("poison"));
+        letter.context.insert(
+            DEAD_LETTER_REASON_CONTEXT_KEY.into(),
+            serde_json::Value::from("poison"),
+        );
         let first = nats_message_id(&letter);
         let second = nats_message_id(&letter);
         assert!(

@@ -271,7 +271,7 @@ impl Consuming {
         let publishing = self.inner.publish_to(&message_id, &dead_letters, publish);
         let operation = || format!("dead-letter to `{dead_letters}`");
         match crate::broker::bounded(operation, self.inner.publish_timeout, publishing).await {
-            Ok(_duplicate) => {
+            Ok(()) => {
                 tracing::error!(%destination, %message_id, %reason, %dead_letters, "dead-lettered a delivery that is not a Brokered Message");
                 if let Err(e) = acker.double_ack_with(AckKind::Term).await {
                     tracing::warn!(%destination, %message_id, error = %ErrorChain(&*e), "could not term the dead-lettered delivery; it comes back and is dead-lettered again");

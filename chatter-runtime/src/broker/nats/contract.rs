@@ -56,17 +56,14 @@ impl Inner {
         Ok(())
     }
 
+    /// Stream `name`'s configuration, as `get_stream` brings it (one request).
     async fn stream_config(&self, name: &str) -> Result<Config, BrokerError> {
-        let mut stream = self
+        let stream = self
             .jetstream
             .get_stream(name)
             .await
             .map_err(|e| BrokerError::transport(format!("get stream `{name}`"), e))?;
-        let info = stream
-            .info()
-            .await
-            .map_err(|e| BrokerError::transport(format!("stream `{name}` info"), e))?;
-        Ok(info.config.clone())
+        Ok(stream.cached_info().config.clone())
     }
 
     /// After a publish stored in `stream`: the first time this broker publishes to a stream

@@ -6,7 +6,6 @@ use bytes::Bytes;
 
 use super::Inner;
 use super::codec::{headers, subject};
-use crate::backoff;
 use crate::broker::{BrokerError, Refusal};
 use crate::error_chain::ErrorChain;
 use crate::message::BrokeredMessage;
@@ -23,41 +22,26 @@ impl Inner {
             "publish `{}` to `{}`",
             message.message_id, message.destination
         );
-        let mut last_error = None;
-        let attempts = async {
-            let mut backoff = backoff::reconnect();
-            loop {
-                let publish = Publish::build()
-                    .headers(headers.clone())
-                    .payload(payload.clone());
-                match self.publish_once(&message, publish).await {
-                    Err(error @ BrokerError::Transport { .. }) => {
-                        tracing::debug!(error = %ErrorChain(&error), "NATS publish failed; retrying");
-                        last_error = Some(Box::new(error));
-                        tokio::time::sleep(backoff.next_delay()).await;
-                    }
-                    done => return done,
-                }
-            }
+        let attempt = || async {
+            let publish = Publish::build()
+                .headers(headers.clone())
+                .payload(payload.clone());
+            self.publish_to(&message.message_id, &message.destination, publish)
+                .await
         };
-        match tokio::time::timeout(self.publish_timeout, attempts).await {
-            Ok(done) => done,
-            Err(_) => Err(BrokerError::Timeout {
-                operation,
-                after: self.publish_timeout,
-                source: last_error,
-            }),
-        }
+        crate::broker::publish_retrying(operation, self.publish_timeout, attempt, |error| {
+            tracing::debug!(error = %ErrorChain(error), "NATS publish failed; retrying");
+        })
+        .await
     }
 
-    /// One publish of `publish` to `destination`, and its ack: whether the stream took it for
-    /// a duplicate of one it holds.
+    /// One publish of `publish` to `destination`, and its ack.
     pub(super) async fn publish_to(
         &self,
         message_id: &str,
         destination: &str,
         publish: Publish,
-    ) -> Result<bool, BrokerError> {
+    ) -> Result<(), BrokerError> {
         let acked = async {
             self.jetstream
                 .send_publish(destination.to_owned(), publish)
@@ -68,20 +52,10 @@ impl Inner {
             // A duplicate is a message the stream already holds: published, as the relay needs.
             Ok(ack) => {
                 self.check_window_once(&ack.stream);
-                Ok(ack.duplicate)
+                Ok(())
             }
             Err(error) => Err(publish_error(message_id, destination, error)),
         }
-    }
-
-    async fn publish_once(
-        &self,
-        message: &BrokeredMessage,
-        publish: Publish,
-    ) -> Result<(), BrokerError> {
-        self.publish_to(&message.message_id, &message.destination, publish)
-            .await
-            .map(|_duplicate| ())
     }
 }
 

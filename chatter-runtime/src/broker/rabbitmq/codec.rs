@@ -106,13 +106,7 @@ pub(super) fn decode(
 }
 
 fn parse_context(json: &[u8]) -> Result<Map<String, Value>, String> {
-    match serde_json::from_slice(json) {
-        Ok(Value::Object(context)) => Ok(context),
-        Ok(other) => Err(format!(
-            "its `{CONTEXT_HEADER}` header is JSON but not an object: {other}"
-        )),
-        Err(e) => Err(format!("its `{CONTEXT_HEADER}` header is not JSON: {e}")),
-    }
+    crate::broker::context_from_header(CONTEXT_HEADER, json)
 }
 
 #[cfg(test)]

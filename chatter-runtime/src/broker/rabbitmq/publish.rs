@@ -8,7 +8,6 @@ use lapin::{BasicProperties, Channel, Confirmation};
 
 use super::codec::{DEAD_LETTER_REASON_HEADER, PERSISTENT, properties, queue_name};
 use super::connection::Inner;
-use crate::backoff;
 use crate::broker::{BrokerError, Refusal};
 use crate::error_chain::ErrorChain;
 use crate::message::BrokeredMessage;
@@ -67,36 +66,19 @@ impl Inner {
             "publish `{}` to `{}`",
             message.message_id, message.destination
         );
-        let mut last_error = None;
-        let attempts = async {
-            // A transport failure (the connection dropped before or during the publish) is
-            // retried on a new connection until the bound: the broker never confirmed, so at
-            // worst the message is stored twice, which consumers deduplicate.
-            let mut backoff = backoff::reconnect();
-            loop {
-                match self
-                    .publish_once(message.clone(), queue.clone(), properties.clone())
-                    .await
-                {
-                    Err(error @ BrokerError::Transport { .. }) => {
-                        tracing::debug!(error = %ErrorChain(&error), "RabbitMQ publish failed; retrying on a new connection");
-                        last_error = Some(Box::new(error));
-                        // Its channel may be dead before the client noticed: open a new one.
-                        self.forget_publisher();
-                        tokio::time::sleep(backoff.next_delay()).await;
-                    }
-                    done => return done,
-                }
-            }
-        };
-        match tokio::time::timeout(timeout, attempts).await {
-            Ok(done) => done,
-            Err(_) => Err(BrokerError::Timeout {
-                operation,
-                after: timeout,
-                source: last_error,
-            }),
-        }
+        // A transport failure (the connection dropped before or during the publish) is retried
+        // on a new connection until the bound.
+        crate::broker::publish_retrying(
+            operation,
+            timeout,
+            || self.publish_once(message.clone(), queue.clone(), properties.clone()),
+            |error| {
+                tracing::debug!(error = %ErrorChain(error), "RabbitMQ publish failed; retrying on a new connection");
+                // Its channel may be dead before the client noticed: open a new one.
+                self.forget_publisher();
+            },
+        )
+        .await
     }
 
     async fn publish_once(
