@@ -6,19 +6,19 @@ mod common;
 
 use std::time::Duration;
 
-use chatter_runtime::cosmos::provision;
-use common::{DB, chatter, served_store, stdout};
+use common::{DB, chatter, served_store_with_leases, stdout};
 use cosmos_change_feed::{ChangeFeedBatch, ChangeFeedProcessor, ChangeFeedProcessorOptions};
 use serde_json::Value;
 
 const LEASES: [&str; 5] = ["leases", "--database", DB, "--container", "orders-leases"];
 
-#[tokio::test(flavor = "multi_thread")]
-async fn each_lease_shows_its_owner_and_a_released_one_is_reported_free() {
-    let (emulator, cosmos) = served_store("orders").await;
-    provision::ensure_lease_container(&cosmos, DB, "orders-leases")
-        .await
-        .unwrap();
+/// A change-feed processor `orders-relay` of `DB/orders` (instance `host-1`) once it owns the
+/// emulator's four leases (one per physical partition); its handler succeeds, or, when
+/// `handles` is false, always fails (so it never checkpoints).
+async fn owning_every_lease(
+    cosmos: &chatter_runtime::cosmos::CosmosConnection,
+    handles: bool,
+) -> cosmos_change_feed::RunningProcessor {
     let processor = ChangeFeedProcessor::builder(
         "orders-relay",
         "host-1",
@@ -26,10 +26,17 @@ async fn each_lease_shows_its_owner_and_a_released_one_is_reported_free() {
         cosmos.container(DB, "orders-leases").await.unwrap(),
     )
     .options(ChangeFeedProcessorOptions::default().with_poll_interval(Duration::from_millis(100)))
-    .start(|_batch: ChangeFeedBatch| Box::pin(async { Ok(()) }))
+    .start(move |_batch: ChangeFeedBatch| {
+        Box::pin(async move {
+            if handles {
+                Ok(())
+            } else {
+                Err("never handled".into())
+            }
+        })
+    })
     .await
     .unwrap();
-    // The emulator's container has four physical partitions: four leases.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while processor.owned_leases().len() < 4 {
         assert!(
@@ -38,6 +45,13 @@ async fn each_lease_shows_its_owner_and_a_released_one_is_reported_free() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    processor
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_lease_shows_its_owner_and_a_released_one_is_reported_free() {
+    let (emulator, cosmos) = served_store_with_leases("orders", "orders-leases").await;
+    let processor = owning_every_lease(&cosmos, true).await;
 
     let owned = chatter(Some(emulator.endpoint()), None, &LEASES).await;
     let text = stdout(&owned);
@@ -72,10 +86,7 @@ async fn backlog_of_counts_the_pending_outbox_documents_behind_each_lease() {
     use chatter_runtime::testing::{OutboxDocument, create_item};
     use serde_json::json;
 
-    let (emulator, cosmos) = served_store("orders").await;
-    provision::ensure_lease_container(&cosmos, DB, "orders-leases")
-        .await
-        .unwrap();
+    let (emulator, cosmos) = served_store_with_leases("orders", "orders-leases").await;
     let orders = cosmos.container(DB, "orders").await.unwrap();
     for n in 0..3 {
         let key = format!("o-{n}");
@@ -93,24 +104,7 @@ async fn backlog_of_counts_the_pending_outbox_documents_behind_each_lease() {
     )
     .await
     .unwrap();
-    let processor = ChangeFeedProcessor::builder(
-        "orders-relay",
-        "host-1",
-        orders.clone(),
-        cosmos.container(DB, "orders-leases").await.unwrap(),
-    )
-    .options(ChangeFeedProcessorOptions::default().with_poll_interval(Duration::from_millis(100)))
-    .start(|_batch: ChangeFeedBatch| Box::pin(async { Err("never handled".into()) }))
-    .await
-    .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while processor.owned_leases().len() < 4 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the leases are taken"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let processor = owning_every_lease(&cosmos, false).await;
 
     let estimated = chatter(
         Some(emulator.endpoint()),
@@ -164,10 +158,7 @@ async fn a_lease_under_a_drain_suspension_is_reported_suspended() {
     use chatter_runtime::{BrokeredMessage, RelayOptions, StandaloneRelay};
     use serde_json::json;
 
-    let (emulator, cosmos) = served_store("orders").await;
-    provision::ensure_lease_container(&cosmos, DB, "orders-leases")
-        .await
-        .unwrap();
+    let (emulator, cosmos) = served_store_with_leases("orders", "orders-leases").await;
     let orders = cosmos.container(DB, "orders").await.unwrap();
     let message = BrokeredMessage::json("m-1", "order-events", "{}");
     let doc = OutboxDocument::build(&message, &["/orderId"], &[json!("o-1")]).unwrap();

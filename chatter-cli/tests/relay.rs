@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, RabbitMqBroker};
-use chatter_runtime::cosmos::{ReadOutcome, partition_key, provision, read_item};
+use chatter_runtime::cosmos::{ReadOutcome, partition_key, read_item};
 use chatter_runtime::testing::{OutboxDocument, create_item};
-use common::{DB, served_store, stderr};
+use common::{DB, served_store_with_leases, stderr};
 use serde_json::json;
 
 const RABBITMQ: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -26,10 +26,7 @@ fn config_file(body: &str) -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_relay_from_a_config_file_publishes_pending_documents_and_stops_on_sigterm() {
-    let (emulator, cosmos) = served_store("orders").await;
-    provision::ensure_lease_container(&cosmos, DB, "orders-leases")
-        .await
-        .unwrap();
+    let (emulator, cosmos) = served_store_with_leases("orders", "orders-leases").await;
     let orders = cosmos.container(DB, "orders").await.unwrap();
     let destination = format!("chatter-test-cli-relay-{}", uuid::Uuid::new_v4().simple());
     let mut ids = Vec::new();

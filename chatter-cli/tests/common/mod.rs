@@ -28,6 +28,29 @@ pub(crate) async fn served_store(container: &str) -> (RunningEmulator, CosmosCon
     (emulator, cosmos)
 }
 
+/// [`served_store`] with the lease container `DB`/`leases` too.
+pub(crate) async fn served_store_with_leases(
+    container: &str,
+    leases: &str,
+) -> (RunningEmulator, CosmosConnection) {
+    let (emulator, cosmos) = served_store(container).await;
+    provision::ensure_lease_container(&cosmos, DB, leases)
+        .await
+        .unwrap();
+    (emulator, cosmos)
+}
+
+/// The `chatter` binary with `args`, neither the account key nor the endpoint in its
+/// environment.
+fn command(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_chatter"));
+    command
+        .args(args)
+        .env_remove(KEY_ENV)
+        .env_remove(ENDPOINT_ENV);
+    command
+}
+
 /// Runs `chatter` with `args` against `endpoint` (none: the variable unset), without a key in
 /// its environment unless `key` is given.
 pub(crate) async fn chatter(endpoint: Option<&str>, key: Option<&str>, args: &[&str]) -> Output {
@@ -41,12 +64,8 @@ pub(crate) async fn chatter_on_broker(
     args: &[&str],
     input: Option<&str>,
 ) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_chatter"));
-    command
-        .args(args)
-        .env_remove(KEY_ENV)
-        .env_remove(ENDPOINT_ENV)
-        .env("CHATTER_BROKER_URL", broker_url);
+    let mut command = command(args);
+    command.env("CHATTER_BROKER_URL", broker_url);
     run(command, input).await
 }
 
@@ -58,11 +77,7 @@ pub(crate) async fn chatter_answering(
     args: &[&str],
     input: Option<&str>,
 ) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_chatter"));
-    command
-        .args(args)
-        .env_remove(KEY_ENV)
-        .env_remove(ENDPOINT_ENV);
+    let mut command = command(args);
     if let Some(endpoint) = endpoint {
         command.env(ENDPOINT_ENV, endpoint);
     }
