@@ -11,7 +11,7 @@ use chatter_runtime::{
     ATTEMPTS_CONTEXT_KEY, BoxError, DEAD_LETTER_REASON_CONTEXT_KEY, DocumentReliable,
     HandlerContext, Runtime, dead_letter_destination, handler,
 };
-use chatter_tests::broker::next_delivery;
+use chatter_tests::broker::{acked, next_delivery};
 use chatter_tests::rabbitmq;
 use chatter_tests::store::{embedded, find_document, provisioned};
 use chatter_tests::wait::eventually;
@@ -192,13 +192,7 @@ async fn poison_commands_are_dead_lettered_with_their_reason_and_healthy_ones_ar
     }
 
     let mut letters = rabbitmq::subscribe(&direct, &dead_letters, WAIT).await;
-    let mut found = Vec::new();
-    for _ in 0..2 {
-        let delivery = next_delivery(&mut letters, WAIT).await;
-        found.push(delivery.message.clone());
-        delivery.ack().await.unwrap();
-    }
-    found.sort_by(|a, b| a.message_id.cmp(&b.message_id));
+    let found = acked(&mut letters, 2, WAIT).await;
     let (hopeless, not_json) = (&found[0], &found[1]);
     assert_eq!(not_json.message_id, "not-json");
     assert_eq!(not_json.body, "{{{", "the body is kept");

@@ -15,7 +15,7 @@ use chatter_runtime::{
     ATTEMPTS_CONTEXT_KEY, BoxError, BrokeredMessage, DEAD_LETTER_REASON_CONTEXT_KEY,
     DocumentReliable, HandlerContext, Runtime, StartError, dead_letter_destination, handler,
 };
-use chatter_tests::broker::{assert_quiet_for, next_delivery};
+use chatter_tests::broker::{acked, assert_quiet_for};
 use chatter_tests::nats::{self, NatsServer};
 use chatter_tests::relay::fast_relay;
 use chatter_tests::store::{embedded, find_document, provisioned_with_leases};
@@ -135,13 +135,7 @@ async fn commands_through_jetstream_are_retried_by_delayed_nak_dead_lettered_and
     }
 
     // Two dead letters: the poison after its 2 attempts, the non-JSON body at once.
-    let mut found = Vec::new();
-    for _ in 0..2 {
-        let delivery = next_delivery(&mut letters, WAIT).await;
-        found.push(delivery.message.clone());
-        delivery.ack().await.unwrap();
-    }
-    found.sort_by(|a, b| a.message_id.cmp(&b.message_id));
+    let found = acked(&mut letters, 2, WAIT).await;
     let (hopeless, not_json) = (&found[0], &found[1]);
     assert_eq!(hopeless.message_id, "m-hopeless");
     assert_eq!(
@@ -156,13 +150,11 @@ async fn commands_through_jetstream_are_retried_by_delayed_nak_dead_lettered_and
     assert_eq!(not_json.context[ATTEMPTS_CONTEXT_KEY], 1);
 
     // The healthy and the flaky user each produce one event, relayed through JetStream.
-    let mut relayed = Vec::new();
-    for _ in 0..2 {
-        let delivery = next_delivery(&mut events, WAIT).await;
-        relayed.push(delivery.message.message_id.clone());
-        delivery.ack().await.unwrap();
-    }
-    relayed.sort();
+    let relayed: Vec<String> = acked(&mut events, 2, WAIT)
+        .await
+        .into_iter()
+        .map(|message| message.message_id)
+        .collect();
     assert_eq!(
         relayed,
         ["m-flaky:UserRegistered", "m-healthy:UserRegistered"]

@@ -76,6 +76,23 @@ pub async fn next_delivery(subscription: &mut Subscription, within: Duration) ->
         .expect("the delivery is a Brokered Message")
 }
 
+/// The next `count` deliveries on `subscription`, each acked, sorted by message id; panics as
+/// [`next_delivery`] does.
+pub async fn acked(
+    subscription: &mut Subscription,
+    count: usize,
+    within: Duration,
+) -> Vec<BrokeredMessage> {
+    let mut messages = Vec::with_capacity(count);
+    for _ in 0..count {
+        let delivery = next_delivery(subscription, within).await;
+        messages.push(delivery.message.clone());
+        delivery.ack().await.expect("the delivery is acked");
+    }
+    messages.sort_by(|a, b| a.message_id.cmp(&b.message_id));
+    messages
+}
+
 /// Panics if anything arrives on `subscription` during `watched`.
 pub async fn assert_quiet_for(subscription: &mut Subscription, watched: Duration) {
     if let Ok(item) = timeout(watched, subscription.next()).await {
