@@ -71,6 +71,38 @@ async fn archive_user(_command: ArchiveUser, _ctx: &mut HandlerContext) -> Resul
     Ok(())
 }
 
+/// Ships an order through a quorum queue declared by another service; `max_delivery_attempts`
+/// 3.
+#[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "accounts", container = "users", lease = "users-leases")]
+#[partition_key(path = "/userId")]
+#[chatter(destination = "chatter-test-quorum-ship", max_delivery_attempts = 3)]
+#[serde(rename_all = "camelCase")]
+pub struct ShipOrder {
+    pub user_id: String,
+}
+
+#[handler]
+async fn ship_order(command: ShipOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    ctx.upsert(json!({ "id": command.user_id, "userId": command.user_id }))?;
+    Ok(())
+}
+
+/// Ships a parcel; its quorum queue's delivery limit leaves no room above its 3 attempts.
+#[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "accounts", container = "users", lease = "users-leases")]
+#[partition_key(path = "/userId")]
+#[chatter(destination = "chatter-test-quorum-parcel", max_delivery_attempts = 3)]
+#[serde(rename_all = "camelCase")]
+pub struct ShipParcel {
+    pub user_id: String,
+}
+
+#[handler]
+async fn ship_parcel(_command: ShipParcel, _ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    Ok(())
+}
+
 /// The registry of this binary holding only `command`.
 fn only(command: &str) -> Registry {
     use chatter_runtime::__private::{CommandRegistration, HandlerRegistration, inventory};
@@ -83,6 +115,166 @@ fn only(command: &str) -> Registry {
             .filter(|h| (h.command)().command_name == command),
     )
     .unwrap()
+}
+
+/// Declares `queue` afresh as another service would: a quorum queue with `delivery_limit`
+/// (`x-delivery-limit`, when given).
+async fn declare_quorum(queue: &str, delivery_limit: Option<i32>) {
+    use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+    use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+
+    let foreign = rabbitmq::foreign_channel(WAIT).await;
+    foreign
+        .queue_delete(ShortString::from(queue), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        ShortString::from("x-queue-type"),
+        AMQPValue::LongString(LongString::from("quorum")),
+    );
+    if let Some(limit) = delivery_limit {
+        arguments.insert(
+            ShortString::from("x-delivery-limit"),
+            AMQPValue::LongInt(limit),
+        );
+    }
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    foreign
+        .queue_declare(ShortString::from(queue), durable, arguments)
+        .await
+        .unwrap();
+}
+
+// A quorum queue drops a message delivered more often than its delivery limit: one at or below
+// the command's attempts would drop a message that crashes its consumer before chatter
+// dead-letters it, so the start refuses, naming both numbers.
+#[tokio::test]
+async fn start_refuses_a_quorum_queue_whose_delivery_limit_is_not_above_max_delivery_attempts() {
+    let cosmos = embedded().await;
+    provisioned(&cosmos, "accounts", "users", &["/userId"]).await;
+    let queue = ShipParcel::DOCUMENT_RELIABILITY.destination;
+    declare_quorum(queue, Some(3)).await;
+    let error = Runtime::builder()
+        .registry(only("ShipParcel"))
+        .cosmos(cosmos)
+        .broker(rabbitmq::connect(WAIT).await)
+        .without_relay()
+        .start()
+        .await
+        .unwrap_err();
+    let text = chatter_runtime::ErrorChain(&error).to_string();
+    assert!(
+        matches!(error, chatter_runtime::StartError::Broker { .. }),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("`x-delivery-limit` of the quorum queue `{queue}`"))
+            && text.contains("is 3, not above the 3 delivery attempts")
+            && text.contains("with `x-delivery-limit` above 3"),
+        "{text}"
+    );
+    let direct = rabbitmq::connect(WAIT).await;
+    rabbitmq::delete_queue(&direct, queue, WAIT).await;
+}
+
+// A quorum queue with room above the attempts is taken as it is: commands are published to it
+// and consumed from it, and a message its consumers kept taking without ever settling it (each
+// crashed during it: their channels closed with it unacked, so the queue counted a delivery
+// each time) is dead-lettered once past its attempts, without running its handler again.
+#[tokio::test]
+async fn a_quorum_queue_is_consumed_and_a_delivery_never_settled_is_dead_lettered_past_its_attempts()
+ {
+    use lapin::options::BasicGetOptions;
+    use lapin::types::ShortString;
+
+    let cosmos = embedded().await;
+    let users = provisioned(&cosmos, "accounts", "users", &["/userId"]).await;
+    let queue = ShipOrder::DOCUMENT_RELIABILITY.destination;
+    let dead_letters = dead_letter_destination(queue);
+    let direct = rabbitmq::connect(WAIT).await;
+    rabbitmq::delete_queue(&direct, &dead_letters, WAIT).await;
+    declare_quorum(queue, Some(10)).await;
+    let command = |id: &str| {
+        BrokeredMessage::json(
+            id,
+            queue,
+            json!({ "userId": format!("user-{id}") }).to_string(),
+        )
+    };
+    direct.publish(command("crashes-each-time")).await.unwrap();
+    for taken in 0..3 {
+        let crashing = rabbitmq::foreign_channel(WAIT).await;
+        let got = crashing
+            .basic_get(ShortString::from(queue), BasicGetOptions::default())
+            .await
+            .unwrap();
+        assert!(
+            got.is_some(),
+            "delivery {taken} reached the crashing consumer"
+        );
+        crashing
+            .close(200, ShortString::from("crash"))
+            .await
+            .unwrap();
+    }
+
+    let runtime = Runtime::builder()
+        .registry(only("ShipOrder"))
+        .cosmos(cosmos.clone())
+        .broker(direct.clone())
+        .without_relay()
+        .start()
+        .await
+        .unwrap();
+    direct.publish(command("healthy")).await.unwrap();
+    let mut letters = rabbitmq::subscribe(&direct, &dead_letters, WAIT).await;
+    let found = acked(&mut letters, 1, WAIT).await;
+    assert_eq!(found[0].message_id, "crashes-each-time");
+    assert_eq!(
+        found[0].context[ATTEMPTS_CONTEXT_KEY], 4,
+        "three deliveries never settled, and this one"
+    );
+    let why = found[0].context[DEAD_LETTER_REASON_CONTEXT_KEY]
+        .as_str()
+        .unwrap();
+    assert!(
+        why.contains("delivered 4 times, more than its 3 attempts"),
+        "{why}"
+    );
+    eventually(
+        WAIT,
+        Duration::from_millis(50),
+        "the healthy command is handled",
+        || async {
+            find_document(&users, &[json!("user-healthy")], "user-healthy")
+                .await
+                .is_some()
+        },
+    )
+    .await;
+    assert!(
+        find_document(
+            &users,
+            &[json!("user-crashes-each-time")],
+            "user-crashes-each-time"
+        )
+        .await
+        .is_none(),
+        "the handler did not run the dead-lettered delivery"
+    );
+    runtime.shutdown().await;
+    drop(letters);
+    for queue in [queue, dead_letters.as_str()] {
+        assert_eq!(
+            rabbitmq::delete_queue(&direct, queue, WAIT).await,
+            0,
+            "{queue} is empty"
+        );
+    }
 }
 
 // A command whose dead letters the broker could never carry would redeliver a poison forever:

@@ -201,8 +201,9 @@ impl Refusal {
             }
             Self::ConflictingDeclaration => {
                 "the destination exists with other settings than chatter declares (a durable \
-                 queue without arguments): delete it or declare it so, and the waiting messages \
-                 are published"
+                 classic or quorum queue without arguments besides x-queue-type and \
+                 x-delivery-limit): delete it or declare it so, and the waiting messages are \
+                 published"
             }
             Self::Locked => {
                 "another connection holds the destination exclusively: close that connection or \

@@ -153,6 +153,7 @@ impl Broker for MessagingSystems {
             let relay_only = BrokerContract {
                 destinations: Vec::new(),
                 republish_within: contract.republish_within,
+                max_delivery_attempts: Default::default(),
             };
             for broker in self.named.values() {
                 broker.verify(&relay_only).await?;

@@ -206,6 +206,10 @@ pub struct BrokerContract {
     /// The longest time after a message's first publish at which the relay may publish it again
     /// (a lease taken over after its expiry, then a drain suspension's window).
     pub republish_within: std::time::Duration,
+    /// The delivery attempts after which the runtime's consumer of each consumed destination
+    /// dead-letters a message: a broker that drops a message after fewer deliveries of its own
+    /// (a RabbitMQ quorum queue's delivery limit) would lose it first.
+    pub max_delivery_attempts: std::collections::BTreeMap<String, u32>,
 }
 
 /// A message broker the runtime publishes to and consumes from.
@@ -334,6 +338,13 @@ pub trait Settle: Send + Sync + 'static {
     fn delivery_count(&self) -> Option<u32> {
         None
     }
+    /// How many times the broker delivered this copy of the message before, unsettled (its
+    /// consumer nacked it, stopped or crashed): a RabbitMQ quorum queue's `x-delivery-count`.
+    /// The default: one less than [`delivery_count`](Settle::delivery_count), or 0.
+    fn previous_deliveries(&self) -> u32 {
+        self.delivery_count()
+            .map_or(0, |count| count.saturating_sub(1))
+    }
     /// The message was not handled: the broker must deliver it again after `delay`. The
     /// default nacks at once.
     fn nack_after(
@@ -408,6 +419,14 @@ impl Delivery {
         self.settle
             .as_ref()
             .and_then(|settle| settle.delivery_count())
+    }
+
+    /// How many times the broker delivered this copy of the message before without its being
+    /// settled, where the broker counts that (JetStream; a RabbitMQ quorum queue); 0 elsewhere.
+    pub fn previous_deliveries(&self) -> u32 {
+        self.settle
+            .as_ref()
+            .map_or(0, |settle| settle.previous_deliveries())
     }
 
     /// The message was not handled: have the broker deliver it again once `delay` has passed

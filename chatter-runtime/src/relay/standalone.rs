@@ -133,6 +133,7 @@ impl StandaloneRelay {
                 .map(|relay| relay.options.republish_within())
                 .max()
                 .unwrap_or_default(),
+            max_delivery_attempts: Default::default(),
         };
         let bound = relays
             .iter()

@@ -22,7 +22,9 @@
 //!   the attempt number.
 //! - **Dead letters.** A delivery whose body is not the command's JSON or that has no message id
 //!   is dead-lettered at once; one that failed `max_delivery_attempts` times is dead-lettered
-//!   then. A dead letter keeps its id, body and context, adds `Chatter.DeadLetter.Reason` and
+//!   then. A delivery the broker counts as delivered more often than that without being settled
+//!   (its consumer crashed during each: [`Delivery::previous_deliveries`]) is dead-lettered
+//!   without running it again, unless it had committed. A dead letter keeps its id, body and context, adds `Chatter.DeadLetter.Reason` and
 //!   `Chatter.Delivery.Attempts`, and goes to `<destination>.dead-letter` on the same broker,
 //!   logged at Error; the original is then acked (`term`ed on JetStream).
 //! - **Subscriptions.** A subscription the broker ends is made again with backoff, logged at
@@ -304,8 +306,45 @@ impl Consumer {
             return;
         }
         let attempt = attempt_of(&delivery);
+        if attempt > self.max_attempts() {
+            self.unsettled_too_often(delivery, attempt).await;
+            return;
+        }
         let result = self.attempt(&delivery, attempt, body).await;
         self.settle(delivery, attempt, result).await;
+    }
+
+    /// The attempts after which a failing delivery is dead-lettered.
+    fn max_attempts(&self) -> u32 {
+        self.command
+            .registration
+            .max_delivery_attempts
+            .unwrap_or(DEFAULT_MAX_DELIVERY_ATTEMPTS)
+    }
+
+    /// A delivery past its last attempt: the broker delivered it again each time its handling
+    /// never ended (its consumer crashed or stopped during it), so it is dead-lettered without
+    /// running it again (a broker limit, such as a quorum queue's, would drop it otherwise); one
+    /// that committed meanwhile (only its ack was lost) is acked as handled.
+    async fn unsettled_too_often(&self, delivery: Delivery, attempt: u32) {
+        let name = self.command.registration.command_name;
+        let message_id = delivery.message.message_id.clone();
+        if self.committed(&delivery).await {
+            tracing::info!(
+                command = name,
+                message_id,
+                attempt,
+                "chatter delivery past its last attempt had committed; acknowledged as handled"
+            );
+            self.ack(delivery, "ack").await;
+            return;
+        }
+        let reason = format!(
+            "it was delivered {attempt} times, more than its {} attempts, and its handling \
+             never ended (its consumer crashed or stopped during it)",
+            self.max_attempts()
+        );
+        self.dead_letter(delivery, attempt, &reason).await;
     }
 
     /// Runs one attempt of `delivery` through the pipeline, under its `process` span, bounded by
@@ -384,11 +423,7 @@ impl Consumer {
                 self.dead_letter(delivery, attempt, &reason).await;
             }
             Err(error) => {
-                let max = self
-                    .command
-                    .registration
-                    .max_delivery_attempts
-                    .unwrap_or(DEFAULT_MAX_DELIVERY_ATTEMPTS);
+                let max = self.max_attempts();
                 if attempt >= max && error.may_have_committed() && self.committed(&delivery).await {
                     // The last attempt committed but did not hear so in time: it was handled.
                     tracing::info!(command = name, message_id, attempt, error = %ErrorChain(&error), "chatter delivery committed although its attempt failed; acknowledged as handled");
@@ -566,8 +601,9 @@ impl Drop for Lane {
 }
 
 /// This delivery's attempt number: 1 for a first delivery. The count its context carries (a
-/// retry copy's), plus the broker's own count of this copy's deliveries past the first where
-/// the broker keeps one (JetStream redelivers instead of taking copies).
+/// retry copy's), plus the broker's own count of this copy's earlier deliveries where the
+/// broker keeps one (JetStream redelivers instead of taking copies; a RabbitMQ quorum queue
+/// counts the deliveries its consumers never settled).
 fn attempt_of(delivery: &Delivery) -> u32 {
     let carried = delivery
         .message
@@ -577,8 +613,7 @@ fn attempt_of(delivery: &Delivery) -> u32 {
         .and_then(|n| u32::try_from(n).ok())
         .filter(|n| *n >= 1)
         .unwrap_or(1);
-    let redeliveries = delivery.delivery_count().unwrap_or(1).max(1) - 1;
-    carried.saturating_add(redeliveries)
+    carried.saturating_add(delivery.previous_deliveries())
 }
 
 fn log_outcome(name: &str, message_id: &str, outcome: Outcome) {

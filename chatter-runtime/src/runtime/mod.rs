@@ -859,6 +859,13 @@ fn broker_contract(
         for command in registry.commands() {
             let destination = command.registration.destination;
             contract.destinations.push(destination.to_owned());
+            let attempts = command
+                .registration
+                .max_delivery_attempts
+                .unwrap_or(DEFAULT_MAX_DELIVERY_ATTEMPTS);
+            contract
+                .max_delivery_attempts
+                .insert(destination.to_owned(), attempts);
             contract
                 .destinations
                 .push(dead_letter_destination(destination));

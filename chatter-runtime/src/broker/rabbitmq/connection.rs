@@ -7,7 +7,7 @@
 //! own timeout) for at most that long; a caller whose awaited attempt failed backs off instead
 //! of dialling again at once.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -15,6 +15,7 @@ use std::time::Duration;
 use lapin::options::ConfirmSelectOptions;
 use lapin::{Channel, Connection, ConnectionProperties};
 
+use super::declaration::Declaration;
 use crate::backoff;
 use crate::broker::BrokerError;
 pub(super) use crate::broker::redact_uri as redact;
@@ -36,8 +37,11 @@ pub(super) struct Inner {
     outage: AtomicBool,
     /// The confirm-mode channel publishes go through; replaced when the server closed it.
     publisher: Mutex<Option<Channel>>,
-    /// Queues declared on the current connection.
-    declared: Mutex<HashSet<String>>,
+    /// Queues declared on the current connection, and how.
+    declared: Mutex<HashMap<String, Declaration>>,
+    /// How each queue was last declared, kept across connections: the next declaration starts
+    /// from it instead of learning the queue's type and limit again.
+    learned: Mutex<HashMap<String, Declaration>>,
     /// How long one publish may take, reconnection included.
     publish_timeout: Mutex<Duration>,
     /// How long one connection attempt (TCP and the AMQP handshake) may take.
@@ -84,7 +88,8 @@ impl Inner {
             failed_attempts: AtomicU64::new(0),
             outage: AtomicBool::new(false),
             publisher: Mutex::new(None),
-            declared: Mutex::new(HashSet::new()),
+            declared: Mutex::new(HashMap::new()),
+            learned: Mutex::new(HashMap::new()),
             publish_timeout: Mutex::new(publish_timeout),
             connect_timeout: Mutex::new(connect_timeout),
             closed: AtomicBool::new(false),
@@ -238,14 +243,25 @@ impl Inner {
         }
     }
 
-    /// Whether `destination`'s queue was declared on the current connection.
-    pub(super) fn is_declared(&self, destination: &str) -> bool {
-        lock(&self.declared).contains(destination)
+    /// How `destination`'s queue was declared on the current connection, if it was.
+    pub(super) fn declared_as(&self, destination: &str) -> Option<Declaration> {
+        lock(&self.declared).get(destination).cloned()
     }
 
-    /// Records that `destination`'s queue was declared on the current connection.
-    pub(super) fn declared(&self, destination: &str) {
-        lock(&self.declared).insert(destination.to_owned());
+    /// How to declare `destination`'s queue first: as it was last taken, else as chatter makes
+    /// a queue.
+    pub(super) fn learned(&self, destination: &str) -> Declaration {
+        lock(&self.learned)
+            .get(destination)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Records that `destination`'s queue was declared as `declaration` on the current
+    /// connection.
+    pub(super) fn declared(&self, destination: &str, declaration: Declaration) {
+        lock(&self.learned).insert(destination.to_owned(), declaration.clone());
+        lock(&self.declared).insert(destination.to_owned(), declaration);
     }
 
     /// Forgets that `destination`'s queue was declared (it was deleted, or may have been).

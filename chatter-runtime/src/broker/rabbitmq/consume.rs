@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
-use lapin::types::{FieldTable, ShortString};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Acker, Channel};
 use tokio::runtime::Handle;
 
@@ -23,6 +23,9 @@ use crate::broker::{
     BrokerError, Delivery, Liveness, Settle, Subscription, dead_letter_destination,
 };
 use crate::error_chain::ErrorChain;
+
+/// The header a quorum queue counts a message's earlier deliveries in.
+const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 
 impl Inner {
     /// A consumer on `destination` on a new channel of a live connection. Opening it is bounded
@@ -53,6 +56,10 @@ impl Inner {
         queue: ShortString,
         prefetch: u16,
     ) -> Result<(Channel, lapin::Consumer), BrokerError> {
+        // Declared on every (re)subscription: the queue may have been deleted by another client
+        // since, and consuming a missing queue fails with 404 forever.
+        self.forget(destination);
+        self.declare(destination, queue.clone()).await?;
         let channel = connection
             .create_channel()
             .await
@@ -61,10 +68,6 @@ impl Inner {
             .basic_qos(prefetch, BasicQosOptions::default())
             .await
             .map_err(|e| BrokerError::transport("basic.qos", e))?;
-        // Declared on every (re)subscription: the queue may have been deleted by another client
-        // since, and consuming a missing queue fails with 404 forever.
-        self.declare_on(&channel, destination, queue.clone())
-            .await?;
         let consumer = channel
             .basic_consume(
                 queue,
@@ -174,6 +177,7 @@ impl Consuming {
         match decode(&self.destination, &delivery) {
             Ok(message) => {
                 let settle = AmqpSettle {
+                    previous_deliveries: previous_deliveries(&delivery),
                     message_id: message.message_id.clone(),
                     acker: delivery.acker,
                     handle: self.handle.clone(),
@@ -241,9 +245,28 @@ async fn dead_letter_undecodable(
     }
 }
 
+/// The `x-delivery-count` header a quorum queue sets on a message it delivers again (classic
+/// queues do not count: 0).
+fn previous_deliveries(delivery: &AmqpDelivery) -> u32 {
+    let count = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get(DELIVERY_COUNT_HEADER))
+        .and_then(|count| match count {
+            AMQPValue::LongLongInt(n) => u32::try_from(*n).ok(),
+            AMQPValue::LongInt(n) => u32::try_from(*n).ok(),
+            AMQPValue::LongUInt(n) => Some(*n),
+            _ => None,
+        });
+    count.unwrap_or(0)
+}
+
 /// Settles one RabbitMQ delivery; keeps its channel (and connection) open until then.
 struct AmqpSettle {
     message_id: String,
+    /// The quorum queue's count of earlier deliveries of this message.
+    previous_deliveries: u32,
     acker: Acker,
     /// Where `abandon` sends its `basic.nack` from.
     handle: Option<Handle>,
@@ -299,6 +322,10 @@ impl Settle for AmqpSettle {
 
     fn is_stale(&self) -> bool {
         !self.channel.status().connected()
+    }
+
+    fn previous_deliveries(&self) -> u32 {
+        self.previous_deliveries
     }
 
     fn abandon(self: Box<Self>) {

@@ -16,6 +16,7 @@
 //! | --- | --- |
 //! | `connection.rs` | the shared connection, its bounded reconnects, the publishing channel |
 //! | `publish.rs` | declaring a queue, publishing with confirms, the server's refusals |
+//! | `declaration.rs` | how a queue is declared: classic, or an existing quorum queue's type and delivery limit learned from the server |
 //! | `consume.rs` | subscriptions that resume after outages, settling deliveries, dead-lettering what is no Brokered Message |
 //! | `codec.rs` | a Brokered Message as AMQP properties and headers, and back |
 
@@ -23,6 +24,7 @@ mod codec;
 mod connection;
 mod consume;
 mod dead_letters;
+mod declaration;
 mod publish;
 
 use std::fmt;
@@ -41,13 +43,15 @@ use super::{Broker, BrokerContract, BrokerError, Subscription};
 use crate::message::BrokeredMessage;
 use codec::{properties, queue_name};
 use connection::{Inner, open, redact};
+use declaration::DeliveryLimit;
 
 /// How many unacked deliveries one subscription holds by default.
 const DEFAULT_PREFETCH: u16 = 1;
 
 /// A [`Broker`] on RabbitMQ: publisher confirms, durable queues, persistent messages, manual ack.
 ///
-/// - [`publish`](Broker::publish) declares the destination's durable queue (once per connection),
+/// - [`publish`](Broker::publish) declares the destination's durable queue (once per connection:
+///   a classic queue when it is missing, an existing classic or quorum queue as it is),
 ///   publishes with `mandatory` set and waits for the publisher confirm: a nack is
 ///   [`BrokerError::Rejected`]; a message returned as unroutable (its queue was deleted since)
 ///   is published once more after declaring the queue again, then is
@@ -59,7 +63,9 @@ const DEFAULT_PREFETCH: u16 = 1;
 ///   [`prefetch`](Self::with_prefetch) (1 by default; [`Broker::subscribe_with_prefetch`] sets
 ///   it per subscription, as the runtime's consumers do) and consumes with manual ack;
 ///   [`Delivery::nack`](super::Delivery::nack) and dropping a delivery unsettled are `basic.nack` with `requeue`, and
-///   [`Delivery::redelivered`](super::Delivery::redelivered) is the AMQP `redelivered` flag.
+///   [`Delivery::redelivered`](super::Delivery::redelivered) is the AMQP `redelivered` flag and
+///   [`Delivery::previous_deliveries`](super::Delivery::previous_deliveries) a quorum queue's
+///   `x-delivery-count`.
 ///
 /// **Recovery.** The broker reconnects by itself after a broker restart or a dropped connection,
 /// with exponential backoff (logged at Error when the outage starts, at Info when it ends):
@@ -241,20 +247,117 @@ impl Broker for RabbitMqBroker {
 
     /// Declares every destination of `contract` (each command's queue and its dead-letter
     /// queue) as chatter declares it, so a queue another service declared otherwise refuses the
-    /// start instead of a poison message's dead letter, later. (A quorum queue's delivery limit
-    /// cannot be read over AMQP; see the README.)
+    /// start instead of a poison message's dead letter, later. A quorum queue is taken as it is,
+    /// as long as its delivery limit (`x-delivery-limit`, or RabbitMQ 4's default of 20 without
+    /// one) is above the attempts of the command consuming it, or the start is refused with
+    /// [`BrokerError::Misconfigured`] naming both numbers.
     fn verify<'a>(
         &'a self,
         contract: &'a BrokerContract,
     ) -> BoxFuture<'a, Result<(), BrokerError>> {
         async move {
             for destination in &contract.destinations {
-                self.inner
+                let declaration = self
+                    .inner
                     .declare(destination, queue_name(destination)?)
                     .await?;
+                check_delivery_limit(
+                    destination,
+                    declaration.delivery_limit(),
+                    contract.max_delivery_attempts.get(destination).copied(),
+                )?;
             }
             Ok(())
         }
         .boxed()
+    }
+}
+
+/// Refuses a quorum queue that would drop a message before the consumer of `destination`
+/// dead-letters it: its delivery limit must be above `max_delivery_attempts` (the runtime
+/// counts the queue's redeliveries as attempts and dead-letters a message delivered more often
+/// than that without being settled, so it is kept). A queue nobody consumes (a dead-letter
+/// queue, `None`) is only warned about: browsing it counts as a delivery.
+fn check_delivery_limit(
+    destination: &str,
+    limit: DeliveryLimit,
+    max_delivery_attempts: Option<u32>,
+) -> Result<(), BrokerError> {
+    let DeliveryLimit::Limited { limit, declared } = limit else {
+        return Ok(());
+    };
+    let Some(attempts) = max_delivery_attempts else {
+        tracing::warn!(
+            queue = destination,
+            delivery_limit = limit,
+            "RabbitMQ quorum queue with a delivery limit: each `chatter dead-letters list` counts as a delivery of every dead letter it shows, and the queue drops a dead letter shown more often than the limit; declare dead-letter queues classic"
+        );
+        return Ok(());
+    };
+    if limit > i64::from(attempts) {
+        return Ok(());
+    }
+    let problem = if declared {
+        format!(
+            "is {limit}, not above the {attempts} delivery attempts of the command consuming \
+             it: the queue would drop a message that crashes its consumer before chatter \
+             dead-letters it"
+        )
+    } else {
+        format!(
+            "is not set, and RabbitMQ 4 then applies {limit}, not above the {attempts} delivery \
+             attempts of the command consuming it: the queue would drop a message that crashes \
+             its consumer before chatter dead-letters it"
+        )
+    };
+    Err(BrokerError::Misconfigured {
+        setting: format!("`x-delivery-limit` of the quorum queue `{destination}`"),
+        problem,
+        fix: format!(
+            "declare the queue again with `x-delivery-limit` above {attempts} (or -1 on RabbitMQ \
+             4 for none), or lower the command's `max_delivery_attempts` below {limit}"
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delivery_limit_above_the_attempts_or_none_is_taken() {
+        let limited = |limit| DeliveryLimit::Limited {
+            limit,
+            declared: true,
+        };
+        assert!(check_delivery_limit("q", limited(6), Some(5)).is_ok());
+        assert!(check_delivery_limit("q", DeliveryLimit::Unlimited, Some(500)).is_ok());
+        assert!(
+            check_delivery_limit("q", limited(1), None).is_ok(),
+            "a queue nobody consumes is only warned about"
+        );
+        let refused = check_delivery_limit("q", limited(5), Some(5)).unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .contains("is 5, not above the 5 delivery attempts"),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn a_quorum_queue_without_limit_is_refused_for_attempts_reaching_rabbitmq_4s_default() {
+        let default = DeliveryLimit::Limited {
+            limit: declaration::DEFAULT_QUORUM_DELIVERY_LIMIT,
+            declared: false,
+        };
+        assert!(check_delivery_limit("q", default, Some(19)).is_ok());
+        let refused = check_delivery_limit("q", default, Some(20)).unwrap_err();
+        let text = refused.to_string();
+        assert!(
+            text.contains("is not set, and RabbitMQ 4 then applies 20, not above the 20")
+                && text.contains("above 20 (or -1 on RabbitMQ 4 for none)"),
+            "{text}"
+        );
     }
 }

@@ -1,59 +1,71 @@
-//! Publishing: declaring the destination's queue, the publish and its confirm, and the
+//! Publishing: declaring the destination's queue (as it exists, classic or quorum), the publish and its confirm, and the
 //! server's refusals.
 
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation};
+use lapin::types::{AMQPValue, LongString, ShortString};
+use lapin::{BasicProperties, Confirmation};
 
 use super::codec::{DEAD_LETTER_REASON_HEADER, PERSISTENT, properties, queue_name};
 use super::connection::Inner;
+use super::declaration::{Declaration, Inequivalent};
 use crate::broker::{BrokerError, Refusal};
 use crate::error_chain::ErrorChain;
 use crate::message::BrokeredMessage;
 
 impl Inner {
-    /// Declares `destination`'s durable queue, once per connection, on a channel of its own: a
-    /// server that refuses the declaration closes that channel only, not the publishing channel
-    /// other messages are waiting on.
+    /// Declares `destination`'s durable queue, once per connection, each try on a channel of
+    /// its own (a refusal closes the channel it came on, not the publishing channel other
+    /// messages are waiting on). An existing quorum queue's type and delivery limit are learned
+    /// from the server's refusals and declared as they are (see [`Declaration`]); the
+    /// declaration the server took is returned.
     pub(super) async fn declare(
         &self,
         destination: &str,
         queue: ShortString,
-    ) -> Result<(), BrokerError> {
-        if self.is_declared(destination) {
-            return Ok(());
+    ) -> Result<Declaration, BrokerError> {
+        if let Some(declaration) = self.declared_as(destination) {
+            return Ok(declaration);
         }
-        let connection = self.connection().await?;
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| BrokerError::transport("channel.open", e))?;
-        let declared = self.declare_on(&channel, destination, queue).await;
-        if channel.status().connected() {
-            // Best effort: a channel left open closes with its connection.
-            let _ = channel.close(200, ShortString::from("OK")).await;
+        let mut declaration = self.learned(destination);
+        // A refusal names one argument: the queue type, then its limit. More refusals than
+        // that mean the queue is being declared otherwise meanwhile.
+        for _ in 0..4 {
+            let connection = self.connection().await?;
+            let channel = connection
+                .create_channel()
+                .await
+                .map_err(|e| BrokerError::transport("channel.open", e))?;
+            let options = QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            };
+            let declared = channel
+                .queue_declare(queue.clone(), options, declaration.arguments())
+                .await;
+            if channel.status().connected() {
+                // Best effort: a channel left open closes with its connection.
+                let _ = channel.close(200, ShortString::from("OK")).await;
+            }
+            let error = match declared {
+                Ok(_) => {
+                    self.declared(destination, declaration.clone());
+                    return Ok(declaration);
+                }
+                Err(error) => error,
+            };
+            let adopted = precondition_failed(&error)
+                .and_then(Inequivalent::parse)
+                .is_some_and(|inequivalent| declaration.adopt(&inequivalent));
+            if !adopted {
+                return Err(declare_error(destination, error));
+            }
         }
-        declared
-    }
-
-    /// Declares `destination`'s durable queue on `channel` (a refusal closes `channel`).
-    pub(super) async fn declare_on(
-        &self,
-        channel: &Channel,
-        destination: &str,
-        queue: ShortString,
-    ) -> Result<(), BrokerError> {
-        let options = QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        channel
-            .queue_declare(queue, options, FieldTable::default())
-            .await
-            .map_err(|e| declare_error(destination, e))?;
-        self.declared(destination);
-        Ok(())
+        Err(BrokerError::Refused {
+            destination: destination.to_owned(),
+            refusal: Refusal::ConflictingDeclaration,
+            reply: "its x-queue-type or x-delivery-limit changed between declarations".to_owned(),
+        })
     }
 
     /// Publishes `message`, retrying transport failures on a new connection until the publish
@@ -219,6 +231,16 @@ impl Inner {
             self.publish_bytes(&message_id, destination, queue, &delivery.data, properties);
         let operation = || format!("dead-letter to `{destination}`");
         crate::broker::bounded(operation, self.publish_timeout(), attempt).await
+    }
+}
+
+/// The reply text of a `PRECONDITION_FAILED` (406) refusal.
+fn precondition_failed(error: &lapin::Error) -> Option<&str> {
+    match error.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) if amqp.kind().get_id() == 406 => {
+            Some(amqp.get_message().as_str())
+        }
+        _ => None,
     }
 }
 
