@@ -29,7 +29,7 @@ use crate::cosmos::{ContainerClient, CosmosConnection, CosmosStoreError};
 use crate::document::outbox::RELAY_STAMPED_PATHS;
 use crate::partition_key::{self, PartitionKeyPath};
 
-#[cfg(any(test, feature = "test-support"))]
+#[cfg(feature = "test-support")]
 use super::identity::RelaySource;
 
 /// One way a monitored container breaks the contract. Its `Display` is the .NET module's verbatim
@@ -256,7 +256,7 @@ fn stamped_path(actual: &str) -> Option<&'static str> {
 /// reported as [`MonitoredContainerError::Unreadable`], and so is one whose handle or
 /// properties do not arrive within `timeout` (a [`CosmosStoreError::Timeout`]). The containers
 /// are checked concurrently.
-#[cfg(any(test, feature = "test-support"))]
+#[cfg(feature = "test-support")]
 pub async fn verify_all(
     connection: &CosmosConnection,
     sources: &[RelaySource],

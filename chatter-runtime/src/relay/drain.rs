@@ -424,7 +424,7 @@ impl Drain {
         self
     }
 
-    #[cfg(any(test, feature = "test-support"))]
+    #[cfg(feature = "test-support")]
     /// The same drain with its gate on `clock` (and no suspension state).
     pub fn with_clock(mut self, clock: Arc<dyn super::suspension::MonotonicClock>) -> Self {
         self.gate = Arc::new(DrainGate::with_clock(
@@ -446,7 +446,7 @@ impl Drain {
     /// (one document at a time while the lease is failing: see the module docs); fails when any
     /// group failed, after every document in flight has finished, so nothing of a failed page
     /// is checkpointed.
-    #[cfg(any(test, feature = "test-support"))]
+    #[cfg(feature = "test-support")]
     pub async fn drain(
         &self,
         lease_token: &str,

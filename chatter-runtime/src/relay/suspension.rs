@@ -63,12 +63,12 @@ impl MonotonicClock for SystemClock {
     }
 }
 
-#[cfg(any(test, feature = "test-support"))]
+#[cfg(feature = "test-support")]
 /// A clock that moves only when told to ([`ManualClock::advance`]), for tests.
 #[derive(Debug, Default)]
 pub struct ManualClock(Mutex<Duration>);
 
-#[cfg(any(test, feature = "test-support"))]
+#[cfg(feature = "test-support")]
 impl ManualClock {
     /// A clock at its origin.
     pub fn new() -> Self {
@@ -81,7 +81,7 @@ impl ManualClock {
     }
 }
 
-#[cfg(any(test, feature = "test-support"))]
+#[cfg(feature = "test-support")]
 impl MonotonicClock for ManualClock {
     fn now(&self) -> Duration {
         *self.0.lock().unwrap_or_else(PoisonError::into_inner)
@@ -174,7 +174,7 @@ impl DrainGate {
         self.leases.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    #[cfg(any(test, feature = "test-support"))]
+    #[cfg(feature = "test-support")]
     /// Whether a page of `lease_token` may be drained now ([`admit`](Self::admit) does not
     /// refuse it).
     pub fn permit_drain(&self, lease_token: &str) -> bool {
