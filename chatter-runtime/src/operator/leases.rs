@@ -14,6 +14,7 @@ use crate::cosmos::{CosmosConnection, CosmosStoreError};
 
 /// One lease as the store holds it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
+#[non_exhaustive]
 pub struct LeaseView {
     /// The change-feed processor it belongs to (the relay's: `chatter-cosmos-outbox-relay:...`).
     pub processor: String,
