@@ -149,9 +149,10 @@ async fn declare_quorum(queue: &str, delivery_limit: Option<i32>) {
         .unwrap();
 }
 
-// A quorum queue drops a message delivered more often than its delivery limit: one at or below
-// the command's attempts would drop a message that crashes its consumer before chatter
-// dead-letters it, so the start refuses, naming both numbers.
+// A quorum queue drops a message delivered more often than its delivery limit, and chatter
+// dead-letters the last delivery unrun: a limit not above the command's attempts would cut
+// them short for a message that crashes its consumer, so the start refuses, naming both
+// numbers.
 #[tokio::test]
 async fn start_refuses_a_quorum_queue_whose_delivery_limit_is_not_above_max_delivery_attempts() {
     let cosmos = embedded().await;
@@ -181,23 +182,52 @@ async fn start_refuses_a_quorum_queue_whose_delivery_limit_is_not_above_max_deli
     rabbitmq::delete_queue(&direct, queue, WAIT).await;
 }
 
-// A quorum queue with room above the attempts is taken as it is: commands are published to it
-// and consumed from it, and a message its consumers kept taking without ever settling it (each
-// crashed during it: their channels closed with it unacked, so the queue counted a delivery
-// each time) is dead-lettered once past its attempts, without running its handler again.
-#[tokio::test]
-async fn a_quorum_queue_is_consumed_and_a_delivery_never_settled_is_dead_lettered_past_its_attempts()
- {
+/// Takes every message waiting on `queue` (`count` of them) on a channel of its own and closes
+/// it without settling them, as a consumer that crashes while holding them: the queue counts a
+/// delivery of each.
+async fn crash_holding(queue: &str, count: usize) {
     use lapin::options::BasicGetOptions;
     use lapin::types::ShortString;
 
+    let crashing = rabbitmq::foreign_channel(WAIT).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut held = 0;
+    while held < count {
+        let got = crashing
+            .basic_get(ShortString::from(queue), BasicGetOptions::default())
+            .await
+            .unwrap();
+        if got.is_some() {
+            held += 1;
+        } else {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{queue} holds {count} messages"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    crashing
+        .close(200, ShortString::from("crash"))
+        .await
+        .unwrap();
+}
+
+// A quorum queue with room above the attempts is taken as it is: commands are published to it
+// and consumed from it. A message its consumers took without ever settling it (each crashed
+// while holding it) as often as the queue's delivery limit is on its last delivery, which the
+// queue drops unless settled: it is dead-lettered without running its handler. One returned
+// fewer times is handled, even past its attempts (a return at a shutdown is no failure).
+#[tokio::test]
+async fn a_quorum_queue_is_consumed_and_its_last_delivery_of_a_message_is_dead_lettered_unrun() {
     let cosmos = embedded().await;
     let users = provisioned(&cosmos, "accounts", "users", &["/userId"]).await;
     let queue = ShipOrder::DOCUMENT_RELIABILITY.destination;
     let dead_letters = dead_letter_destination(queue);
     let direct = rabbitmq::connect(WAIT).await;
     rabbitmq::delete_queue(&direct, &dead_letters, WAIT).await;
-    declare_quorum(queue, Some(10)).await;
+    // Above the command's 3 attempts.
+    declare_quorum(queue, Some(4)).await;
     let command = |id: &str| {
         BrokeredMessage::json(
             id,
@@ -206,20 +236,10 @@ async fn a_quorum_queue_is_consumed_and_a_delivery_never_settled_is_dead_lettere
         )
     };
     direct.publish(command("crashes-each-time")).await.unwrap();
-    for taken in 0..3 {
-        let crashing = rabbitmq::foreign_channel(WAIT).await;
-        let got = crashing
-            .basic_get(ShortString::from(queue), BasicGetOptions::default())
-            .await
-            .unwrap();
-        assert!(
-            got.is_some(),
-            "delivery {taken} reached the crashing consumer"
-        );
-        crashing
-            .close(200, ShortString::from("crash"))
-            .await
-            .unwrap();
+    crash_holding(queue, 1).await;
+    direct.publish(command("returned-thrice")).await.unwrap();
+    for _ in 0..3 {
+        crash_holding(queue, 2).await;
     }
 
     let runtime = Runtime::builder()
@@ -230,29 +250,32 @@ async fn a_quorum_queue_is_consumed_and_a_delivery_never_settled_is_dead_lettere
         .start()
         .await
         .unwrap();
-    direct.publish(command("healthy")).await.unwrap();
     let mut letters = rabbitmq::subscribe(&direct, &dead_letters, WAIT).await;
     let found = acked(&mut letters, 1, WAIT).await;
     assert_eq!(found[0].message_id, "crashes-each-time");
     assert_eq!(
-        found[0].context[ATTEMPTS_CONTEXT_KEY], 4,
-        "three deliveries never settled, and this one"
+        found[0].context[ATTEMPTS_CONTEXT_KEY], 5,
+        "four deliveries never settled, and this one"
     );
     let why = found[0].context[DEAD_LETTER_REASON_CONTEXT_KEY]
         .as_str()
         .unwrap();
     assert!(
-        why.contains("delivered 4 times, more than its 3 attempts"),
+        why.contains("the broker delivered it 5 times without its being settled"),
         "{why}"
     );
     eventually(
         WAIT,
         Duration::from_millis(50),
-        "the healthy command is handled",
+        "the command returned three times is handled",
         || async {
-            find_document(&users, &[json!("user-healthy")], "user-healthy")
-                .await
-                .is_some()
+            find_document(
+                &users,
+                &[json!("user-returned-thrice")],
+                "user-returned-thrice",
+            )
+            .await
+            .is_some()
         },
     )
     .await;

@@ -345,6 +345,11 @@ pub trait Settle: Send + Sync + 'static {
         self.delivery_count()
             .map_or(0, |count| count.saturating_sub(1))
     }
+    /// Whether the broker drops the message if this delivery is not settled (a RabbitMQ quorum
+    /// queue whose count reached its delivery limit). The default: `false`.
+    fn is_last_delivery(&self) -> bool {
+        false
+    }
     /// The message was not handled: the broker must deliver it again after `delay`. The
     /// default nacks at once.
     fn nack_after(
@@ -427,6 +432,15 @@ impl Delivery {
         self.settle
             .as_ref()
             .map_or(0, |settle| settle.previous_deliveries())
+    }
+
+    /// Whether the broker drops the message unless this delivery settles it (a RabbitMQ quorum
+    /// queue whose count reached its delivery limit): the runtime dead-letters such a delivery
+    /// without running it, so it is kept.
+    pub fn is_last_delivery(&self) -> bool {
+        self.settle
+            .as_ref()
+            .is_some_and(|settle| settle.is_last_delivery())
     }
 
     /// The message was not handled: have the broker deliver it again once `delay` has passed

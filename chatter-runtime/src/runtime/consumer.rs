@@ -22,9 +22,11 @@
 //!   the attempt number.
 //! - **Dead letters.** A delivery whose body is not the command's JSON or that has no message id
 //!   is dead-lettered at once; one that failed `max_delivery_attempts` times is dead-lettered
-//!   then. A delivery the broker counts as delivered more often than that without being settled
-//!   (its consumer crashed during each: [`Delivery::previous_deliveries`]) is dead-lettered
-//!   without running it again, unless it had committed. A dead letter keeps its id, body and context, adds `Chatter.DeadLetter.Reason` and
+//!   then. The broker's last delivery of a message it drops unless settled
+//!   ([`Delivery::is_last_delivery`]: a RabbitMQ quorum queue at its delivery limit) is
+//!   dead-lettered without running it, unless it had committed; its dead-letter publish is
+//!   retried while holding it, as returning it would have the queue drop it. A dead letter
+//!   keeps its id, body and context, adds `Chatter.DeadLetter.Reason` and
 //!   `Chatter.Delivery.Attempts`, and goes to `<destination>.dead-letter` on the same broker,
 //!   logged at Error; the original is then acked (`term`ed on JetStream).
 //! - **Subscriptions.** A subscription the broker ends is made again with backoff, logged at
@@ -306,8 +308,8 @@ impl Consumer {
             return;
         }
         let attempt = attempt_of(&delivery);
-        if attempt > self.max_attempts() {
-            self.unsettled_too_often(delivery, attempt).await;
+        if delivery.is_last_delivery() {
+            self.last_delivery(delivery, attempt).await;
             return;
         }
         let result = self.attempt(&delivery, attempt, body).await;
@@ -322,11 +324,12 @@ impl Consumer {
             .unwrap_or(DEFAULT_MAX_DELIVERY_ATTEMPTS)
     }
 
-    /// A delivery past its last attempt: the broker delivered it again each time its handling
-    /// never ended (its consumer crashed or stopped during it), so it is dead-lettered without
-    /// running it again (a broker limit, such as a quorum queue's, would drop it otherwise); one
-    /// that committed meanwhile (only its ack was lost) is acked as handled.
-    async fn unsettled_too_often(&self, delivery: Delivery, attempt: u32) {
+    /// The broker's last delivery of a message (its queue drops it unless this one settles
+    /// it): the broker delivered it again each time it was not settled (its consumer crashed or
+    /// stopped during it, or returned it), so it is dead-lettered without running it again,
+    /// where no crash can lose it; one that committed meanwhile (only its ack was lost) is acked
+    /// as handled.
+    async fn last_delivery(&self, delivery: Delivery, attempt: u32) {
         let name = self.command.registration.command_name;
         let message_id = delivery.message.message_id.clone();
         if self.committed(&delivery).await {
@@ -334,15 +337,15 @@ impl Consumer {
                 command = name,
                 message_id,
                 attempt,
-                "chatter delivery past its last attempt had committed; acknowledged as handled"
+                "chatter: the broker's last delivery of a message that had committed; acknowledged as handled"
             );
             self.ack(delivery, "ack").await;
             return;
         }
         let reason = format!(
-            "it was delivered {attempt} times, more than its {} attempts, and its handling \
-             never ended (its consumer crashed or stopped during it)",
-            self.max_attempts()
+            "the broker delivered it {} times without its being settled (its consumer crashed \
+             or stopped during it, or returned it) and drops it unless this delivery settles it",
+            delivery.previous_deliveries().saturating_add(1)
         );
         self.dead_letter(delivery, attempt, &reason).await;
     }
@@ -456,7 +459,8 @@ impl Consumer {
     }
 
     /// Publishes the next attempt, then acks this one; if that publish fails, nacks instead
-    /// (the broker redelivers; the attempt is not counted). A broker that counts deliveries
+    /// (the broker redelivers; the attempt is counted only where the broker counts deliveries,
+    /// as a quorum queue does). A broker that counts deliveries
     /// itself (JetStream) is asked to deliver this one again after the redelivery delay.
     async fn retry(&self, delivery: Delivery, attempt: u32) {
         let name = self.command.registration.command_name;
@@ -502,7 +506,21 @@ impl Consumer {
             .insert(ATTEMPTS_CONTEXT_KEY.to_owned(), Value::from(attempt));
         let message_id = delivery.message.message_id.clone();
         let dead_letters = letter.destination.clone();
-        match self.publish(letter).await {
+        let mut published = self.publish(letter.clone()).await;
+        // Returned, the broker's last delivery would be dropped: held, and published again
+        // until that works or the consumer stops.
+        while let Err(error) = &published {
+            if !delivery.is_last_delivery() || self.cancel.is_cancelled() {
+                break;
+            }
+            tracing::error!(command = name, message_id, error = %ErrorChain(error), reason, "chatter consumer: could not dead-letter the broker's last delivery of a message; holding it and trying again");
+            tokio::select! {
+                _ = self.cancel.cancelled() => {}
+                () = tokio::time::sleep(self.redelivery_delay) => {}
+            }
+            published = self.publish(letter.clone()).await;
+        }
+        match published {
             Ok(()) => {
                 tracing::error!(
                     command = name,

@@ -18,6 +18,7 @@ use tokio::runtime::Handle;
 
 use super::codec::{decode, queue_name};
 use super::connection::Inner;
+use super::declaration::{Declaration, DeliveryLimit};
 use crate::backoff;
 use crate::broker::{
     BrokerError, Delivery, Liveness, Settle, Subscription, dead_letter_destination,
@@ -32,11 +33,7 @@ impl Inner {
     /// by the connect timeout, so a connection that looks up but does not answer fails the
     /// attempt (the subscription tries again with backoff) instead of hanging it; the shared
     /// connection is dropped only once the client sees it closed.
-    async fn consume(
-        &self,
-        destination: &str,
-        prefetch: u16,
-    ) -> Result<(Channel, lapin::Consumer), BrokerError> {
+    async fn consume(&self, destination: &str, prefetch: u16) -> Result<Consumer, BrokerError> {
         let queue = queue_name(destination)?;
         let connection = self.connection().await?;
         let timeout = self.connect_timeout();
@@ -55,11 +52,11 @@ impl Inner {
         destination: &str,
         queue: ShortString,
         prefetch: u16,
-    ) -> Result<(Channel, lapin::Consumer), BrokerError> {
+    ) -> Result<Consumer, BrokerError> {
         // Declared on every (re)subscription: the queue may have been deleted by another client
         // since, and consuming a missing queue fails with 404 forever.
         self.forget(destination);
-        self.declare(destination, queue.clone()).await?;
+        let declaration = self.declare(destination, queue.clone()).await?;
         let channel = connection
             .create_channel()
             .await
@@ -77,7 +74,11 @@ impl Inner {
             )
             .await
             .map_err(|e| BrokerError::transport(format!("basic.consume `{destination}`"), e))?;
-        Ok((channel, consumer))
+        Ok(Consumer {
+            channel,
+            consumer,
+            declaration,
+        })
     }
 
     /// Consumes `destination` for as long as the broker is open: after the connection or the
@@ -111,12 +112,19 @@ impl Inner {
     }
 }
 
+/// One consumer of a queue: its channel, and the queue's declaration when it was made.
+struct Consumer {
+    channel: Channel,
+    consumer: lapin::Consumer,
+    declaration: Declaration,
+}
+
 /// The state of one subscription's stream.
 struct Consuming {
     inner: Arc<Inner>,
     destination: String,
     prefetch: u16,
-    current: Option<(Channel, lapin::Consumer)>,
+    current: Option<Consumer>,
     handle: Option<Handle>,
     liveness: Liveness,
 }
@@ -130,7 +138,12 @@ impl Consuming {
             if self.inner.closed.load(Ordering::SeqCst) {
                 return None;
             }
-            let Some((channel, consumer)) = self.current.as_mut() else {
+            let Some(Consumer {
+                channel,
+                consumer,
+                declaration,
+            }) = self.current.as_mut()
+            else {
                 match self.inner.consume(&self.destination, self.prefetch).await {
                     Ok(consuming) => {
                         tracing::info!(destination = %self.destination, "RabbitMQ subscription resumed");
@@ -147,8 +160,8 @@ impl Consuming {
             };
             match consumer.next().await {
                 Some(Ok(delivery)) => {
-                    let channel = channel.clone();
-                    return Some(self.deliver(channel, delivery).await);
+                    let (channel, limit) = (channel.clone(), declaration.delivery_limit());
+                    return Some(self.deliver(channel, limit, delivery).await);
                 }
                 ended => {
                     if self.inner.closed.load(Ordering::SeqCst) {
@@ -169,15 +182,27 @@ impl Consuming {
         }
     }
 
+    /// `delivery` of a queue with `limit`, to be settled on `channel`.
     async fn deliver(
         &self,
         channel: Channel,
+        limit: DeliveryLimit,
         delivery: AmqpDelivery,
     ) -> Result<Delivery, BrokerError> {
         match decode(&self.destination, &delivery) {
             Ok(message) => {
+                // Only a quorum queue counts: a header a message kept from one (moved by a
+                // shovel, dead-lettered into a classic queue) says nothing here.
+                let (previous_deliveries, last) = match limit {
+                    DeliveryLimit::Limited { limit, .. } => {
+                        let previous = previous_deliveries(&delivery);
+                        (previous, i64::from(previous) >= limit)
+                    }
+                    DeliveryLimit::Unlimited => (0, false),
+                };
                 let settle = AmqpSettle {
-                    previous_deliveries: previous_deliveries(&delivery),
+                    previous_deliveries,
+                    last,
                     message_id: message.message_id.clone(),
                     acker: delivery.acker,
                     handle: self.handle.clone(),
@@ -267,6 +292,9 @@ struct AmqpSettle {
     message_id: String,
     /// The quorum queue's count of earlier deliveries of this message.
     previous_deliveries: u32,
+    /// The queue drops the message if this delivery is not settled (its count reached the
+    /// queue's delivery limit).
+    last: bool,
     acker: Acker,
     /// Where `abandon` sends its `basic.nack` from.
     handle: Option<Handle>,
@@ -326,6 +354,10 @@ impl Settle for AmqpSettle {
 
     fn previous_deliveries(&self) -> u32 {
         self.previous_deliveries
+    }
+
+    fn is_last_delivery(&self) -> bool {
+        self.last
     }
 
     fn abandon(self: Box<Self>) {

@@ -23,8 +23,8 @@ const DELIVERY_LIMIT: &str = "x-delivery-limit";
 pub(super) struct Declaration {
     /// `x-queue-type`; `None` when the server reported the queue has none.
     queue_type: Option<String>,
-    /// `x-delivery-limit` as the server holds it (its AMQP type included: a declaration is
-    /// equivalent only with the same type).
+    /// `x-delivery-limit` as the server holds it, declared again with the AMQP type the server
+    /// reported.
     delivery_limit: Option<AMQPValue>,
 }
 
@@ -34,6 +34,20 @@ impl Default for Declaration {
         Self {
             queue_type: Some("classic".to_owned()),
             delivery_limit: None,
+        }
+    }
+}
+
+impl std::fmt::Display for Declaration {
+    /// `x-queue-type: quorum, x-delivery-limit: 10`, as it is declared.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.queue_type {
+            Some(queue_type) => write!(f, "{QUEUE_TYPE}: {queue_type}")?,
+            None => write!(f, "no {QUEUE_TYPE}")?,
+        }
+        match self.delivery_limit.as_ref().and_then(integer) {
+            Some(limit) => write!(f, ", {DELIVERY_LIMIT}: {limit}"),
+            None => Ok(()),
         }
     }
 }
@@ -242,6 +256,10 @@ mod tests {
         assert_eq!(
             arguments.inner().get(DELIVERY_LIMIT),
             Some(&AMQPValue::LongInt(5))
+        );
+        assert_eq!(
+            declaration.to_string(),
+            "x-queue-type: quorum, x-delivery-limit: 5"
         );
     }
 

@@ -273,11 +273,13 @@ impl Broker for RabbitMqBroker {
     }
 }
 
-/// Refuses a quorum queue that would drop a message before the consumer of `destination`
-/// dead-letters it: its delivery limit must be above `max_delivery_attempts` (the runtime
-/// counts the queue's redeliveries as attempts and dead-letters a message delivered more often
-/// than that without being settled, so it is kept). A queue nobody consumes (a dead-letter
-/// queue, `None`) is only warned about: browsing it counts as a delivery.
+/// Refuses a quorum queue whose delivery limit would cut a message's attempts short: the
+/// queue delivers a message that its consumers never settle (each crashed during it) until its
+/// count reaches the limit, and the runtime dead-letters that last delivery without running it.
+/// The limit must be above the `max_delivery_attempts` of the command consuming `destination`:
+/// RabbitMQ 3 delivers such a message limit + 1 times, and the one to spare covers versions
+/// that count otherwise. A queue nobody consumes (a dead-letter queue, `None`) is only warned
+/// about: browsing it counts as a delivery.
 fn check_delivery_limit(
     destination: &str,
     limit: DeliveryLimit,
@@ -300,22 +302,23 @@ fn check_delivery_limit(
     let problem = if declared {
         format!(
             "is {limit}, not above the {attempts} delivery attempts of the command consuming \
-             it: the queue would drop a message that crashes its consumer before chatter \
-             dead-letters it"
+             it: a message that crashes its consumer would be dead-lettered before it had its \
+             attempts"
         )
     } else {
         format!(
             "is not set, and RabbitMQ 4 then applies {limit}, not above the {attempts} delivery \
-             attempts of the command consuming it: the queue would drop a message that crashes \
-             its consumer before chatter dead-letters it"
+             attempts of the command consuming it: a message that crashes its consumer would be \
+             dead-lettered before it had its attempts"
         )
     };
     Err(BrokerError::Misconfigured {
         setting: format!("`x-delivery-limit` of the quorum queue `{destination}`"),
         problem,
         fix: format!(
-            "declare the queue again with `x-delivery-limit` above {attempts} (or -1 on RabbitMQ \
-             4 for none), or lower the command's `max_delivery_attempts` below {limit}"
+            "re-create the queue with `x-delivery-limit` above {attempts} (or -1 on RabbitMQ 4 \
+             for none; a queue's arguments cannot change: move its messages off, delete it and \
+             declare it again), or lower the command's `max_delivery_attempts` below {limit}"
         ),
     })
 }
@@ -356,7 +359,7 @@ mod tests {
         let text = refused.to_string();
         assert!(
             text.contains("is not set, and RabbitMQ 4 then applies 20, not above the 20")
-                && text.contains("above 20 (or -1 on RabbitMQ 4 for none)"),
+                && text.contains("above 20 (or -1 on RabbitMQ 4 for none;"),
             "{text}"
         );
     }

@@ -1,5 +1,5 @@
-//! Publishing: declaring the destination's queue (as it exists, classic or quorum), the publish and its confirm, and the
-//! server's refusals.
+//! Publishing: declaring the destination's queue (classic, or a quorum queue as it is), the
+//! publish and its confirm, and the server's refusals.
 
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
@@ -60,6 +60,12 @@ impl Inner {
             if !adopted {
                 return Err(declare_error(destination, error));
             }
+            // lapin logs the refusal as an Error ("Channel closed"); it is how AMQP answers.
+            tracing::info!(
+                queue = destination,
+                arguments = %declaration,
+                "RabbitMQ queue exists with other arguments chatter takes; declaring it as it is (the channel error before this is the server's answer to the first declaration)"
+            );
         }
         Err(BrokerError::Refused {
             destination: destination.to_owned(),
