@@ -103,6 +103,21 @@ async fn ship_parcel(_command: ShipParcel, _ctx: &mut HandlerContext) -> Result<
     Ok(())
 }
 
+/// Holds an order; its dead-letter queue refuses messages for a while in a test.
+#[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "accounts", container = "users", lease = "users-leases")]
+#[partition_key(path = "/userId")]
+#[chatter(destination = "chatter-test-quorum-held", max_delivery_attempts = 3)]
+#[serde(rename_all = "camelCase")]
+pub struct HoldOrder {
+    pub user_id: String,
+}
+
+#[handler]
+async fn hold_order(_command: HoldOrder, _ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    Ok(())
+}
+
 /// The registry of this binary holding only `command`.
 fn only(command: &str) -> Registry {
     use chatter_runtime::__private::{CommandRegistration, HandlerRegistration, inventory};
@@ -289,6 +304,56 @@ async fn a_quorum_queue_is_consumed_and_its_last_delivery_of_a_message_is_dead_l
         .is_none(),
         "the handler did not run the dead-lettered delivery"
     );
+    runtime.shutdown().await;
+    drop(letters);
+    for queue in [queue, dead_letters.as_str()] {
+        assert_eq!(
+            rabbitmq::delete_queue(&direct, queue, WAIT).await,
+            0,
+            "{queue} is empty"
+        );
+    }
+}
+
+// The queue's last delivery of a message whose dead letter cannot be published at first (the
+// dead-letter queue refuses messages, by a policy an operator then lifts) is held and its dead
+// letter published again until that works: returned, the quorum queue would drop it.
+#[tokio::test]
+async fn a_last_delivery_is_held_until_its_dead_letter_can_be_published() {
+    let cosmos = embedded().await;
+    provisioned(&cosmos, "accounts", "users", &["/userId"]).await;
+    let queue = HoldOrder::DOCUMENT_RELIABILITY.destination;
+    let dead_letters = dead_letter_destination(queue);
+    let direct = rabbitmq::connect(WAIT).await;
+    rabbitmq::delete_queue(&direct, &dead_letters, WAIT).await;
+    declare_quorum(queue, Some(4)).await;
+    let refusing = rabbitmq::Policy::set(
+        "chatter-test-quorum-held",
+        &dead_letters,
+        r#"{"max-length":0,"overflow":"reject-publish"}"#,
+    );
+    let message = BrokeredMessage::json("held", queue, json!({ "userId": "u-held" }).to_string());
+    direct.publish(message).await.unwrap();
+    for _ in 0..4 {
+        crash_holding(queue, 1).await;
+    }
+
+    let runtime = Runtime::builder()
+        .registry(only("HoldOrder"))
+        .cosmos(cosmos)
+        .broker(direct.clone())
+        .without_relay()
+        .redelivery_delay(Duration::from_millis(100))
+        .start()
+        .await
+        .unwrap();
+    // Its dead letter is refused a few times meanwhile.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    drop(refusing);
+    let mut letters = rabbitmq::subscribe(&direct, &dead_letters, WAIT).await;
+    let found = acked(&mut letters, 1, WAIT).await;
+    assert_eq!(found[0].message_id, "held");
+    assert_eq!(found[0].context[ATTEMPTS_CONTEXT_KEY], 5);
     runtime.shutdown().await;
     drop(letters);
     for queue in [queue, dead_letters.as_str()] {

@@ -61,3 +61,53 @@ pub async fn foreign_channel(within: Duration) -> lapin::Channel {
         .await
         .expect("a channel of the new connection")
 }
+
+/// A policy on the machine's RabbitMQ (set with `rabbitmqctl`), cleared when dropped: how an
+/// operator changes a queue's limits without declaring it again, e.g. to have it refuse
+/// messages for a while. Each test names its own, matching only its own queues.
+pub struct Policy {
+    name: String,
+}
+
+impl Policy {
+    /// Sets policy `name` on the queue named exactly `queue` to `definition` (JSON), above any
+    /// other policy; panics if `rabbitmqctl` fails.
+    pub fn set(name: &str, queue: &str, definition: &str) -> Self {
+        let pattern = format!("^{}$", queue.replace('.', "\\."));
+        rabbitmqctl(&[
+            "set_policy",
+            name,
+            &pattern,
+            definition,
+            "--apply-to",
+            "queues",
+            "--priority",
+            "100",
+        ]);
+        Self {
+            name: name.to_owned(),
+        }
+    }
+}
+
+impl Drop for Policy {
+    fn drop(&mut self) {
+        rabbitmqctl(&["clear_policy", &self.name]);
+    }
+}
+
+fn rabbitmqctl(arguments: &[&str]) {
+    let program = ["/usr/sbin/rabbitmqctl", "rabbitmqctl"]
+        .into_iter()
+        .find(|path| !path.starts_with('/') || std::path::Path::new(path).exists())
+        .unwrap_or("rabbitmqctl");
+    let output = std::process::Command::new(program)
+        .args(arguments)
+        .output()
+        .expect("rabbitmqctl runs");
+    assert!(
+        output.status.success(),
+        "rabbitmqctl {arguments:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
