@@ -148,10 +148,29 @@ async fn backlog_of_counts_the_pending_outbox_documents_behind_each_lease() {
     processor.shutdown().await;
 }
 
-// A relay whose stamps keep failing suspends draining its lease; `chatter leases`, another
-// process, sees it from the state the relay keeps beside the leases, and exits 1.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_lease_under_a_drain_suspension_is_reported_suspended() {
+/// The ids of the relay state documents in the lease container (the suspended leases a relay
+/// records for `chatter leases`).
+async fn state_documents(cosmos: &chatter_runtime::cosmos::CosmosConnection) -> Vec<String> {
+    let leases = cosmos.container(DB, "orders-leases").await.unwrap();
+    chatter_runtime::testing::query_all(&leases, "SELECT c.id FROM c")
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|doc| doc["id"].as_str())
+        .filter(|id| id.starts_with("chatter-relay-state:"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A standalone relay of `DB/orders` whose stamps are all refused, once `chatter leases` reports
+/// its one lease `SUSPENDED` (exit 1); with the served emulator and the relay's suspension
+/// clock.
+async fn suspended_relay() -> (
+    chatter_emulator::RunningEmulator,
+    chatter_runtime::cosmos::CosmosConnection,
+    chatter_runtime::RunningRelays,
+    std::sync::Arc<chatter_runtime::testing::ManualClock>,
+) {
     use chatter_runtime::broker::InMemoryBroker;
     use chatter_runtime::cosmos::partition_key;
     use chatter_runtime::testing::{OutboxDocument, create_item};
@@ -211,6 +230,18 @@ async fn a_lease_under_a_drain_suspension_is_reported_suspended() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
+    (emulator, cosmos, running, clock)
+}
+
+// A relay whose stamps keep failing suspends draining its lease; `chatter leases`, another
+// process, sees it from the state the relay keeps beside the leases, and exits 1. Once the
+// suspension ends, the report and the state document go.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_under_a_drain_suspension_is_reported_suspended() {
+    let (emulator, cosmos, running, clock) = suspended_relay().await;
+    assert_eq!(state_documents(&cosmos).await.len(), 1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+
     // The stamps work again and the suspension window passes: the probe page lands, the lease
     // drains again, and the CLI no longer reports it.
     emulator.faults().clear();
@@ -234,5 +265,23 @@ async fn a_lease_under_a_drain_suspension_is_reported_suspended() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Nothing is suspended: the relay keeps no state document.
+    while !state_documents(&cosmos).await.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the state document outlives the suspension"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     running.shutdown().await;
+}
+
+// A relay that stops while a lease is suspended removes its state document: nothing of a relay
+// that is gone is left for `chatter leases` to read.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_that_stops_under_a_suspension_removes_its_state() {
+    let (_emulator, cosmos, running, _clock) = suspended_relay().await;
+    assert_eq!(state_documents(&cosmos).await.len(), 1);
+    running.shutdown().await;
+    assert_eq!(state_documents(&cosmos).await, Vec::<String>::new());
 }

@@ -72,3 +72,16 @@ pub fn drain_with_pending_filter(
 ) -> Drain {
     drain.with_pending_filter(Some(std::sync::Arc::new(filter)))
 }
+
+/// Every document the SQL query `sql` selects from `container`, across its partitions.
+pub async fn query_all(
+    container: &azure_data_cosmos::clients::ContainerClient,
+    sql: &str,
+) -> Result<Vec<serde_json::Value>, crate::cosmos::CosmosStoreError> {
+    let mut found = Vec::new();
+    crate::cosmos::store::query_each(container, azure_data_cosmos::Query::from(sql), |doc| {
+        found.push(doc)
+    })
+    .await?;
+    Ok(found)
+}

@@ -325,6 +325,26 @@ pub async fn upsert_item(
         .map_err(|e| CosmosStoreError::request(OPERATION, e))
 }
 
+/// Deletes document `id` of `partition_key`; `Ok(false)` when there was none.
+pub(crate) async fn delete_item(
+    container: &ContainerClient,
+    partition_key: PartitionKey,
+    id: &str,
+) -> Result<bool, CosmosStoreError> {
+    const OPERATION: &str = "delete_item";
+    match container.delete_item(partition_key, id, None).await {
+        Ok(_) => Ok(true),
+        Err(error) => {
+            let error = CosmosStoreError::request(OPERATION, error);
+            if error.is_status(404) {
+                Ok(false)
+            } else {
+                Err(error)
+            }
+        }
+    }
+}
+
 /// Patches document `id` with one server-side PATCH request made of `Set` operations, applied
 /// in the given order (e.g. `[("/status", "delivered"), ("/ttl", 86400)]`). 404 if the
 /// document does not exist.

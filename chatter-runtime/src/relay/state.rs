@@ -4,8 +4,10 @@
 //!
 //! The lease documents keep the .NET shape, so the state sits beside them under an id no lease
 //! has (`chatter-relay-state:` and a hash of processor and instance), with fields no lease
-//! document has, and a `ttl` of a day (rewritten twice a day while a lease stays suspended), so
-//! where the lease container has TTL on, the state of an instance gone for good goes too.
+//! document has. It exists only while a lease is suspended: deleted when the set empties and
+//! when the relay stops. An instance that crashed while suspended leaves its document behind;
+//! it carries a `ttl` of a day (rewritten twice a day while a lease stays suspended), so where
+//! the lease container has TTL on, that goes too.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,7 +53,12 @@ impl StatePublisher {
         let mut warned = false;
         loop {
             tokio::select! {
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => {
+                    if written.as_ref().is_none_or(|set| !set.is_empty()) {
+                        self.remove_at_stop().await;
+                    }
+                    return;
+                }
                 () = tokio::time::sleep(self.every) => {}
             }
             let suspended = self.gate.suspended_leases();
@@ -62,7 +69,10 @@ impl StatePublisher {
             }
             let writing = self.write(&suspended);
             let result = tokio::select! {
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => {
+                    self.remove_at_stop().await;
+                    return;
+                }
                 result = writing => result,
             };
             match result {
@@ -91,7 +101,32 @@ impl StatePublisher {
         format!("{STATE_ID_PREFIX}{hex}")
     }
 
+    /// Deletes the document as the relay stops (nothing is suspended by a relay that is gone),
+    /// bounded by a few seconds so a store that is down does not hold up the stop: left behind,
+    /// it names an instance that owns no lease.
+    async fn remove_at_stop(&self) {
+        let bound = self.store_timeout.min(Duration::from_secs(5));
+        if let Err(error) = crate::cosmos::store::bounded("delete_item", bound, self.remove()).await
+        {
+            tracing::debug!(processor = self.processor_name, error = %ErrorChain(&error), "chatter relay could not remove its suspended-lease record as it stopped");
+        }
+    }
+
+    /// Deletes the document; one that is not there is fine.
+    async fn remove(&self) -> Result<(), crate::cosmos::CosmosStoreError> {
+        let id = self.id();
+        let key = azure_data_cosmos::models::PartitionKey::from(id.clone());
+        crate::cosmos::store::delete_item(&self.leases, key, &id)
+            .await
+            .map(|_| ())
+    }
+
+    /// Records `suspended`: the document when it holds any lease, none when it is empty.
     async fn write(&self, suspended: &[String]) -> Result<(), crate::cosmos::CosmosStoreError> {
+        if suspended.is_empty() {
+            return crate::cosmos::store::bounded("delete_item", self.store_timeout, self.remove())
+                .await;
+        }
         let id = self.id();
         let doc: Value = json!({
             "id": id,
