@@ -43,6 +43,10 @@ pub(super) struct StatePublisher {
 /// on, as chatter's own lease containers have): a relay gone for good leaves nothing for long.
 const STATE_TTL: Duration = Duration::from_secs(24 * 3600);
 
+/// How long a stopping relay spends on its state document at most (each of a write in flight
+/// and the delete), so a store that is down does not hold up the stop.
+const STOP_BOUND: Duration = Duration::from_secs(5);
+
 impl StatePublisher {
     pub(super) async fn run(self, stop: CancellationToken) {
         // What the store holds, as far as this instance knows: nothing written while nothing
@@ -67,13 +71,18 @@ impl StatePublisher {
             if written.as_ref() == Some(&suspended) && !stale {
                 continue;
             }
-            let writing = self.write(&suspended);
-            let result = tokio::select! {
-                () = stop.cancelled() => {
-                    self.remove_at_stop().await;
-                    return;
+            let result = {
+                let writing = self.write(&suspended);
+                tokio::pin!(writing);
+                tokio::select! {
+                    () = stop.cancelled() => {
+                        // The write ends first (briefly), so it cannot land after the delete.
+                        let _ = tokio::time::timeout(STOP_BOUND, &mut writing).await;
+                        self.remove_at_stop().await;
+                        return;
+                    }
+                    result = &mut writing => result,
                 }
-                result = writing => result,
             };
             match result {
                 Ok(()) => {
@@ -102,13 +111,12 @@ impl StatePublisher {
     }
 
     /// Deletes the document as the relay stops (nothing is suspended by a relay that is gone),
-    /// bounded by a few seconds so a store that is down does not hold up the stop: left behind,
-    /// it names an instance that owns no lease.
+    /// bounded by [`STOP_BOUND`]: left behind, it names an instance that owns no lease.
     async fn remove_at_stop(&self) {
-        let bound = self.store_timeout.min(Duration::from_secs(5));
+        let bound = self.store_timeout.min(STOP_BOUND);
         if let Err(error) = crate::cosmos::store::bounded("delete_item", bound, self.remove()).await
         {
-            tracing::debug!(processor = self.processor_name, error = %ErrorChain(&error), "chatter relay could not remove its suspended-lease record as it stopped");
+            tracing::warn!(processor = self.processor_name, error = %ErrorChain(&error), "chatter relay could not remove its suspended-lease record as it stopped; `chatter leases` ignores it (its instance owns no lease)");
         }
     }
 

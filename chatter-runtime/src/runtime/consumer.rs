@@ -24,8 +24,9 @@
 //!   is dead-lettered at once; one that failed `max_delivery_attempts` times is dead-lettered
 //!   then. The broker's last delivery of a message it drops unless settled
 //!   ([`Delivery::is_last_delivery`]: a RabbitMQ quorum queue at its delivery limit) is
-//!   dead-lettered without running it, unless it had committed; its dead-letter publish is
-//!   retried while holding it, as returning it would have the queue drop it. A dead letter
+//!   dead-lettered without running it, unless it had committed; if its dead letter cannot be
+//!   published, a copy goes to the back of its destination instead (counted afresh there), as
+//!   returning it would have the queue drop it. A dead letter
 //!   keeps its id, body and context, adds `Chatter.DeadLetter.Reason` and
 //!   `Chatter.Delivery.Attempts`, and goes to `<destination>.dead-letter` on the same broker,
 //!   logged at Error; the original is then acked (`term`ed on JetStream).
@@ -506,21 +507,7 @@ impl Consumer {
             .insert(ATTEMPTS_CONTEXT_KEY.to_owned(), Value::from(attempt));
         let message_id = delivery.message.message_id.clone();
         let dead_letters = letter.destination.clone();
-        let mut published = self.publish(letter.clone()).await;
-        // Returned, the broker's last delivery would be dropped: held, and published again
-        // until that works or the consumer stops.
-        while let Err(error) = &published {
-            if !delivery.is_last_delivery() || self.cancel.is_cancelled() {
-                break;
-            }
-            tracing::error!(command = name, message_id, error = %ErrorChain(error), reason, "chatter consumer: could not dead-letter the broker's last delivery of a message; holding it and trying again");
-            tokio::select! {
-                _ = self.cancel.cancelled() => {}
-                () = tokio::time::sleep(self.redelivery_delay) => {}
-            }
-            published = self.publish(letter.clone()).await;
-        }
-        match published {
+        match self.publish(letter).await {
             Ok(()) => {
                 tracing::error!(
                     command = name,
@@ -535,9 +522,34 @@ impl Consumer {
                     self.settlement_failed(&message_id, "ack after dead-lettering", &error);
                 }
             }
+            // Returned, the broker's last delivery would be dropped.
+            Err(error) if delivery.is_last_delivery() => {
+                tracing::error!(command = name, message_id, error = %ErrorChain(&error), reason, "chatter consumer: could not dead-letter the broker's last delivery of a message; publishing it to its queue again instead");
+                self.requeue_last(delivery, attempt).await;
+            }
             Err(error) => {
                 tracing::error!(command = name, message_id, error = %ErrorChain(&error), reason, "chatter consumer: could not dead-letter the delivery; returning it to the broker");
                 tokio::time::sleep(self.redelivery_delay).await;
+                self.nack(delivery).await;
+            }
+        }
+    }
+
+    /// Publishes the broker's last delivery of a message, which could not be dead-lettered, to
+    /// its destination again with its attempts, then acks it: a new copy the queue counts
+    /// afresh, where returning this one would have the queue drop it. Its next failure is
+    /// dead-lettered then. Nacked only when that publish fails too (the broker is unreachable,
+    /// and the queue drops the message).
+    async fn requeue_last(&self, delivery: Delivery, attempt: u32) {
+        let name = self.command.registration.command_name;
+        let message_id = delivery.message.message_id.clone();
+        let mut copy = delivery.message.clone();
+        copy.context
+            .insert(ATTEMPTS_CONTEXT_KEY.to_owned(), Value::from(attempt));
+        match self.publish(copy).await {
+            Ok(()) => self.ack(delivery, "ack after requeue").await,
+            Err(error) => {
+                tracing::error!(command = name, message_id, error = %ErrorChain(&error), "chatter consumer: could not publish the broker's last delivery of a message again either; returning it, and the queue drops it");
                 self.nack(delivery).await;
             }
         }

@@ -160,8 +160,9 @@ impl Consuming {
             };
             match consumer.next().await {
                 Some(Ok(delivery)) => {
-                    let (channel, limit) = (channel.clone(), declaration.delivery_limit());
-                    return Some(self.deliver(channel, limit, delivery).await);
+                    let channel = channel.clone();
+                    let counted = Counted::of(&delivery, declaration);
+                    return Some(self.deliver(channel, counted, delivery).await);
                 }
                 ended => {
                     if self.inner.closed.load(Ordering::SeqCst) {
@@ -182,27 +183,18 @@ impl Consuming {
         }
     }
 
-    /// `delivery` of a queue with `limit`, to be settled on `channel`.
+    /// `delivery`, counted as its queue counts it, to be settled on `channel`.
     async fn deliver(
         &self,
         channel: Channel,
-        limit: DeliveryLimit,
+        counted: Counted,
         delivery: AmqpDelivery,
     ) -> Result<Delivery, BrokerError> {
         match decode(&self.destination, &delivery) {
             Ok(message) => {
-                // Only a quorum queue counts: a header a message kept from one (moved by a
-                // shovel, dead-lettered into a classic queue) says nothing here.
-                let (previous_deliveries, last) = match limit {
-                    DeliveryLimit::Limited { limit, .. } => {
-                        let previous = previous_deliveries(&delivery);
-                        (previous, i64::from(previous) >= limit)
-                    }
-                    DeliveryLimit::Unlimited => (0, false),
-                };
                 let settle = AmqpSettle {
-                    previous_deliveries,
-                    last,
+                    previous_deliveries: counted.previous,
+                    last: counted.last,
                     message_id: message.message_id.clone(),
                     acker: delivery.acker,
                     handle: self.handle.clone(),
@@ -216,57 +208,113 @@ impl Consuming {
                 ))
             }
             Err(reason) => {
-                Err(
-                    dead_letter_undecodable(&self.inner, &self.destination, &delivery, reason)
-                        .await,
-                )
+                let undecodable = Undecodable {
+                    destination: &self.destination,
+                    delivery: &delivery,
+                    last: counted.last,
+                };
+                Err(undecodable.dead_letter(&self.inner, reason).await)
             }
         }
     }
 }
 
-/// Moves a delivery that is not a Brokered Message to `<destination>.dead-letter` as it is
-/// (body and properties verbatim, plus a `chatter-dead-letter-reason` header), then acks it;
-/// requeueing would hand it back forever. If the dead letter cannot be published it is returned
-/// to the queue instead, so nothing is dropped.
-async fn dead_letter_undecodable(
-    inner: &Inner,
-    destination: &str,
-    delivery: &AmqpDelivery,
-    reason: String,
-) -> BrokerError {
-    let message_id = delivery
-        .properties
-        .message_id()
-        .as_ref()
-        .map_or_else(|| "<none>".to_owned(), |id| id.as_str().to_owned());
-    let dead_letters = dead_letter_destination(destination);
-    match inner.publish_raw(&dead_letters, delivery, &reason).await {
-        Ok(()) => {
-            tracing::error!(%destination, %message_id, %reason, %dead_letters, "dead-lettered a delivery that is not a Brokered Message");
-            if let Err(e) = delivery.acker.ack(BasicAckOptions::default()).await {
-                // The channel is gone: the server requeues it, and it is dead-lettered again.
-                tracing::warn!(%destination, %message_id, error = %ErrorChain(&e), "could not ack the dead-lettered delivery");
+/// How a quorum queue counted a delivery.
+#[derive(Debug, Clone, Copy)]
+struct Counted {
+    /// Its earlier unsettled deliveries (`x-delivery-count`).
+    previous: u32,
+    /// The count reached the queue's delivery limit: it drops the message unless this
+    /// delivery settles it.
+    last: bool,
+}
+
+impl Counted {
+    /// `delivery`'s count, read only from a quorum queue: a header a message kept from one
+    /// (moved by a shovel, dead-lettered into a classic queue) says nothing elsewhere.
+    fn of(delivery: &AmqpDelivery, queue: &Declaration) -> Self {
+        if !queue.is_quorum() {
+            return Self {
+                previous: 0,
+                last: false,
+            };
+        }
+        let previous = previous_deliveries(delivery);
+        let last = match queue.delivery_limit() {
+            DeliveryLimit::Limited { limit, .. } => i64::from(previous) >= limit,
+            DeliveryLimit::Unlimited => false,
+        };
+        Self { previous, last }
+    }
+}
+
+/// A delivery that is not a Brokered Message.
+struct Undecodable<'a> {
+    destination: &'a str,
+    delivery: &'a AmqpDelivery,
+    /// Its queue drops it unless this delivery settles it.
+    last: bool,
+}
+
+impl Undecodable<'_> {
+    /// Moves the delivery to `<destination>.dead-letter` as it is (body and properties
+    /// verbatim, plus a `chatter-dead-letter-reason` header), then acks it; requeueing would
+    /// hand it back forever. If the dead letter cannot be published it is returned to the queue
+    /// instead, so nothing is dropped; on a quorum queue's last delivery, which it would drop,
+    /// a copy goes to the back of the queue instead.
+    async fn dead_letter(&self, inner: &Inner, reason: String) -> BrokerError {
+        let (destination, delivery) = (self.destination, self.delivery);
+        let message_id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map_or_else(|| "<none>".to_owned(), |id| id.as_str().to_owned());
+        let dead_letters = dead_letter_destination(destination);
+        match inner.publish_raw(&dead_letters, delivery, &reason).await {
+            Ok(()) => {
+                tracing::error!(%destination, %message_id, %reason, %dead_letters, "dead-lettered a delivery that is not a Brokered Message");
+                self.ack(&message_id, "the dead-lettered delivery").await;
+            }
+            Err(error) if self.last => {
+                tracing::error!(%destination, %message_id, %reason, error = %ErrorChain(&error), "could not dead-letter the queue's last delivery of a message that is not a Brokered Message; publishing it to the queue again");
+                match inner.publish_raw(destination, delivery, &reason).await {
+                    Ok(()) => self.ack(&message_id, "the delivery published again").await,
+                    Err(error) => {
+                        tracing::error!(%destination, %message_id, error = %ErrorChain(&error), "could not publish it again either; returning it, and the queue drops it");
+                        self.nack(&message_id).await;
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::error!(%destination, %message_id, %reason, error = %ErrorChain(&error), "could not dead-letter a delivery that is not a Brokered Message; returning it to the queue");
+                // Not at once: it comes straight back, and a dead-letter path that is down for a
+                // while must not turn into a hot loop.
+                tokio::time::sleep(UNDELIVERABLE_REQUEUE_DELAY).await;
+                self.nack(&message_id).await;
             }
         }
-        Err(error) => {
-            tracing::error!(%destination, %message_id, %reason, error = %ErrorChain(&error), "could not dead-letter a delivery that is not a Brokered Message; returning it to the queue");
-            // Not at once: it comes straight back, and a dead-letter path that is down for a
-            // while must not turn into a hot loop.
-            tokio::time::sleep(UNDELIVERABLE_REQUEUE_DELAY).await;
-            let options = BasicNackOptions {
-                multiple: false,
-                requeue: true,
-            };
-            if let Err(e) = delivery.acker.nack(options).await {
-                tracing::warn!(%destination, %message_id, error = %ErrorChain(&e), "could not return the delivery");
-            }
+        BrokerError::Undecodable {
+            destination: destination.to_owned(),
+            message_id,
+            reason,
         }
     }
-    BrokerError::Undecodable {
-        destination: destination.to_owned(),
-        message_id,
-        reason,
+
+    async fn ack(&self, message_id: &str, what: &str) {
+        if let Err(e) = self.delivery.acker.ack(BasicAckOptions::default()).await {
+            // The channel is gone: the server requeues it, and it is handled again.
+            tracing::warn!(destination = %self.destination, %message_id, error = %ErrorChain(&e), "could not ack {what}");
+        }
+    }
+
+    async fn nack(&self, message_id: &str) {
+        let options = BasicNackOptions {
+            multiple: false,
+            requeue: true,
+        };
+        if let Err(e) = self.delivery.acker.nack(options).await {
+            tracing::warn!(destination = %self.destination, %message_id, error = %ErrorChain(&e), "could not return the delivery");
+        }
     }
 }
 
