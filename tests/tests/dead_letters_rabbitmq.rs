@@ -363,8 +363,20 @@ async fn a_last_delivery_whose_dead_letter_is_refused_goes_back_as_a_fresh_copy(
     )
     .await;
     drop(refusing);
-    let letter = pull(&foreign, &dead_letters).await;
+    let letter = pull(&dead_letters).await;
     assert_eq!(letter.data, b"no brokered message");
+    let headers = letter.properties.headers().clone().unwrap_or_default();
+    assert!(
+        !headers.contains_key("x-delivery-count"),
+        "a copy does not carry the queue's count of the original: {headers:?}"
+    );
+    eventually(
+        WAIT,
+        Duration::from_millis(100),
+        "the queue settled all",
+        || async { rabbitmq::messages(queue) == Some(0) },
+    )
+    .await;
     runtime.shutdown().await;
     for queue in [queue, dead_letters.as_str()] {
         assert_eq!(
@@ -554,24 +566,33 @@ async fn publish_foreign(channel: &lapin::Channel, queue: &str, body: &[u8]) {
         .unwrap();
 }
 
-/// The next message on `queue`, pulled raw; panics if none arrives within the wait.
-async fn pull(channel: &lapin::Channel, queue: &str) -> lapin::message::Delivery {
+/// The next message on `queue`, pulled raw on a channel of its own; panics if none arrives
+/// within the wait. A queue not declared yet (its first message is on its way) is waited for.
+async fn pull(queue: &str) -> lapin::message::Delivery {
     use lapin::options::{BasicAckOptions, BasicGetOptions};
     use lapin::types::ShortString;
     let deadline = tokio::time::Instant::now() + WAIT;
+    let mut channel = foreign_channel().await;
     loop {
-        if let Some(message) = channel
+        match channel
             .basic_get(ShortString::from(queue), BasicGetOptions::default())
             .await
-            .unwrap()
         {
-            message
-                .delivery
-                .acker
-                .ack(BasicAckOptions::default())
-                .await
-                .unwrap();
-            return message.delivery;
+            Ok(Some(message)) => {
+                message
+                    .delivery
+                    .acker
+                    .ack(BasicAckOptions::default())
+                    .await
+                    .unwrap();
+                return message.delivery;
+            }
+            Ok(None) => {}
+            // 404 closed the channel.
+            Err(error) if error.to_string().contains("NOT_FOUND") => {
+                channel = foreign_channel().await;
+            }
+            Err(error) => panic!("basic.get `{queue}`: {error}"),
         }
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -606,7 +627,7 @@ async fn a_delivery_that_is_no_brokered_message_is_moved_verbatim_to_the_dead_le
             ),
             "{item:?}"
         );
-        let letter = pull(&foreign, &dead_letters).await;
+        let letter = pull(&dead_letters).await;
         assert_eq!(letter.data, round.as_bytes(), "the body is kept");
         assert_eq!(*letter.properties.delivery_mode(), Some(2), "persistent");
         assert_eq!(*letter.properties.expiration(), None, "does not expire");

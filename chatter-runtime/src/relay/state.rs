@@ -76,7 +76,8 @@ impl StatePublisher {
                 tokio::pin!(writing);
                 tokio::select! {
                     () = stop.cancelled() => {
-                        // The write ends first (briefly), so it cannot land after the delete.
+                        // The write ends first (briefly), so it does not land after the delete
+                        // (unless it outlasts the bound).
                         let _ = tokio::time::timeout(STOP_BOUND, &mut writing).await;
                         self.remove_at_stop().await;
                         return;

@@ -103,11 +103,7 @@ impl Drop for Policy {
 
 /// Runs `rabbitmqctl` (the machine's RabbitMQ, as root); `Err` with its output if it fails.
 fn rabbitmqctl(arguments: &[&str]) -> Result<(), String> {
-    let program = ["/usr/sbin/rabbitmqctl", "rabbitmqctl"]
-        .into_iter()
-        .find(|path| !path.starts_with('/') || std::path::Path::new(path).exists())
-        .unwrap_or("rabbitmqctl");
-    let output = std::process::Command::new(program)
+    let output = std::process::Command::new(program())
         .args(arguments)
         .output()
         .map_err(|e| format!("rabbitmqctl does not run: {e}"))?;
@@ -118,5 +114,28 @@ fn rabbitmqctl(arguments: &[&str]) -> Result<(), String> {
             "rabbitmqctl {arguments:?}: {}",
             String::from_utf8_lossy(&output.stderr)
         ))
+    }
+}
+
+/// How many messages `queue` holds, ready or delivered and not yet settled (`rabbitmqctl
+/// list_queues`, which sees the unsettled ones AMQP does not); `None` when it does not exist.
+pub fn messages(queue: &str) -> Option<u64> {
+    let output = std::process::Command::new(program())
+        .args(["-q", "list_queues", "name", "messages"])
+        .output()
+        .expect("rabbitmqctl runs");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| line.split_once('\t'))
+        .find(|(name, _)| *name == queue)
+        .and_then(|(_, count)| count.trim().parse().ok())
+}
+
+/// `rabbitmqctl`, where Debian puts it (a CI shell's `PATH` may lack `/usr/sbin`).
+fn program() -> &'static str {
+    if std::path::Path::new("/usr/sbin/rabbitmqctl").exists() {
+        "/usr/sbin/rabbitmqctl"
+    } else {
+        "rabbitmqctl"
     }
 }

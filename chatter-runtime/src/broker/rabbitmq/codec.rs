@@ -6,6 +6,9 @@ pub const CONTEXT_HEADER: &str = "chatter-context";
 /// The AMQP header a dead-lettered delivery that is not a Brokered Message carries its reason in.
 pub const DEAD_LETTER_REASON_HEADER: &str = "chatter-dead-letter-reason";
 
+/// The header a quorum queue counts a message's earlier deliveries in.
+pub(super) const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
+
 /// The `delivery-mode` of a persistent message.
 pub(super) const PERSISTENT: u8 = 2;
 

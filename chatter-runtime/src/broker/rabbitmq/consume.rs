@@ -16,7 +16,7 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Acker, Channel};
 use tokio::runtime::Handle;
 
-use super::codec::{decode, queue_name};
+use super::codec::{DELIVERY_COUNT_HEADER, decode, queue_name};
 use super::connection::Inner;
 use super::declaration::{Declaration, DeliveryLimit};
 use crate::backoff;
@@ -24,9 +24,6 @@ use crate::broker::{
     BrokerError, Delivery, Liveness, Settle, Subscription, dead_letter_destination,
 };
 use crate::error_chain::ErrorChain;
-
-/// The header a quorum queue counts a message's earlier deliveries in.
-const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 
 impl Inner {
     /// A consumer on `destination` on a new channel of a live connection. Opening it is bounded
@@ -209,11 +206,29 @@ impl Consuming {
             }
             Err(reason) => {
                 let undecodable = Undecodable {
-                    destination: &self.destination,
-                    delivery: &delivery,
+                    inner: Arc::clone(&self.inner),
+                    destination: self.destination.clone(),
+                    message_id: delivery
+                        .properties
+                        .message_id()
+                        .as_ref()
+                        .map_or_else(|| "<none>".to_owned(), |id| id.as_str().to_owned()),
+                    delivery,
                     last: counted.last,
                 };
-                Err(undecodable.dead_letter(&self.inner, reason).await)
+                let error = BrokerError::Undecodable {
+                    destination: self.destination.clone(),
+                    message_id: undecodable.message_id.clone(),
+                    reason: reason.clone(),
+                };
+                // On a task of its own: a delay before returning it does not hold up the
+                // deliveries behind it, and a subscription dropped meanwhile (at a shutdown)
+                // does not cut its settlement off half-way.
+                match &self.handle {
+                    Some(handle) => drop(handle.spawn(undecodable.dead_letter(reason))),
+                    None => undecodable.dead_letter(reason).await,
+                }
+                Err(error)
             }
         }
     }
@@ -230,10 +245,11 @@ struct Counted {
 }
 
 impl Counted {
-    /// `delivery`'s count, read only from a quorum queue: a header a message kept from one
-    /// (moved by a shovel, dead-lettered into a classic queue) says nothing elsewhere.
+    /// `delivery`'s count, read only from a quorum queue that delivers it again: only then did
+    /// the queue set the header (a publisher's own, or one a message kept from another queue,
+    /// arrives untouched on a first delivery).
     fn of(delivery: &AmqpDelivery, queue: &Declaration) -> Self {
-        if !queue.is_quorum() {
+        if !queue.is_quorum() || !delivery.redelivered {
             return Self {
                 previous: 0,
                 last: false,
@@ -249,39 +265,43 @@ impl Counted {
 }
 
 /// A delivery that is not a Brokered Message.
-struct Undecodable<'a> {
-    destination: &'a str,
-    delivery: &'a AmqpDelivery,
+struct Undecodable {
+    inner: Arc<Inner>,
+    destination: String,
+    message_id: String,
+    delivery: AmqpDelivery,
     /// Its queue drops it unless this delivery settles it.
     last: bool,
 }
 
-impl Undecodable<'_> {
+impl Undecodable {
     /// Moves the delivery to `<destination>.dead-letter` as it is (body and properties
     /// verbatim, plus a `chatter-dead-letter-reason` header), then acks it; requeueing would
     /// hand it back forever. If the dead letter cannot be published it is returned to the queue
     /// instead, so nothing is dropped; on a quorum queue's last delivery, which it would drop,
     /// a copy goes to the back of the queue instead.
-    async fn dead_letter(&self, inner: &Inner, reason: String) -> BrokerError {
-        let (destination, delivery) = (self.destination, self.delivery);
-        let message_id = delivery
-            .properties
-            .message_id()
-            .as_ref()
-            .map_or_else(|| "<none>".to_owned(), |id| id.as_str().to_owned());
+    async fn dead_letter(self, reason: String) {
+        let (destination, message_id) = (&self.destination, &self.message_id);
         let dead_letters = dead_letter_destination(destination);
-        match inner.publish_raw(&dead_letters, delivery, &reason).await {
+        let inner = &self.inner;
+        match inner
+            .publish_raw(&dead_letters, &self.delivery, &reason)
+            .await
+        {
             Ok(()) => {
                 tracing::error!(%destination, %message_id, %reason, %dead_letters, "dead-lettered a delivery that is not a Brokered Message");
-                self.ack(&message_id, "the dead-lettered delivery").await;
+                self.ack("the dead-lettered delivery").await;
             }
             Err(error) if self.last => {
                 tracing::error!(%destination, %message_id, %reason, error = %ErrorChain(&error), "could not dead-letter the queue's last delivery of a message that is not a Brokered Message; publishing it to the queue again");
-                match inner.publish_raw(destination, delivery, &reason).await {
-                    Ok(()) => self.ack(&message_id, "the delivery published again").await,
+                match inner
+                    .publish_raw(destination, &self.delivery, &reason)
+                    .await
+                {
+                    Ok(()) => self.ack("the delivery published again").await,
                     Err(error) => {
                         tracing::error!(%destination, %message_id, error = %ErrorChain(&error), "could not publish it again either; returning it, and the queue drops it");
-                        self.nack(&message_id).await;
+                        self.nack().await;
                     }
                 }
             }
@@ -290,30 +310,25 @@ impl Undecodable<'_> {
                 // Not at once: it comes straight back, and a dead-letter path that is down for a
                 // while must not turn into a hot loop.
                 tokio::time::sleep(UNDELIVERABLE_REQUEUE_DELAY).await;
-                self.nack(&message_id).await;
+                self.nack().await;
             }
         }
-        BrokerError::Undecodable {
-            destination: destination.to_owned(),
-            message_id,
-            reason,
-        }
     }
 
-    async fn ack(&self, message_id: &str, what: &str) {
+    async fn ack(&self, what: &str) {
         if let Err(e) = self.delivery.acker.ack(BasicAckOptions::default()).await {
             // The channel is gone: the server requeues it, and it is handled again.
-            tracing::warn!(destination = %self.destination, %message_id, error = %ErrorChain(&e), "could not ack {what}");
+            tracing::warn!(destination = %self.destination, message_id = %self.message_id, error = %ErrorChain(&e), "could not ack {what}");
         }
     }
 
-    async fn nack(&self, message_id: &str) {
+    async fn nack(&self) {
         let options = BasicNackOptions {
             multiple: false,
             requeue: true,
         };
         if let Err(e) = self.delivery.acker.nack(options).await {
-            tracing::warn!(destination = %self.destination, %message_id, error = %ErrorChain(&e), "could not return the delivery");
+            tracing::warn!(destination = %self.destination, message_id = %self.message_id, error = %ErrorChain(&e), "could not return the delivery");
         }
     }
 }

@@ -3,10 +3,12 @@
 
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
-use lapin::types::{AMQPValue, LongString, ShortString};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Confirmation};
 
-use super::codec::{DEAD_LETTER_REASON_HEADER, PERSISTENT, properties, queue_name};
+use super::codec::{
+    DEAD_LETTER_REASON_HEADER, DELIVERY_COUNT_HEADER, PERSISTENT, properties, queue_name,
+};
 use super::connection::Inner;
 use super::declaration::{Declaration, Inequivalent};
 use crate::broker::{BrokerError, Refusal};
@@ -203,7 +205,18 @@ impl Inner {
     ) -> Result<(), BrokerError> {
         let queue = queue_name(destination)?;
         let original = &delivery.properties;
-        let mut headers = original.headers().clone().unwrap_or_default();
+        // Without the queue's count of the original: on the copy it would read as the queue's
+        // own.
+        let mut headers = FieldTable::from(
+            original
+                .headers()
+                .as_ref()
+                .map(|headers| headers.inner().clone())
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(name, _)| name.as_str() != DELIVERY_COUNT_HEADER)
+                .collect::<std::collections::BTreeMap<_, _>>(),
+        );
         headers.insert(
             ShortString::from(DEAD_LETTER_REASON_HEADER),
             AMQPValue::LongString(LongString::from(reason.to_owned())),
