@@ -26,10 +26,10 @@
 //!   ([`Delivery::is_last_delivery`]: a RabbitMQ quorum queue at its delivery limit) is
 //!   dead-lettered without running it, unless it had committed; if its dead letter cannot be
 //!   published, a copy goes to the back of its destination instead (counted afresh there), as
-//!   returning it would have the queue drop it. A dead letter
-//!   keeps its id, body and context, adds `Chatter.DeadLetter.Reason` and
-//!   `Chatter.Delivery.Attempts`, and goes to `<destination>.dead-letter` on the same broker,
-//!   logged at Error; the original is then acked (`term`ed on JetStream).
+//!   returning it would have the queue drop it. A dead letter keeps its id, body and context,
+//!   adds `Chatter.DeadLetter.Reason` and `Chatter.Delivery.Attempts`, and goes to
+//!   `<destination>.dead-letter` on the same broker, logged at Error; the original is then
+//!   acked (`term`ed on JetStream).
 //! - **Subscriptions.** A subscription the broker ends is made again with backoff, logged at
 //!   Error when it ends and at Info when it is back; the consumer never ends on its own.
 //! - **Shutdown.** Deliveries in progress finish and are settled; deliveries waiting behind
@@ -461,8 +461,8 @@ impl Consumer {
 
     /// Publishes the next attempt, then acks this one; if that publish fails, nacks instead
     /// (the broker redelivers; the attempt is counted only where the broker counts deliveries,
-    /// as a quorum queue does). A broker that counts deliveries
-    /// itself (JetStream) is asked to deliver this one again after the redelivery delay.
+    /// as a quorum queue does). A broker that counts deliveries itself (JetStream) is asked to
+    /// deliver this one again after the redelivery delay.
     async fn retry(&self, delivery: Delivery, attempt: u32) {
         let name = self.command.registration.command_name;
         if delivery.delivery_count().is_some() {
