@@ -307,13 +307,7 @@ async fn a_quorum_queue_is_consumed_and_its_last_delivery_of_a_message_is_dead_l
     );
     runtime.shutdown().await;
     drop(letters);
-    for queue in [queue, dead_letters.as_str()] {
-        assert_eq!(
-            rabbitmq::delete_queue(&direct, queue, WAIT).await,
-            0,
-            "{queue} is empty"
-        );
-    }
+    rabbitmq::delete_emptied(&direct, &[queue, dead_letters.as_str()], WAIT).await;
 }
 
 // The queue's last delivery of a message whose dead letter cannot be published (the
@@ -378,13 +372,7 @@ async fn a_last_delivery_whose_dead_letter_is_refused_goes_back_as_a_fresh_copy(
     )
     .await;
     runtime.shutdown().await;
-    for queue in [queue, dead_letters.as_str()] {
-        assert_eq!(
-            rabbitmq::delete_queue(&direct, queue, WAIT).await,
-            0,
-            "{queue} is empty"
-        );
-    }
+    rabbitmq::delete_emptied(&direct, &[queue, dead_letters.as_str()], WAIT).await;
 }
 
 // A command whose dead letters the broker could never carry would redeliver a poison forever:
@@ -526,13 +514,7 @@ async fn poison_commands_are_dead_lettered_with_their_reason_and_healthy_ones_ar
     .await;
     runtime.shutdown().await;
     drop(letters);
-    for queue in [commands, dead_letters.as_str()] {
-        assert_eq!(
-            rabbitmq::delete_queue(&direct, queue, WAIT).await,
-            0,
-            "{queue} is empty"
-        );
-    }
+    rabbitmq::delete_emptied(&direct, &[commands, dead_letters.as_str()], WAIT).await;
 }
 
 /// A raw AMQP channel: a foreign client publishing what chatter itself never would.

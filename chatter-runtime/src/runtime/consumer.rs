@@ -464,7 +464,6 @@ impl Consumer {
     /// as a quorum queue does). A broker that counts deliveries itself (JetStream) is asked to
     /// deliver this one again after the redelivery delay.
     async fn retry(&self, delivery: Delivery, attempt: u32) {
-        let name = self.command.registration.command_name;
         if delivery.delivery_count().is_some() {
             let message_id = delivery.message.message_id.clone();
             if let Err(error) = delivery.nack_after(self.redelivery_delay).await {
@@ -476,15 +475,27 @@ impl Consumer {
             _ = self.cancel.cancelled() => {}
             () = tokio::time::sleep(self.redelivery_delay) => {}
         }
+        self.requeue(
+            delivery,
+            attempt + 1,
+            "chatter consumer: could not requeue the next attempt; returning the delivery to the broker",
+        )
+        .await;
+    }
+
+    /// Publishes a copy of `delivery` carrying `attempts` to the back of its destination, then
+    /// acks it; if that publish fails, logs `failed` at Error and nacks it. If the ack is lost,
+    /// the original comes back too: one extra delivery, nothing lost.
+    async fn requeue(&self, delivery: Delivery, attempts: u32, failed: &str) {
+        let name = self.command.registration.command_name;
         let message_id = delivery.message.message_id.clone();
-        let mut next = delivery.message.clone();
-        next.context
-            .insert(ATTEMPTS_CONTEXT_KEY.to_owned(), Value::from(attempt + 1));
-        match self.publish(next).await {
-            // If this ack is lost, the original comes back too: one extra delivery, nothing lost.
+        let mut copy = delivery.message.clone();
+        copy.context
+            .insert(ATTEMPTS_CONTEXT_KEY.to_owned(), Value::from(attempts));
+        match self.publish(copy).await {
             Ok(()) => self.ack(delivery, "ack after requeue").await,
             Err(error) => {
-                tracing::error!(command = name, message_id, error = %ErrorChain(&error), "chatter consumer: could not requeue the next attempt; returning the delivery to the broker");
+                tracing::error!(command = name, message_id, error = %ErrorChain(&error), "{failed}");
                 self.nack(delivery).await;
             }
         }
@@ -541,18 +552,12 @@ impl Consumer {
     /// dead-lettered then. Nacked only when that publish fails too (the broker is unreachable,
     /// and the queue drops the message).
     async fn requeue_last(&self, delivery: Delivery, attempt: u32) {
-        let name = self.command.registration.command_name;
-        let message_id = delivery.message.message_id.clone();
-        let mut copy = delivery.message.clone();
-        copy.context
-            .insert(ATTEMPTS_CONTEXT_KEY.to_owned(), Value::from(attempt));
-        match self.publish(copy).await {
-            Ok(()) => self.ack(delivery, "ack after requeue").await,
-            Err(error) => {
-                tracing::error!(command = name, message_id, error = %ErrorChain(&error), "chatter consumer: could not publish the broker's last delivery of a message again either; returning it, and the queue drops it");
-                self.nack(delivery).await;
-            }
-        }
+        self.requeue(
+            delivery,
+            attempt,
+            "chatter consumer: could not publish the broker's last delivery of a message again either; returning it, and the queue drops it",
+        )
+        .await;
     }
 
     /// Publishes a retry copy or a dead letter, bounded by the publish timeout whatever the

@@ -34,6 +34,17 @@ pub async fn delete_queue(broker: &RabbitMqBroker, queue: &str, within: Duration
         .expect("the queue is deleted")
 }
 
+/// Deletes each of `queues`, asserting it held nothing more: every message was settled.
+pub async fn delete_emptied(broker: &RabbitMqBroker, queues: &[&str], within: Duration) {
+    for queue in queues {
+        assert_eq!(
+            delete_queue(broker, queue, within).await,
+            0,
+            "{queue} is empty"
+        );
+    }
+}
+
 /// The RabbitMQ server's address, for a [`TcpProxy`](crate::proxy::TcpProxy) in front of it.
 pub fn server_addr() -> std::net::SocketAddr {
     std::net::SocketAddr::from(([127, 0, 0, 1], 5672))

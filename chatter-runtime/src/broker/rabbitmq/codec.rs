@@ -9,6 +9,15 @@ pub const DEAD_LETTER_REASON_HEADER: &str = "chatter-dead-letter-reason";
 /// The header a quorum queue counts a message's earlier deliveries in.
 pub(super) const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 
+/// The `message-id` property, or `<none>`, as logs and errors name a message.
+pub(super) fn message_id_or_none(properties: &BasicProperties) -> String {
+    properties
+        .message_id()
+        .as_ref()
+        .map_or("<none>", |id| id.as_str())
+        .to_owned()
+}
+
 /// The `delivery-mode` of a persistent message.
 pub(super) const PERSISTENT: u8 = 2;
 

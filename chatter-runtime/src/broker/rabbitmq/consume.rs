@@ -12,13 +12,13 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
-use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::types::{FieldTable, ShortString};
 use lapin::{Acker, Channel};
 use tokio::runtime::Handle;
 
-use super::codec::{DELIVERY_COUNT_HEADER, decode, queue_name};
+use super::codec::{DELIVERY_COUNT_HEADER, decode, message_id_or_none, queue_name};
 use super::connection::Inner;
-use super::declaration::{Declaration, DeliveryLimit};
+use super::declaration::{Declaration, DeliveryLimit, integer};
 use crate::backoff;
 use crate::broker::{
     BrokerError, Delivery, Liveness, Settle, Subscription, dead_letter_destination,
@@ -190,8 +190,7 @@ impl Consuming {
         match decode(&self.destination, &delivery) {
             Ok(message) => {
                 let settle = AmqpSettle {
-                    previous_deliveries: counted.previous,
-                    last: counted.last,
+                    counted,
                     message_id: message.message_id.clone(),
                     acker: delivery.acker,
                     handle: self.handle.clone(),
@@ -208,11 +207,7 @@ impl Consuming {
                 let undecodable = Undecodable {
                     inner: Arc::clone(&self.inner),
                     destination: self.destination.clone(),
-                    message_id: delivery
-                        .properties
-                        .message_id()
-                        .as_ref()
-                        .map_or_else(|| "<none>".to_owned(), |id| id.as_str().to_owned()),
+                    message_id: message_id_or_none(&delivery.properties),
                     delivery,
                     last: counted.last,
                 };
@@ -341,23 +336,16 @@ fn previous_deliveries(delivery: &AmqpDelivery) -> u32 {
         .headers()
         .as_ref()
         .and_then(|headers| headers.inner().get(DELIVERY_COUNT_HEADER))
-        .and_then(|count| match count {
-            AMQPValue::LongLongInt(n) => u32::try_from(*n).ok(),
-            AMQPValue::LongInt(n) => u32::try_from(*n).ok(),
-            AMQPValue::LongUInt(n) => Some(*n),
-            _ => None,
-        });
+        .and_then(integer)
+        .and_then(|n| u32::try_from(n).ok());
     count.unwrap_or(0)
 }
 
 /// Settles one RabbitMQ delivery; keeps its channel (and connection) open until then.
 struct AmqpSettle {
     message_id: String,
-    /// The quorum queue's count of earlier deliveries of this message.
-    previous_deliveries: u32,
-    /// The queue drops the message if this delivery is not settled (its count reached the
-    /// queue's delivery limit).
-    last: bool,
+    /// How its quorum queue counted it.
+    counted: Counted,
     acker: Acker,
     /// Where `abandon` sends its `basic.nack` from.
     handle: Option<Handle>,
@@ -416,11 +404,11 @@ impl Settle for AmqpSettle {
     }
 
     fn previous_deliveries(&self) -> u32 {
-        self.previous_deliveries
+        self.counted.previous
     }
 
     fn is_last_delivery(&self) -> bool {
-        self.last
+        self.counted.last
     }
 
     fn abandon(self: Box<Self>) {

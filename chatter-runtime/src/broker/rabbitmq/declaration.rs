@@ -209,7 +209,8 @@ fn type_name(value: &AMQPValue) -> Option<&'static str> {
     })
 }
 
-fn integer(value: &AMQPValue) -> Option<i64> {
+/// An integer argument or header of any AMQP integer type.
+pub(super) fn integer(value: &AMQPValue) -> Option<i64> {
     Some(match value {
         AMQPValue::ShortShortInt(n) => i64::from(*n),
         AMQPValue::ShortShortUInt(n) => i64::from(*n),

@@ -7,7 +7,8 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Confirmation};
 
 use super::codec::{
-    DEAD_LETTER_REASON_HEADER, DELIVERY_COUNT_HEADER, PERSISTENT, properties, queue_name,
+    DEAD_LETTER_REASON_HEADER, DELIVERY_COUNT_HEADER, PERSISTENT, message_id_or_none, properties,
+    queue_name,
 };
 use super::connection::Inner;
 use super::declaration::{Declaration, Inequivalent};
@@ -241,11 +242,7 @@ impl Inner {
         if let Some(kind) = original.kind() {
             properties = properties.with_type(kind.clone());
         }
-        let message_id = original
-            .message_id()
-            .as_ref()
-            .map_or("<none>", |id| id.as_str())
-            .to_owned();
+        let message_id = message_id_or_none(original);
         let attempt =
             self.publish_bytes(&message_id, destination, queue, &delivery.data, properties);
         let operation = || format!("dead-letter to `{destination}`");
