@@ -1,7 +1,7 @@
 //! Two consumer processes of one standalone-inbox command race on the same message ids over
 //! RabbitMQ, and one is SIGKILLed in the middle of a handler: every id's marker ends completed,
-//! the killed attempt's pending marker is taken over by the survivor (its handler runs again:
-//! the documented at-least-once edge), and no id is lost.
+//! the killed attempt's pending marker is taken over by the survivor once its claim ran out (its
+//! handler runs again: the documented at-least-once edge), and no id is lost.
 //!
 //! Real parts: a `chatter-emulator` server in this process is the store both share, RabbitMQ at
 //! 127.0.0.1:5672 the broker, `inbox_worker` (`tests/src/bin/inbox_worker.rs`) the process.
@@ -30,6 +30,10 @@ fn spawn_worker(endpoint: &str, queue: &str, hold: Option<&str>) -> ChildProcess
         .env("CHATTER_COSMOS_ENDPOINT", endpoint)
         .env("CHATTER_RABBITMQ_URI", URI)
         .env("CHATTER_TEST_QUEUE", queue)
+        // The killed attempt's claim runs out 3 s after it was written (plus the clock margin):
+        // only then is it taken over.
+        .env("CHATTER_TEST_DELIVERY_TIMEOUT_MS", "3000")
+        .env_remove("CHATTER_TEST_HANDLER_MS")
         .env_remove("CHATTER_COSMOS_KEY")
         .stdin(Stdio::piped())
         .stderr(Stdio::inherit());

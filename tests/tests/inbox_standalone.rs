@@ -92,6 +92,8 @@ async fn a_new_message_id_runs_the_handler_once_and_a_redelivery_skips_it() {
             "MessageId",
             "ReceivedAtUtc",
             "Completed",
+            // chatter's own: how long the claim could stay live (the .NET module ignores it).
+            "ClaimSeconds",
             "idempotencyKey"
         ]
     );
@@ -413,4 +415,184 @@ async fn an_idempotency_container_partitioned_otherwise_is_refused() {
         matches!(missing, InboxSetupError::Container { .. }),
         "{missing:?}"
     );
+}
+
+type Held = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), std::io::Error>> + Send>>;
+
+/// A handler that counts its runs and returns once `release` is notified.
+fn held(
+    runs: &Arc<AtomicUsize>,
+    release: &Arc<tokio::sync::Notify>,
+) -> impl FnOnce() -> Held + Send + use<> {
+    let (runs, release) = (Arc::clone(runs), Arc::clone(release));
+    move || {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            release.notified().await;
+            Ok(())
+        })
+    }
+}
+
+// A second copy of a message id that arrives while the first attempt's handler still runs is
+// not run beside it: the claim is live, so the copy is told to come back later. Once the first
+// completes, the copy is a duplicate.
+#[tokio::test]
+async fn a_live_claim_is_never_taken_over_and_the_copy_is_told_to_try_later() {
+    let (cosmos, inbox) = embedded_inbox().await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let first = tokio::spawn({
+        let (inbox, handler) = (inbox.clone(), held(&runs, &release));
+        async move { inbox.receive("evt-twice", handler).await }
+    });
+    while runs.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let error = inbox
+        .receive("evt-twice", counting(&runs))
+        .await
+        .unwrap_err();
+    let InboxError::ClaimHeld { for_at_most, .. } = &error else {
+        panic!("the copy waits for the live claim: {error:?}");
+    };
+    assert!(*for_at_most > Duration::from_secs(300), "{for_at_most:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the copy did not run");
+    release.notify_one();
+    assert_eq!(first.await.unwrap().unwrap(), InboxOutcome::Handled);
+    assert_eq!(
+        inbox.receive("evt-twice", counting(&runs)).await.unwrap(),
+        InboxOutcome::AlreadyCompleted
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let stored = marker(&cosmos, "evt-twice").await.unwrap();
+    assert_eq!(
+        stored["ClaimSeconds"], 300,
+        "the claim's length is in the marker"
+    );
+}
+
+// A claim that ran out (its attempt crashed) is taken over with a write conditioned on the
+// version read: of several copies taking it over at once, exactly one runs the handler.
+#[tokio::test]
+async fn of_copies_taking_over_a_claim_that_ran_out_at_once_exactly_one_runs() {
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    let options = InboxOptions::new(DB, CONTAINER)
+        .claim_timeout(Duration::from_secs(1))
+        .clock_margin(Duration::ZERO);
+    let inbox = inbox_on(&cosmos, options).await;
+    let mut crashed = dotnet_marker("evt-crashed-claim", false);
+    crashed["ClaimSeconds"] = json!(1);
+    seed(&cosmos, "evt-crashed-claim", crashed).await;
+    // Written now: over once its second, and the second `_ts` may truncate, have passed.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let copies: Vec<_> = (0..4)
+        .map(|_| {
+            let (inbox, handler) = (inbox.clone(), held(&runs, &release));
+            tokio::spawn(async move { inbox.receive("evt-crashed-claim", handler).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    release.notify_waiters();
+    let mut taken_over = 0;
+    for copy in copies {
+        match copy.await.unwrap() {
+            Ok(InboxOutcome::TakenOver) => taken_over += 1,
+            Ok(InboxOutcome::AlreadyCompleted) | Err(InboxError::ClaimHeld { .. }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(taken_over, 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "exactly one copy ran");
+}
+
+// A handler that outruns its claim is stopped (so it never runs on once a copy may take the
+// claim over), and releases the claim: the next copy runs at once.
+#[tokio::test]
+async fn a_handler_that_outruns_its_claim_is_stopped_and_releases_it() {
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    let options = InboxOptions::new(DB, CONTAINER).claim_timeout(Duration::from_secs(1));
+    let inbox = inbox_on(&cosmos, options).await;
+    let error = inbox
+        .receive("evt-slow", || async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok::<(), std::io::Error>(())
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(error, InboxError::TimedOut { .. }), "{error:?}");
+    assert_eq!(
+        marker(&cosmos, "evt-slow").await.unwrap()["ClaimSeconds"],
+        0
+    );
+    let runs = Arc::new(AtomicUsize::new(0));
+    assert_eq!(
+        inbox.receive("evt-slow", counting(&runs)).await.unwrap(),
+        InboxOutcome::TakenOver
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+// A marker must outlive its claim: a marker ttl, or an idempotency container's default
+// time-to-live, that could delete a pending marker while its handler may still run is refused.
+#[tokio::test]
+async fn a_time_to_live_that_could_delete_a_live_claim_is_refused() {
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    provision::ensure_container(&cosmos, DB, CONTAINER, &["/idempotencyKey"])
+        .await
+        .unwrap();
+    // 300 s claim + 1 s + 10 s margin: 311 s is too short, 312 s is enough.
+    let refused = StandaloneInbox::new(
+        &cosmos,
+        InboxOptions::new(DB, CONTAINER).marker_ttl_seconds(311),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            InboxSetupError::Options(InboxOptionsError::MarkerOutlivedByClaim {
+                shortest: 311,
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    StandaloneInbox::new(
+        &cosmos,
+        InboxOptions::new(DB, CONTAINER).marker_ttl_seconds(312),
+    )
+    .await
+    .unwrap();
+
+    use azure_data_cosmos::models::{ContainerProperties, PartitionKeyDefinition, TimeToLive};
+    let properties = ContainerProperties::new(
+        "short-lived".to_owned(),
+        PartitionKeyDefinition::new(vec!["/idempotencyKey".into()]),
+    )
+    .with_default_ttl(TimeToLive::Seconds(60));
+    cosmos
+        .client()
+        .database_client(DB)
+        .create_container(properties, None)
+        .await
+        .unwrap();
+    let refused = StandaloneInbox::new(&cosmos, InboxOptions::new(DB, "short-lived"))
+        .await
+        .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .starts_with("the idempotency container's default time-to-live (60 s) could delete a pending inbox marker"),
+        "{refused}"
+    );
+    // A marker ttl of its own overrides the container's default.
+    StandaloneInbox::new(
+        &cosmos,
+        InboxOptions::new(DB, "short-lived").marker_ttl_seconds(86_400),
+    )
+    .await
+    .unwrap();
 }

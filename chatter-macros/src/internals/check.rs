@@ -124,13 +124,14 @@ pub(crate) fn command(cx: &Ctxt, cmd: &Command) -> Option<Checked> {
 }
 
 /// The roots a standalone inbox's partition-key path must not have: the Claimed Inbox Marker's
-/// own fields and the one its second phase patches.
-const INBOX_RESERVED_ROOTS: [&str; 5] = [
+/// own fields and the ones its later phases patch.
+const INBOX_RESERVED_ROOTS: [&str; 6] = [
     "id",
     "_chatterType",
     "MessageId",
     "ReceivedAtUtc",
     "Completed",
+    "ClaimSeconds",
 ];
 
 /// Every rule of a standalone-inbox command (`#[inbox(...)]`): no batch attributes, the

@@ -73,19 +73,28 @@ pub(crate) const COMPLETED_FIELD: &str = "Completed";
 /// The field of a positive marker time-to-live (Cosmos's own `ttl`).
 pub(crate) const TTL_FIELD: &str = "ttl";
 
+/// chatter's own field of a Claimed Inbox Marker (not in the .NET shape, which ignores it): for
+/// how many seconds after the marker was written (`_ts`, the service's clock) the claimant may
+/// still be running its handler, which it bounds by as much. `0` once the claimant's attempt
+/// ended without completing (its handler failed): nothing runs under it any more.
+pub(crate) const CLAIM_SECONDS_FIELD: &str = "ClaimSeconds";
+
 /// The root fields a standalone inbox's partition-key path must not target: the marker's own,
-/// and `Completed`, which the second phase patches.
-pub(crate) const CLAIMED_MARKER_RESERVED_ROOT_FIELDS: [&str; 5] = [
+/// `Completed`, which the second phase patches, and `ClaimSeconds`, which a failed attempt
+/// patches.
+pub(crate) const CLAIMED_MARKER_RESERVED_ROOT_FIELDS: [&str; 6] = [
     ID_FIELD,
     DISCRIMINATOR_FIELD,
     MESSAGE_ID_FIELD,
     RECEIVED_AT_UTC_FIELD,
     COMPLETED_FIELD,
+    CLAIM_SECONDS_FIELD,
 ];
 
 /// The Claimed Inbox Marker (0.4) of the standalone inbox, first phase: `id`, `_chatterType`,
 /// `MessageId`, `ReceivedAtUtc`, `ttl` (only when `ttl_seconds` is positive), `Completed: false`,
-/// then the message id at `pk_path` (the marker's partition value is the message id).
+/// chatter's `ClaimSeconds`, then the message id at `pk_path` (the marker's partition value is
+/// the message id).
 ///
 /// # Errors
 /// [`DocumentError::IdTooLong`], [`DocumentError::TimestampOutOfRange`], or a stamping error.
@@ -93,6 +102,7 @@ pub(crate) fn claimed_marker(
     message_id: &str,
     pk_path: &str,
     ttl_seconds: Option<i64>,
+    claim_seconds: u64,
     received_at: OffsetDateTime,
 ) -> Result<Value, DocumentError> {
     let mut doc = base_marker(message_id, received_at)?;
@@ -100,6 +110,7 @@ pub(crate) fn claimed_marker(
         doc.insert(TTL_FIELD.to_owned(), Value::from(ttl));
     }
     doc.insert(COMPLETED_FIELD.to_owned(), Value::Bool(false));
+    doc.insert(CLAIM_SECONDS_FIELD.to_owned(), Value::from(claim_seconds));
     crate::partition_key::stamp(
         &mut doc,
         &[pk_path],

@@ -19,19 +19,24 @@
 //! or accept that. (Within one runtime, deliveries of one message id are handled one after
 //! another.)
 
+mod claim;
 mod options;
 
-pub use options::{DEFAULT_IDEMPOTENCY_KEY_PATH, InboxOptions, InboxOptionsError};
+pub use options::{
+    DEFAULT_CLOCK_MARGIN, DEFAULT_IDEMPOTENCY_KEY_PATH, InboxOptions, InboxOptionsError,
+};
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use crate::cosmos::store::{self, ReadOutcome};
+use crate::cosmos::store::BatchOperation;
+use crate::cosmos::store::{self, PatchOp, ReadOutcome};
 use crate::cosmos::{ContainerClient, CosmosConnection, CosmosStoreError, PartitionKey};
-use crate::document::inbox_marker::{self, COMPLETED_FIELD};
+use crate::document::inbox_marker::{self, CLAIM_SECONDS_FIELD, COMPLETED_FIELD};
 use crate::document::{self, DocumentError};
 use crate::registry::BoxError;
 
@@ -46,6 +51,14 @@ pub enum InboxOutcome {
     TakenOver,
     /// The message id was already handled: the handler did not run.
     AlreadyCompleted,
+}
+
+/// What the read-back of a conflicting claim decided.
+enum Conflict {
+    /// The message id was handled.
+    Completed,
+    /// This attempt took the claim over; its ETag.
+    TakenOver(Option<String>),
 }
 
 /// Why a [`StandaloneInbox::receive`] failed. The message should be delivered again (except
@@ -88,14 +101,55 @@ pub enum InboxError {
         /// The message id.
         message_id: String,
     },
-    /// The handler failed; its marker stays pending, and the next delivery takes it over.
-    #[error("the handler of message '{message_id}' failed; its inbox marker stays pending")]
+    /// Another attempt of the message id holds a claim that may still be live (its handler may
+    /// be running now, in this process or another): the handler was not run, so it never runs
+    /// twice at once. Try again later: the claim ends completed (then the copy is a duplicate)
+    /// or runs out within `for_at_most`.
+    #[error(
+        "message '{message_id}' is claimed by another attempt whose handler may still be running (its claim runs out within {for_at_most:?}); the handler was not run, try again later"
+    )]
+    ClaimHeld {
+        /// The message id.
+        message_id: String,
+        /// How long the claim can stay live at most.
+        for_at_most: Duration,
+    },
+    /// The handler failed; its marker stays pending (its claim released), and the next
+    /// delivery takes it over. The handler's side effects, if any, are not undone.
+    #[error(
+        "the handler of message '{message_id}' failed; its inbox marker stays pending and what the handler did outside Cosmos is not undone"
+    )]
     Handler {
         /// The message id.
         message_id: String,
         /// The handler's error.
         #[source]
         source: BoxError,
+    },
+    /// The handler ran longer than the claim timeout and was stopped where it waited; its
+    /// marker stays pending (its claim released).
+    #[error(
+        "the handler of message '{message_id}' did not finish within the inbox's claim timeout ({after:?}) and was stopped; its inbox marker stays pending"
+    )]
+    TimedOut {
+        /// The message id.
+        message_id: String,
+        /// The claim timeout.
+        after: Duration,
+    },
+    /// The handler ran, but the batch that completes its marker and commits its sent messages
+    /// did not commit (e.g. 412: its claim ran out and another attempt took it over); nothing
+    /// of it committed, and the next delivery runs the handler again.
+    #[error(
+        "the handler of message '{message_id}' ran but the batch completing its inbox marker did not commit (batch status {status}, per-operation status codes {operation_statuses:?}); the next delivery runs it again"
+    )]
+    CompletionRefused {
+        /// The message id.
+        message_id: String,
+        /// The batch's HTTP status.
+        status: u16,
+        /// Per-operation status codes, the marker's first.
+        operation_statuses: Vec<u16>,
     },
     /// The runtime has no gate for this command (it was not started with it).
     #[error("no standalone inbox was started for this command")]
@@ -180,14 +234,16 @@ impl std::fmt::Debug for StandaloneInbox {
 }
 
 impl StandaloneInbox {
-    /// Checks `options`, then the idempotency container: it exists and is partitioned by the
+    /// Checks `options`, then the idempotency container: it exists, is partitioned by the
     /// options' path (chatter never creates it; `cosmos::provision::ensure_container` does in
-    /// development).
+    /// development), and its default time-to-live, when markers carry no ttl of their own,
+    /// keeps a pending marker longer than its claim can be live.
     ///
     /// # Errors
     ///
-    /// [`InboxSetupError`]: options that cannot work, a container that cannot be read or is
-    /// partitioned otherwise.
+    /// [`InboxSetupError`]: options that cannot work (a marker ttl a claim could outlive among
+    /// them), a container that cannot be read, is partitioned otherwise, or whose default
+    /// time-to-live a claim could outlive.
     pub async fn new(
         cosmos: &CosmosConnection,
         options: InboxOptions,
@@ -221,6 +277,12 @@ impl StandaloneInbox {
                 actual: settings.partition_key_paths,
             });
         }
+        // Without a marker ttl, the container's default decides when a marker goes.
+        if options.marker_ttl_seconds.is_none_or(|ttl| ttl <= 0)
+            && let Some(ttl) = settings.default_ttl.filter(|ttl| *ttl > 0)
+        {
+            options.check_marker_life(ttl, "the idempotency container's default time-to-live")?;
+        }
         Ok(Self {
             container,
             options: Arc::new(options),
@@ -228,14 +290,16 @@ impl StandaloneInbox {
     }
 
     /// Runs `handler` for `message_id` unless a completed marker says it ran: claims the id with
-    /// a marker, runs the handler, marks the id completed (see the module docs for the conflict
-    /// and take-over paths, and the at-least-once edges).
+    /// a marker, runs the handler (for at most [`InboxOptions::claim_timeout`]), marks the id
+    /// completed (see the module docs for the conflict and take-over paths, and the
+    /// at-least-once edges).
     ///
     /// # Errors
     ///
-    /// [`InboxError`]: a blank or over-long id (nothing written), a claim the store refused or
-    /// a conflict that could not be confirmed (handler not run), the handler's own error
-    /// (marker left pending), a completion that could not be written (handler ran).
+    /// [`InboxError`]: a blank or over-long id (nothing written), a claim the store refused, a
+    /// conflict that could not be confirmed or a claim still live in another attempt (handler
+    /// not run), the handler's own error or timeout (claim released or left to expire), a
+    /// completion that could not be written (handler ran).
     pub async fn receive<F, Fut, E>(
         &self,
         message_id: &str,
@@ -246,6 +310,27 @@ impl StandaloneInbox {
         Fut: Future<Output = Result<(), E>>,
         E: Into<BoxError>,
     {
+        self.receive_committing(message_id, || async {
+            handler().await.map(|()| Vec::new())
+        })
+        .await
+    }
+
+    /// [`receive`](Self::receive) whose handler also returns documents (Outbox Documents of the
+    /// message id's partition) that commit in one batch with the marker's completion.
+    pub(crate) async fn receive_committing<F, Fut, E>(
+        &self,
+        message_id: &str,
+        handler: F,
+    ) -> Result<InboxOutcome, InboxError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Vec<Value>, E>>,
+        E: Into<BoxError>,
+    {
+        // The handler's deadline counts from before the claim is written, so it always ends
+        // before the claim the store records can be over.
+        let started = tokio::time::Instant::now();
         if message_id.trim().is_empty() {
             return Err(InboxError::BlankMessageId);
         }
@@ -258,21 +343,20 @@ impl StandaloneInbox {
             message_id,
             &self.options.partition_key_path,
             self.options.marker_ttl_seconds,
+            self.options.claim_seconds(),
             OffsetDateTime::now_utc(),
         )
         .map_err(marker_error)?;
         let key = PartitionKey::from(message_id.to_owned());
-        let outcome = match self.claim(key.clone(), &marker).await {
-            Ok(()) => InboxOutcome::Handled,
+        let (outcome, claim_etag) = match self.claim(key.clone(), &marker).await {
+            Ok(etag) => (InboxOutcome::Handled, etag),
             Err(error) if error.is_status(409) => {
-                match self.confirm(key.clone(), &marker_id, message_id).await {
-                    Some(true) => return Ok(InboxOutcome::AlreadyCompleted),
-                    Some(false) => InboxOutcome::TakenOver,
-                    None => {
-                        return Err(InboxError::UnconfirmedConflict {
-                            message_id: message_id.to_owned(),
-                        });
-                    }
+                match self
+                    .take_over(key.clone(), &marker_id, &marker, message_id)
+                    .await?
+                {
+                    Conflict::Completed => return Ok(InboxOutcome::AlreadyCompleted),
+                    Conflict::TakenOver(etag) => (InboxOutcome::TakenOver, etag),
                 }
             }
             Err(error) => {
@@ -282,44 +366,239 @@ impl StandaloneInbox {
                 });
             }
         };
-        if outcome == InboxOutcome::TakenOver {
-            tracing::info!(
-                message_id,
-                "chatter inbox takes over a pending marker: an earlier attempt did not complete"
-            );
-        }
-        handler().await.map_err(|source| InboxError::Handler {
-            message_id: message_id.to_owned(),
-            source: source.into(),
-        })?;
-        let completed = [(&*format!("/{COMPLETED_FIELD}"), Value::Bool(true))];
-        store::bounded(
-            "patch_item",
-            self.options.store_timeout,
-            store::patch_item(&self.container, key, &marker_id, &completed),
-        )
-        .await
-        .map_err(|source| InboxError::Completion {
-            message_id: message_id.to_owned(),
-            source: Box::new(source),
-        })?;
+        let deadline = started
+            .checked_add(self.options.claim_timeout)
+            .unwrap_or_else(claim::far_future);
+        let documents = match tokio::time::timeout_at(deadline, handler()).await {
+            Ok(Ok(documents)) => documents,
+            Ok(Err(source)) => {
+                // Nothing runs under the claim any more: the next copy need not wait it out.
+                self.release(key, &marker_id, claim_etag.as_deref(), message_id)
+                    .await;
+                return Err(InboxError::Handler {
+                    message_id: message_id.to_owned(),
+                    source: source.into(),
+                });
+            }
+            Err(_) => {
+                self.release(key, &marker_id, claim_etag.as_deref(), message_id)
+                    .await;
+                return Err(InboxError::TimedOut {
+                    message_id: message_id.to_owned(),
+                    after: self.options.claim_timeout,
+                });
+            }
+        };
+        self.complete(key, &marker_id, marker, claim_etag, documents, message_id)
+            .await?;
         Ok(outcome)
     }
 
-    async fn claim(&self, key: PartitionKey, marker: &Value) -> Result<(), CosmosStoreError> {
+    /// Marks the claim completed: a patch of `Completed` alone, or, with `documents`, one batch
+    /// that replaces the marker completed (only while it is still this attempt's claim) and
+    /// creates them.
+    async fn complete(
+        &self,
+        key: PartitionKey,
+        marker_id: &str,
+        mut marker: Value,
+        claim_etag: Option<String>,
+        documents: Vec<Value>,
+        message_id: &str,
+    ) -> Result<(), InboxError> {
+        let failed = |source| InboxError::Completion {
+            message_id: message_id.to_owned(),
+            source: Box::new(source),
+        };
+        if documents.is_empty() {
+            let completed = [(&*format!("/{COMPLETED_FIELD}"), Value::Bool(true))];
+            store::bounded(
+                "patch_item",
+                self.options.store_timeout,
+                store::patch_item(&self.container, key, marker_id, &completed),
+            )
+            .await
+            .map_err(failed)?;
+            return Ok(());
+        }
+        marker[COMPLETED_FIELD] = Value::Bool(true);
+        let operations = std::iter::once(BatchOperation::Replace {
+            id: marker_id.to_owned(),
+            doc: marker,
+            if_match: claim_etag,
+        })
+        .chain(documents.into_iter().map(BatchOperation::Create))
+        .collect();
+        let outcome = store::bounded(
+            "execute_batch",
+            self.options.store_timeout,
+            store::execute_batch(&self.container, key, operations),
+        )
+        .await
+        .map_err(failed)?;
+        if outcome.is_success() {
+            return Ok(());
+        }
+        Err(InboxError::CompletionRefused {
+            message_id: message_id.to_owned(),
+            status: outcome.status,
+            operation_statuses: outcome.status_codes(),
+        })
+    }
+
+    /// Gives up this attempt's claim after its handler failed or timed out (`ClaimSeconds: 0`,
+    /// only while the marker is still this claim), so the next copy runs at once. A release
+    /// that fails is harmless: the claim then runs out.
+    async fn release(
+        &self,
+        key: PartitionKey,
+        marker_id: &str,
+        claim_etag: Option<&str>,
+        message_id: &str,
+    ) {
+        let Some(etag) = claim_etag else {
+            return;
+        };
+        let released = [PatchOp::Set(
+            format!("/{CLAIM_SECONDS_FIELD}"),
+            Value::from(0),
+        )];
+        let patched = store::bounded(
+            "patch_item",
+            self.options.store_timeout,
+            store::patch_item_if_match(&self.container, key, marker_id, &released, etag),
+        )
+        .await;
+        if let Err(error) = patched {
+            tracing::debug!(message_id, error = %crate::error_chain::ErrorChain(&error), "chatter inbox could not release the claim of a failed attempt; the next copy waits for it to run out");
+        }
+    }
+
+    /// Whether `message_id`'s marker says it completed, read with backoff until `within` has
+    /// passed; `None` when no read succeeded by then (or no marker can be made of the id).
+    pub(crate) async fn completed(&self, message_id: &str, within: Duration) -> Option<bool> {
+        let marker_id = document::inbox_id(message_id).ok()?;
+        let key = PartitionKey::from(message_id.to_owned());
+        let deadline = tokio::time::Instant::now()
+            .checked_add(within)
+            .unwrap_or_else(claim::far_future);
+        let mut backoff = crate::backoff::marker_read();
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let read = store::bounded(
+                "read_item",
+                left.min(self.options.store_timeout),
+                store::read_item(&self.container, key.clone(), &marker_id),
+            )
+            .await;
+            match read {
+                Ok(ReadOutcome::Found { document, .. }) => {
+                    return Some(
+                        document::is_genuine_inbox_marker(&document, message_id)
+                            && inbox_marker::is_completed(&document),
+                    );
+                }
+                Ok(ReadOutcome::NotFound) => return Some(false),
+                Err(error) => {
+                    let delay = backoff.next_delay();
+                    if tokio::time::Instant::now() + delay >= deadline {
+                        tracing::warn!(message_id, error = %crate::error_chain::ErrorChain(&error), "chatter could not read the inbox marker to tell whether the message completed");
+                        return None;
+                    }
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    /// Creates the claim; its ETag, when the store gave one.
+    async fn claim(
+        &self,
+        key: PartitionKey,
+        marker: &Value,
+    ) -> Result<Option<String>, CosmosStoreError> {
         store::bounded(
             "create_item",
             self.options.store_timeout,
             store::create_item(&self.container, key, marker),
         )
         .await
-        .map(|_| ())
+        .map(|written| written.etag)
     }
 
-    /// Reads the conflicting marker back: `Some(completed)` for a genuine marker of
-    /// `message_id`; `None` when none was confirmed within the budget (a 404 is read again
-    /// after the interval while attempts remain; anything else ends it).
-    async fn confirm(&self, key: PartitionKey, marker_id: &str, message_id: &str) -> Option<bool> {
+    /// After the claim conflicted: reads the marker back and decides. Completed: skip. A claim
+    /// that may still be live: [`InboxError::ClaimHeld`], nothing run. A claim that is over
+    /// (released by a failed attempt, or run out): replaced by this attempt's `marker`, only
+    /// while it is the version read (so of two take-overs one wins; the other reads again).
+    async fn take_over(
+        &self,
+        key: PartitionKey,
+        marker_id: &str,
+        marker: &Value,
+        message_id: &str,
+    ) -> Result<Conflict, InboxError> {
+        for _ in 0..self.options.read_back_attempts {
+            let Some((stored, etag)) = self.confirm(key.clone(), marker_id, message_id).await
+            else {
+                break;
+            };
+            if inbox_marker::is_completed(&stored) {
+                return Ok(Conflict::Completed);
+            }
+            let now = OffsetDateTime::now_utc();
+            let previous = match claim::state(&stored, &self.options, now) {
+                claim::State::Live { for_at_most } => {
+                    return Err(InboxError::ClaimHeld {
+                        message_id: message_id.to_owned(),
+                        for_at_most,
+                    });
+                }
+                over => over,
+            };
+            let replace = BatchOperation::Replace {
+                id: marker_id.to_owned(),
+                doc: marker.clone(),
+                if_match: etag,
+            };
+            let outcome = store::bounded(
+                "execute_batch",
+                self.options.store_timeout,
+                store::execute_batch(&self.container, key.clone(), vec![replace]),
+            )
+            .await
+            .map_err(|source| InboxError::Claim {
+                message_id: message_id.to_owned(),
+                source: Box::new(source),
+            })?;
+            if outcome.is_success() {
+                claim::log_take_over(message_id, &previous);
+                let etag = outcome.operations.first().and_then(|op| op.etag.clone());
+                return Ok(Conflict::TakenOver(etag));
+            }
+            // 412: another attempt took it over or completed it first; read again. 404: it
+            // expired meanwhile; reading again finds nothing and fails loudly below.
+            if !matches!(outcome.status_codes().first(), Some(412 | 404)) {
+                return Err(InboxError::CompletionRefused {
+                    message_id: message_id.to_owned(),
+                    status: outcome.status,
+                    operation_statuses: outcome.status_codes(),
+                });
+            }
+        }
+        Err(InboxError::UnconfirmedConflict {
+            message_id: message_id.to_owned(),
+        })
+    }
+
+    /// Reads the conflicting marker back: the genuine marker of `message_id` with its ETag;
+    /// `None` when none was confirmed within the budget (a 404 is read again after the interval
+    /// while attempts remain; anything else ends it).
+    async fn confirm(
+        &self,
+        key: PartitionKey,
+        marker_id: &str,
+        message_id: &str,
+    ) -> Option<(Value, Option<String>)> {
         let attempts = self.options.read_back_attempts;
         for attempt in 1..=attempts {
             let read = store::bounded(
@@ -329,10 +608,10 @@ impl StandaloneInbox {
             )
             .await;
             match read {
-                Ok(ReadOutcome::Found { document, .. })
+                Ok(ReadOutcome::Found { document, etag })
                     if document::is_genuine_inbox_marker(&document, message_id) =>
                 {
-                    return Some(inbox_marker::is_completed(&document));
+                    return Some((document, etag));
                 }
                 Ok(ReadOutcome::NotFound) if attempt < attempts => {
                     tokio::time::sleep(self.options.read_back_interval).await;

@@ -29,7 +29,18 @@ pub struct InboxOptions {
     pub read_back_interval: Duration,
     /// The bound of each store call (default 30 s).
     pub store_timeout: Duration,
+    /// How long one attempt's handler may run (default 5 minutes; a runtime sets its delivery
+    /// timeout): [`receive`](super::StandaloneInbox::receive) stops a handler that runs longer,
+    /// and its claim says so, so a second copy of the message waits the claim out instead of
+    /// running beside it. At least one second; rounded up to whole seconds in the marker.
+    pub claim_timeout: Duration,
+    /// How far a reader's clock may be from the Cosmos service's (default 10 s): a claim is
+    /// taken over only once it has been over for this long too.
+    pub clock_margin: Duration,
 }
+
+/// The default of [`InboxOptions::clock_margin`].
+pub const DEFAULT_CLOCK_MARGIN: Duration = Duration::from_secs(10);
 
 impl InboxOptions {
     /// The defaults, for the idempotency container `database/container`.
@@ -42,7 +53,40 @@ impl InboxOptions {
             read_back_attempts: 5,
             read_back_interval: Duration::from_millis(50),
             store_timeout: Duration::from_secs(30),
+            claim_timeout: Duration::from_secs(300),
+            clock_margin: DEFAULT_CLOCK_MARGIN,
         }
+    }
+
+    /// Sets [`claim_timeout`](Self::claim_timeout).
+    pub fn claim_timeout(mut self, timeout: Duration) -> Self {
+        self.claim_timeout = timeout;
+        self
+    }
+
+    /// Sets [`clock_margin`](Self::clock_margin).
+    pub fn clock_margin(mut self, margin: Duration) -> Self {
+        self.clock_margin = margin;
+        self
+    }
+
+    /// The claim's length in the marker: the claim timeout in whole seconds, rounded up.
+    pub(crate) fn claim_seconds(&self) -> u64 {
+        let seconds = self.claim_timeout.as_secs();
+        if self.claim_timeout.subsec_nanos() > 0 {
+            seconds.saturating_add(1)
+        } else {
+            seconds
+        }
+    }
+
+    /// The shortest time a pending marker must be kept: its claim, the second `_ts` may
+    /// truncate, and the clock margin, in whole seconds.
+    pub(crate) fn shortest_marker_life(&self) -> u64 {
+        self.claim_seconds()
+            .saturating_add(1)
+            .saturating_add(self.clock_margin.as_secs())
+            .saturating_add(u64::from(self.clock_margin.subsec_nanos() > 0))
     }
 
     /// Sets [`partition_key_path`](Self::partition_key_path).
@@ -92,6 +136,34 @@ impl InboxOptions {
         if self.marker_ttl_seconds.is_some_and(|ttl| ttl > 0) && root == TTL_FIELD {
             return Err(InboxOptionsError::TtlPath);
         }
+        if self.claim_timeout < Duration::from_secs(1) {
+            return Err(InboxOptionsError::ClaimTimeout {
+                timeout: self.claim_timeout,
+            });
+        }
+        if let Some(ttl) = self.marker_ttl_seconds.filter(|ttl| *ttl > 0) {
+            self.check_marker_life(ttl, "the marker ttl")?;
+        }
+        Ok(())
+    }
+
+    /// Refuses a time-to-live (`what`: the marker ttl, the container's default) that could
+    /// delete a pending marker while its claim may still be live: the next copy of the message
+    /// would then claim it afresh and run beside the live handler.
+    pub(crate) fn check_marker_life(
+        &self,
+        ttl_seconds: i64,
+        what: &'static str,
+    ) -> Result<(), InboxOptionsError> {
+        let shortest = self.shortest_marker_life();
+        if u64::try_from(ttl_seconds).is_ok_and(|ttl| ttl <= shortest) {
+            return Err(InboxOptionsError::MarkerOutlivedByClaim {
+                what,
+                ttl_seconds,
+                claim_seconds: self.claim_seconds(),
+                shortest,
+            });
+        }
         Ok(())
     }
 }
@@ -129,4 +201,26 @@ pub enum InboxOptionsError {
         "A positive MarkerTimeToLive stamps the Cosmos-reserved 'ttl' field, which collides with a partition-key path rooted at '/ttl' (the partition-value stamp would overwrite the numeric TTL). Use a non-'/ttl' partition-key path (default '/idempotencyKey') or leave MarkerTimeToLive unset."
     )]
     TtlPath,
+    /// The claim timeout is under a second.
+    #[error(
+        "the standalone inbox's claim timeout ({timeout:?}) must be at least one second: a claim is kept in whole seconds"
+    )]
+    ClaimTimeout {
+        /// The claim timeout.
+        timeout: Duration,
+    },
+    /// A time-to-live would delete a pending marker while its claim may still be live.
+    #[error(
+        "{what} ({ttl_seconds} s) could delete a pending inbox marker while its handler may still run (a claim lasts {claim_seconds} s: the delivery timeout or claim timeout, plus the second Cosmos's `_ts` truncates and the clock margin: {shortest} s in all); a copy of the message arriving then would claim it afresh and run the handler beside the live one. Set a time-to-live above {shortest} s (a day or a week is usual), or shorten the delivery timeout"
+    )]
+    MarkerOutlivedByClaim {
+        /// Which time-to-live: the marker ttl or the container's default.
+        what: &'static str,
+        /// Its seconds.
+        ttl_seconds: i64,
+        /// The claim, in seconds.
+        claim_seconds: u64,
+        /// The shortest time-to-live accepted, minus one.
+        shortest: u64,
+    },
 }

@@ -4,6 +4,14 @@ use crate::cosmos::CosmosStoreError;
 use crate::document::DocumentError;
 use crate::registry::BoxError;
 
+/// What a failed attempt of a batched command left: nothing.
+pub(crate) const NOTHING_COMMITTED: &str = "nothing was committed";
+
+/// What a failed attempt of a standalone-inbox command left: its marker pending, and whatever
+/// its handler did outside Cosmos.
+pub(crate) const INBOX_NOT_UNDONE: &str =
+    "its inbox marker stays pending, and what the handler did outside Cosmos is not undone";
+
 /// Why a delivery was not handled.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -49,13 +57,17 @@ pub enum PipelineError {
         #[source]
         source: DocumentError,
     },
-    /// The handler failed; nothing was committed.
-    #[error("handler of `{command}` failed on message '{message_id}'; nothing was committed")]
+    /// The handler failed; nothing was committed (`undone` says what that means for the
+    /// command: a standalone-inbox handler's side effects outside Cosmos are not undone).
+    #[error("handler of `{command}` failed on message '{message_id}'; {undone}")]
     Handler {
         /// The command name.
         command: &'static str,
         /// The message id.
         message_id: String,
+        /// What the attempt left: "nothing was committed" for a batched command; for a
+        /// standalone-inbox command, a pending marker and the handler's side effects.
+        undone: &'static str,
         /// The handler's error.
         #[source]
         source: BoxError,
@@ -64,26 +76,30 @@ pub enum PipelineError {
     /// committed, and it is never tried again (the consumer dead-letters it at once with the
     /// reason).
     #[error(
-        "handler of `{command}` rejected message '{message_id}': {rejection}; nothing was committed and it is not tried again"
+        "handler of `{command}` rejected message '{message_id}': {rejection}; {undone} and it is not tried again"
     )]
     Rejected {
         /// The command name.
         command: &'static str,
         /// The message id.
         message_id: String,
+        /// What the attempt left: "nothing was committed" for a batched command; for a
+        /// standalone-inbox command, a pending marker and the handler's side effects.
+        undone: &'static str,
         /// The handler's rejection.
         rejection: crate::Rejection,
     },
     /// The handler (or the command's deserialization) panicked; nothing was committed. Counted
     /// as a failed attempt: retried, then dead-lettered.
-    #[error(
-        "handler of `{command}` panicked on message '{message_id}': {panic}; nothing was committed"
-    )]
+    #[error("handler of `{command}` panicked on message '{message_id}': {panic}; {undone}")]
     HandlerPanicked {
         /// The command name.
         command: &'static str,
         /// The message id.
         message_id: String,
+        /// What the attempt left: "nothing was committed" for a batched command; for a
+        /// standalone-inbox command, a pending marker and the handler's side effects.
+        undone: &'static str,
         /// The panic's message.
         panic: String,
     },
@@ -205,6 +221,19 @@ impl PipelineError {
                     ..
                 }
         )
+    }
+
+    /// How long at most another attempt's live claim of the message id (a standalone-inbox
+    /// command) can hold it: the delivery was not handled, and is delivered again later
+    /// without counting an attempt.
+    pub(crate) fn claim_held(&self) -> Option<std::time::Duration> {
+        match self {
+            Self::Inbox {
+                source: crate::inbox::InboxError::ClaimHeld { for_at_most, .. },
+                ..
+            } => Some(*for_at_most),
+            _ => None,
+        }
     }
 
     /// The handler's rejection, when it rejected the command.

@@ -10,6 +10,7 @@ mod error;
 mod rejection;
 
 pub use error::{BatchFailure, PipelineError};
+use error::{INBOX_NOT_UNDONE, NOTHING_COMMITTED};
 pub use rejection::Rejection;
 
 use std::any::Any;
@@ -118,7 +119,7 @@ impl Pipeline {
         }
         let Some(partition_key) = registration.resolve_partition_key(&body) else {
             return self
-                .pass_through(command, body, message_id, redelivered)
+                .pass_through(command, body, message_id, redelivered, NOTHING_COMMITTED)
                 .await;
         };
         if message_id.trim().is_empty() {
@@ -165,7 +166,7 @@ impl Pipeline {
             Arc::clone(&self.broker),
             Arc::clone(&self.state),
         );
-        run_handler(command, body, &mut ctx).await?;
+        run_handler(command, body, &mut ctx, NOTHING_COMMITTED).await?;
         let (handle, _) = ctx.into_parts();
         let handle = handle.expect("a participant context keeps its handle");
 
@@ -263,7 +264,8 @@ impl Pipeline {
         })
     }
 
-    /// Whether an attempt of `message_id` committed: its inbox marker exists. A read that fails
+    /// Whether an attempt of `message_id` committed: its inbox marker exists (for a
+    /// standalone-inbox command: its claimed marker is completed). A read that fails
     /// (throttled, unavailable, timed out) is tried again with backoff until `timeout` has
     /// passed. `None` when no marker could guard it (the body has no partition key, the id makes
     /// no marker) or no read succeeded within `timeout`.
@@ -275,9 +277,10 @@ impl Pipeline {
         timeout: std::time::Duration,
     ) -> Option<bool> {
         let registration = command.registration;
-        // A standalone-inbox command has no batch marker: its gate decides on redelivery.
+        // A standalone-inbox command: its claimed marker says whether it completed.
         if registration.standalone_inbox.is_some() {
-            return None;
+            let inbox = self.inboxes.get(registration.command_name)?;
+            return inbox.completed(message_id, timeout).await;
         }
         let partition_key = registration.resolve_partition_key(body)?;
         let marker_id = document::inbox_id(message_id).ok()?;
@@ -329,7 +332,7 @@ impl Pipeline {
         };
         let handled = inbox
             .receive(message_id, || async {
-                self.pass_through(command, body, message_id, redelivered)
+                self.pass_through(command, body, message_id, redelivered, INBOX_NOT_UNDONE)
                     .await
                     .map(|_| ())
             })
@@ -359,6 +362,7 @@ impl Pipeline {
         body: Value,
         message_id: &str,
         redelivered: bool,
+        undone: &'static str,
     ) -> Result<Outcome, PipelineError> {
         let mut ctx = HandlerContext::new(
             message_id.to_owned(),
@@ -367,7 +371,7 @@ impl Pipeline {
             Arc::clone(&self.broker),
             Arc::clone(&self.state),
         );
-        run_handler(command, body, &mut ctx).await?;
+        run_handler(command, body, &mut ctx, undone).await?;
         let (_, direct) = ctx.into_parts();
         for message in direct {
             self.broker
@@ -435,6 +439,7 @@ async fn run_handler(
     command: &RegisteredCommand,
     body: Value,
     ctx: &mut HandlerContext,
+    undone: &'static str,
 ) -> Result<(), PipelineError> {
     let name = command.registration.command_name;
     let message_id = ctx.message_id().to_owned();
@@ -451,11 +456,13 @@ async fn run_handler(
                 Ok(rejection) => PipelineError::Rejected {
                     command: name,
                     message_id: message_id.clone(),
+                    undone,
                     rejection: *rejection,
                 },
                 Err(source) => PipelineError::Handler {
                     command: name,
                     message_id: message_id.clone(),
+                    undone,
                     source,
                 },
             })
@@ -466,6 +473,7 @@ async fn run_handler(
         Err(payload) => Err(PipelineError::HandlerPanicked {
             command: name,
             message_id,
+            undone,
             panic: panic_message(payload.as_ref()),
         }),
     }

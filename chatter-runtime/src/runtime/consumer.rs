@@ -422,6 +422,13 @@ impl Consumer {
                 tracing::warn!(command = name, message_id, error = %ErrorChain(&error), "chatter delivery failed and its channel closed meanwhile; the broker delivers it again");
                 delivery.discard();
             }
+            // Another attempt's handler may be running now: not run, not counted, not settled
+            // as handled; delivered again once that claim may have ended.
+            Err(error) if error.claim_held().is_some() => {
+                let for_at_most = error.claim_held().unwrap_or_default();
+                tracing::info!(command = name, message_id, attempt, error = %ErrorChain(&error), "chatter delivery waits for another attempt of the same message id; it is delivered again later, uncounted");
+                self.retry_after_claim(delivery, attempt, for_at_most).await;
+            }
             Err(error) if error.is_permanent() => {
                 let reason = ErrorChain(&error).to_string();
                 self.dead_letter(delivery, attempt, &reason).await;
@@ -479,6 +486,36 @@ impl Consumer {
             delivery,
             attempt + 1,
             "chatter consumer: could not requeue the next attempt; returning the delivery to the broker",
+        )
+        .await;
+    }
+
+    /// Delivers `delivery` again, its attempt not counted, after another attempt's claim of its
+    /// message id was found live for at most `for_at_most`. On RabbitMQ a copy goes to the back
+    /// of the queue after the redelivery delay (at least a second), so a claim that completes
+    /// or is released soon is seen soon. A broker that counts deliveries itself (JetStream)
+    /// would count each look, so it is asked once, when the claim has surely ended.
+    async fn retry_after_claim(&self, delivery: Delivery, attempt: u32, for_at_most: Duration) {
+        if delivery.delivery_count().is_some() {
+            let message_id = delivery.message.message_id.clone();
+            if let Err(error) = delivery.nack_after(for_at_most).await {
+                self.settlement_failed(&message_id, "delayed nack", &error);
+            }
+            return;
+        }
+        let delay = self
+            .redelivery_delay
+            .max(Duration::from_secs(1))
+            .min(for_at_most)
+            .max(Duration::from_millis(100));
+        tokio::select! {
+            _ = self.cancel.cancelled() => {}
+            () = tokio::time::sleep(delay) => {}
+        }
+        self.requeue(
+            delivery,
+            attempt,
+            "chatter consumer: could not requeue a delivery that waits for another attempt; returning it to the broker",
         )
         .await;
     }

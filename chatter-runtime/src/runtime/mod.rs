@@ -298,7 +298,9 @@ impl RuntimeBuilder {
         let (store_timeout, publish_timeout) =
             (options.processor.store_timeout, options.publish_timeout);
         // 3. The commands' containers, and each standalone-inbox command's gate.
-        let inboxes = check_command_containers(&registry, &cosmos, store_timeout).await?;
+        let inboxes =
+            check_command_containers(&registry, &cosmos, store_timeout, self.delivery_timeout)
+                .await?;
         // 4. The relay: every monitored container verified, then every processor started.
         let broker: Arc<dyn Broker> = match self.broker {
             Some(broker) => broker,
@@ -431,6 +433,7 @@ async fn check_command_containers(
     registry: &Registry,
     cosmos: &CosmosConnection,
     store_timeout: Duration,
+    delivery_timeout: Duration,
 ) -> Result<std::collections::HashMap<&'static str, crate::inbox::StandaloneInbox>, StartError> {
     let mut inboxes = std::collections::HashMap::new();
     // Markers are keyed by message id alone: two commands sharing one idempotency container
@@ -450,7 +453,8 @@ async fn check_command_containers(
                 });
             }
             idempotency.push((r.command_name, r.database, r.container));
-            let inbox = start_inbox(command, declared, cosmos, store_timeout).await?;
+            let inbox =
+                start_inbox(command, declared, cosmos, store_timeout, delivery_timeout).await?;
             inboxes.insert(r.command_name, inbox);
             continue;
         }
@@ -477,16 +481,19 @@ async fn check_command_containers(
 }
 
 /// The Standalone Inbox Gate of a standalone-inbox command, its idempotency container
-/// checked.
+/// checked. Its claims last the delivery timeout, which already bounds each attempt (at least
+/// the second a claim is counted in).
 async fn start_inbox(
     command: &crate::registry::RegisteredCommand,
     declared: crate::registry::InboxDeclaration,
     cosmos: &CosmosConnection,
     store_timeout: Duration,
+    delivery_timeout: Duration,
 ) -> Result<crate::inbox::StandaloneInbox, StartError> {
     let r = command.registration;
     let mut options = crate::inbox::InboxOptions::new(r.database, r.container)
-        .partition_key_path(declared.partition_key_path);
+        .partition_key_path(declared.partition_key_path)
+        .claim_timeout(delivery_timeout.max(Duration::from_secs(1)));
     options.marker_ttl_seconds = declared.marker_ttl_seconds;
     options.store_timeout = store_timeout;
     let inbox = crate::inbox::StandaloneInbox::new(cosmos, options)

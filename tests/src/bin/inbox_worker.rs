@@ -6,7 +6,10 @@
 //! `CHATTER_TEST_QUEUE` (no relay) until its stdin is closed. Its handler prints
 //! `handled <message id>` for every run (the side effect the test counts). With
 //! `CHATTER_TEST_HOLD=<message id>` the handler of that id prints `holding <message id>` after
-//! it and never returns: the test SIGKILLs the process there, mid-handler.
+//! it and never returns: the test SIGKILLs the process there, mid-handler. With
+//! `CHATTER_TEST_HANDLER_MS=<n>` every handler takes `n` ms, printing `holding <message id>` as
+//! it starts. `CHATTER_TEST_DELIVERY_TIMEOUT_MS` sets the runtime's delivery timeout (and so the
+//! inbox claim's length).
 //!
 //! Prints `started` on stdout once it consumes.
 
@@ -43,6 +46,10 @@ async fn charge_card(_command: ChargeCard, ctx: &mut HandlerContext) -> Result<(
         say(&format!("holding {id}"));
         futures::future::pending::<()>().await;
     }
+    if let Some(ms) = env("CHATTER_TEST_HANDLER_MS").and_then(|ms| ms.parse().ok()) {
+        say(&format!("holding {id}"));
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
     Ok(())
 }
 
@@ -63,7 +70,14 @@ async fn run() -> Result<(), BoxError> {
     let queue = env("CHATTER_TEST_QUEUE").ok_or("CHATTER_TEST_QUEUE is not set")?;
     let cosmos = CosmosConnection::connect(&endpoint, None).await?;
     let rabbitmq = RabbitMqBroker::connect_retrying(&uri, Duration::from_secs(60)).await?;
+    let delivery_timeout = env("CHATTER_TEST_DELIVERY_TIMEOUT_MS")
+        .and_then(|ms| ms.parse().ok())
+        .map_or(
+            chatter_runtime::DEFAULT_DELIVERY_TIMEOUT,
+            Duration::from_millis,
+        );
     let runtime = Runtime::builder()
+        .delivery_timeout(delivery_timeout)
         .cosmos(cosmos)
         .broker(rabbitmq)
         .registry(registry_at::<ChargeCard>(&queue))
