@@ -1,7 +1,7 @@
 //! Standalone-inbox commands (`#[inbox(...)]`) through the runtime: deliveries through the
 //! consumers handled at most once to completion per message id, a pending marker taken over,
-//! a rejection dead-lettered at once, sent messages published once the handler succeeded, and
-//! `start()` checking the idempotency container.
+//! a rejection dead-lettered at once, sent messages committed with the marker's completion and
+//! published by the relay of the idempotency container, and `start()` checking that container.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -20,7 +20,11 @@ use serde_json::{Value, json};
 
 /// Sends a receipt email: a side effect outside Cosmos, so no batch; once per message id.
 #[derive(Debug, Serialize, Deserialize, DocumentReliable)]
-#[inbox(database = "mail", container = "idempotency")]
+#[inbox(
+    database = "mail",
+    container = "idempotency",
+    lease = "idempotency-leases"
+)]
 #[serde(rename_all = "camelCase")]
 pub struct SendReceipt {
     pub order_id: String,
@@ -72,9 +76,7 @@ fn runs_of(message_id: &str) -> usize {
 
 async fn store() -> CosmosConnection {
     let cosmos = CosmosConnection::embedded().await.unwrap();
-    provision::ensure_container(&cosmos, "mail", "idempotency", &["/idempotencyKey"])
-        .await
-        .unwrap();
+    provision::ensure_for::<SendReceipt>(&cosmos).await.unwrap();
     cosmos
 }
 
@@ -98,7 +100,8 @@ fn body(order: &str, reject: bool) -> Value {
 }
 
 // R7.39 through the consumers: a message id delivered twice runs the handler once; the marker
-// is completed; the message it sent is published once; no relay runs for it.
+// is completed; the message it sent committed with it as an Outbox Document of the message
+// id's partition, which the relay of the idempotency container publishes and stamps.
 #[tokio::test]
 async fn a_redelivered_message_id_runs_the_handler_once() {
     let cosmos = store().await;
@@ -113,7 +116,27 @@ async fn a_redelivered_message_id_runs_the_handler_once() {
     assert_eq!(marker(&cosmos, "m-twice").await.unwrap()["Completed"], true);
     let receipt = next_delivery(&mut receipts, Duration::from_secs(5)).await;
     assert_eq!(receipt.message.message_id, "m-twice:ReceiptSent");
-    assert!(runtime.relay_leases().await.is_empty(), "nothing to relay");
+    let c = cosmos.container("mail", "idempotency").await.unwrap();
+    let outbox_id = chatter_runtime::cosmos::outbox_id("m-twice:ReceiptSent").unwrap();
+    chatter_tests::wait::eventually(
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        "the receipt's Outbox Document is stamped delivered",
+        || {
+            let (c, outbox_id) = (c.clone(), outbox_id.clone());
+            async move {
+                find_document(&c, &[json!("m-twice")], &outbox_id)
+                    .await
+                    .is_some_and(|doc| doc["status"] != "pending")
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        runtime.relay_leases().await.len(),
+        1,
+        "one relay, over the idempotency container"
+    );
     runtime.shutdown().await;
 }
 
@@ -162,6 +185,9 @@ async fn a_rejected_inbox_command_is_dead_lettered_at_once() {
         reason.contains("order o-3 has no e-mail address"),
         "{reason}"
     );
+    // Its side effects, if any, happened: the reason must not say nothing was committed.
+    assert!(!reason.contains("nothing was committed"), "{reason}");
+    assert!(reason.contains("outside Cosmos is not undone"), "{reason}");
     assert_eq!(
         letter.message.context.get("Chatter.Delivery.Attempts"),
         Some(&json!(1))
@@ -201,5 +227,43 @@ async fn deliveries_of_different_message_ids_run_concurrently() {
     );
     assert_eq!(runs_of("m-waits"), 1);
     assert_eq!(runs_of("m-signals"), 1);
+    runtime.shutdown().await;
+}
+
+// A sent message commits with the marker's completion, as an Outbox Document of the message
+// id's partition, and nothing is published before that: a broker outage after the handler's
+// side effect cannot fail the attempt and run the handler again. With no relay running, the
+// document waits, pending, for one.
+#[tokio::test]
+async fn a_sent_message_commits_with_the_marker_completion_and_waits_for_the_relay() {
+    let cosmos = store().await;
+    let broker = InMemoryBroker::new();
+    let runtime = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .broker(broker.clone())
+        .without_relay()
+        .start()
+        .await
+        .unwrap();
+    publish_command(&broker, "SendReceipt", "m-outbox", &body("o-5", false)).await;
+    settled(&broker, "SendReceipt").await;
+    assert_eq!(runs_of("m-outbox"), 1);
+    assert_eq!(
+        marker(&cosmos, "m-outbox").await.unwrap()["Completed"],
+        true
+    );
+    assert_eq!(
+        broker.published_count("receipts"),
+        0,
+        "nothing is published by the handler's attempt"
+    );
+    let c = cosmos.container("mail", "idempotency").await.unwrap();
+    let outbox_id = chatter_runtime::cosmos::outbox_id("m-outbox:ReceiptSent").unwrap();
+    let document = find_document(&c, &[json!("m-outbox")], &outbox_id)
+        .await
+        .expect("the receipt's Outbox Document committed with the marker");
+    assert_eq!(document["status"], "pending");
+    assert_eq!(document["idempotencyKey"], "m-outbox");
+    assert_eq!(document["Destination"], "receipts");
     runtime.shutdown().await;
 }

@@ -27,6 +27,7 @@ pub(crate) struct InboxArgs {
     pub container: Option<SpannedValue<String>>,
     pub partition_key: Option<SpannedValue<String>>,
     pub marker_ttl: Option<syn::Lit>,
+    pub lease: Option<SpannedValue<String>>,
 }
 
 /// `#[partition_key(path = "...")]` on the struct: the container's partition-key path(s), in order.

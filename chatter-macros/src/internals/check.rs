@@ -175,6 +175,13 @@ fn inbox_command(cx: &Ctxt, cmd: &Command, inbox: &Attr<InboxArgs>) -> Option<Ch
         "container",
         "the idempotency container",
     );
+    // Optional: the lease container of the relay that publishes what the handler sends.
+    let lease = match &inbox.args.lease {
+        None => Some(String::new()),
+        Some(value) => (is_not_blank(cx, value, "lease", "inbox")
+            && is_a_resource_name(cx, value, "lease", "inbox"))
+        .then(|| value.as_str().to_owned()),
+    };
     let ttl = match &inbox.args.marker_ttl {
         None => Some(None),
         Some(syn::Lit::Int(int)) => match int.base10_parse::<i64>() {
@@ -207,7 +214,7 @@ fn inbox_command(cx: &Ctxt, cmd: &Command, inbox: &Attr<InboxArgs>) -> Option<Ch
         command_name,
         database: database?,
         container: container?,
-        lease: String::new(),
+        lease: lease?,
         declared_source_identity: None,
         partition_key_paths: Vec::new(),
         partition_key_sources: Vec::new(),

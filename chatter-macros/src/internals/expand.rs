@@ -75,6 +75,7 @@ fn inbox_contract_doc(ident: &Ident, c: &Checked, path: &str, ttl: Option<i64>) 
          destination       {destination}\n\
          database          {database}\n\
          idempotency       {container} (partition key {path}, the message id)\n\
+         lease             {lease}\n\
          marker ttl        {ttl}\n\
          ```\n\n\
          # Delivery contract\n\n\
@@ -82,15 +83,23 @@ fn inbox_contract_doc(ident: &Ident, c: &Checked, path: &str, ttl: Option<i64>) 
          - A Claimed Inbox Marker (`inbox:` + message id) is created before the handler runs and \
          marked completed after it succeeds: a message id whose marker is completed is acknowledged \
          without running the handler again.\n\
-         - The handler has no batch: its context stages no writes, and its sent messages are \
-         published directly after it succeeds.\n\
+         - A second copy of the message id that arrives while an attempt's handler runs is not \
+         run beside it: it is delivered again later, and is a duplicate once that attempt completed.\n\
+         - The handler has no batch: its context stages no writes; its sent messages commit as \
+         Outbox Documents in one batch with the marker's completion, and the relay over the lease \
+         container publishes them (a send without a lease is refused).\n\
          - **At least once at the edge**: when the handler ran but its completion could not be \
          written (or the process died in between), the next delivery takes the pending marker over \
-         and runs the handler again. Make its side effects idempotent.\n",
+         once its claim ran out and runs the handler again. Make its side effects idempotent.\n",
         name = c.command_name,
         destination = c.destination,
         database = c.database,
         container = c.container,
+        lease = if c.lease.is_empty() {
+            "none (the handler sends nothing)"
+        } else {
+            c.lease.as_str()
+        },
         ttl = ttl.filter(|t| *t > 0).map_or_else(
             || "none (markers are kept)".to_owned(),
             |t| format!("{t} s")
@@ -114,6 +123,10 @@ pub(crate) fn document_reliable(ident: &Ident, c: &Checked) -> TokenStream {
                 ::core::option::Option::Some(::chatter_runtime::__private::InboxDeclaration {
                     partition_key_path: #path,
                     marker_ttl_seconds: #ttl,
+                    outbox_partition_key: &[::chatter_runtime::__private::PartitionKeyPath {
+                        path: #path,
+                        pointer: "",
+                    }],
                 })
             }
         }

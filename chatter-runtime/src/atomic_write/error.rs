@@ -45,6 +45,15 @@ pub enum StageError {
     /// never publish it.
     #[error("the message cannot be sent")]
     OutboxContract(#[from] ContractViolations),
+    /// A standalone-inbox command that names no lease container sent a message: its messages
+    /// commit as Outbox Documents beside its marker, which only a relay publishes.
+    #[error(
+        "the standalone-inbox command `{command}` sends a message but names no lease container: its sent messages commit with its inbox marker as Outbox Documents of the idempotency container, which a relay publishes; add `lease = \"...\"` to its `#[inbox(...)]`"
+    )]
+    InboxWithoutLease {
+        /// The command name.
+        command: &'static str,
+    },
     /// The configured broker would refuse the message every time.
     #[error("the message cannot be sent: the broker would refuse it every time")]
     Unpublishable(#[from] BrokerError),

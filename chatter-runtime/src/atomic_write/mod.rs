@@ -69,6 +69,16 @@ impl AtomicWriteHandle {
     }
 }
 
+/// A standalone-inbox command's sent messages: Outbox Documents of the idempotency container,
+/// committed with the marker's completion.
+#[derive(Debug)]
+struct InboxSends {
+    command: &'static str,
+    paths: &'static [PartitionKeyPath],
+    key: Vec<Value>,
+    outbox: Vec<Value>,
+}
+
 /// The handler's view of the delivery it is handling.
 ///
 /// For a participant (a registered command whose partition key resolved) every write staged here
@@ -81,6 +91,8 @@ pub struct HandlerContext {
     /// Messages sent while no batch is active (a pass-through delivery): published after the
     /// handler succeeds.
     direct: Vec<BrokeredMessage>,
+    /// Where a standalone-inbox command's sent messages go instead.
+    inbox: Option<InboxSends>,
     /// The configured broker, asked whether it could ever carry a sent message.
     broker: Arc<dyn Broker>,
     /// The delivery's partition, for reads (`None` when the delivery passes through).
@@ -115,10 +127,37 @@ impl HandlerContext {
             redelivered,
             handle,
             direct: Vec::new(),
+            inbox: None,
             broker,
             reads,
             state,
         }
+    }
+
+    /// The context of a standalone-inbox command `command`: no batch, and its sent messages
+    /// become Outbox Documents of the message id's partition at `paths` (no paths: the
+    /// command names no lease, and a send is refused).
+    pub(crate) fn for_inbox(
+        message_id: String,
+        redelivered: bool,
+        command: &'static str,
+        paths: &'static [PartitionKeyPath],
+        broker: Arc<dyn Broker>,
+        state: Arc<crate::state::AppState>,
+    ) -> Self {
+        let mut ctx = Self::new(message_id.clone(), redelivered, None, broker, state);
+        ctx.inbox = Some(InboxSends {
+            command,
+            paths,
+            key: vec![Value::String(message_id)],
+            outbox: Vec::new(),
+        });
+        ctx
+    }
+
+    /// The Outbox Documents a standalone-inbox command's handler sent.
+    pub(crate) fn into_inbox_outbox(self) -> Vec<Value> {
+        self.inbox.map(|sends| sends.outbox).unwrap_or_default()
     }
 
     /// The application state of type `T` the runtime was given, if it was.
@@ -307,10 +346,29 @@ impl HandlerContext {
                 self.broker.check(&message)?;
                 handle.outbox.push(doc);
             }
-            None => {
-                self.broker.check(&message)?;
-                self.direct.push(message);
-            }
+            None => match self.inbox.as_mut() {
+                Some(sends) => {
+                    if sends.paths.is_empty() {
+                        return Err(StageError::InboxWithoutLease {
+                            command: sends.command,
+                        });
+                    }
+                    // The marker's completion is one more operation of the batch.
+                    if sends.outbox.len() + 1 >= MAX_BATCH_OPERATIONS {
+                        return Err(StageError::TooManyOperations {
+                            limit: MAX_BATCH_OPERATIONS,
+                        });
+                    }
+                    let doc = document::OutboxDocument::build(&message, sends.paths, &sends.key)?;
+                    document::outbox_contract::verify(&doc)?;
+                    self.broker.check(&message)?;
+                    sends.outbox.push(doc);
+                }
+                None => {
+                    self.broker.check(&message)?;
+                    self.direct.push(message);
+                }
+            },
         }
         Ok(())
     }

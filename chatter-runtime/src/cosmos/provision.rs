@@ -90,14 +90,19 @@ pub async fn ensure_for<C: crate::DocumentReliable>(
 ) -> Result<(), CosmosStoreError> {
     let registration = C::registration();
     if let Some(inbox) = registration.standalone_inbox {
-        // A standalone-inbox command's idempotency container; it has no lease container.
-        return ensure_container(
+        // A standalone-inbox command's idempotency container, and the lease container of its
+        // relay when it names one.
+        ensure_container(
             connection,
             registration.database,
             registration.container,
             &[inbox.partition_key_path],
         )
-        .await;
+        .await?;
+        if registration.lease.is_empty() {
+            return Ok(());
+        }
+        return ensure_lease_container(connection, registration.database, registration.lease).await;
     }
     let paths: Vec<&str> = registration
         .partition_key

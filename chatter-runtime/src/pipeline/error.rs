@@ -188,7 +188,8 @@ impl PipelineError {
     }
 
     /// Whether the attempt may have committed although it failed: it timed out, a Cosmos call
-    /// failed without an answer that says the batch did not commit, or the inbox marker
+    /// (a standalone-inbox completion among them) failed without an answer that says the
+    /// batch did not commit, or the inbox marker
     /// conflicted and reading it back failed (an earlier attempt may have committed). Only the
     /// inbox marker can tell.
     pub(crate) fn may_have_committed(&self) -> bool {
@@ -196,6 +197,11 @@ impl PipelineError {
             self,
             Self::TimedOut { .. }
                 | Self::Cosmos { .. }
+                // A standalone-inbox completion that failed without an answer may have landed.
+                | Self::Inbox {
+                    source: crate::inbox::InboxError::Completion { .. },
+                    ..
+                }
                 | Self::BatchFailed {
                     reason: BatchFailure::ConfirmationFailed,
                     ..

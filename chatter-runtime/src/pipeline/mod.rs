@@ -119,7 +119,7 @@ impl Pipeline {
         }
         let Some(partition_key) = registration.resolve_partition_key(&body) else {
             return self
-                .pass_through(command, body, message_id, redelivered, NOTHING_COMMITTED)
+                .pass_through(command, body, message_id, redelivered)
                 .await;
         };
         if message_id.trim().is_empty() {
@@ -312,8 +312,10 @@ impl Pipeline {
         }
     }
 
-    /// A standalone-inbox command: the handler runs inside the gate (no batch; its sent messages
-    /// are published directly once it succeeded, before the marker is completed).
+    /// A standalone-inbox command: the handler runs inside the gate (no batch); its sent
+    /// messages commit as Outbox Documents in one batch with the marker's completion, and the
+    /// relay of the idempotency container publishes them. So a broker outage after the
+    /// handler's side effect never runs it again, and no sent message is lost.
     async fn handle_inbox(
         &self,
         command: &RegisteredCommand,
@@ -331,10 +333,8 @@ impl Pipeline {
             return Err(inbox_error(crate::inbox::InboxError::NotStarted));
         };
         let handled = inbox
-            .receive(message_id, || async {
-                self.pass_through(command, body, message_id, redelivered, INBOX_NOT_UNDONE)
-                    .await
-                    .map(|_| ())
+            .receive_committing(message_id, || {
+                self.run_inbox(command, body, message_id, redelivered)
             })
             .await;
         match handled {
@@ -356,13 +356,38 @@ impl Pipeline {
         }
     }
 
+    /// Runs a standalone-inbox command's handler; the Outbox Documents of what it sent, to
+    /// commit with its marker's completion.
+    async fn run_inbox(
+        &self,
+        command: &RegisteredCommand,
+        body: Value,
+        message_id: &str,
+        redelivered: bool,
+    ) -> Result<Vec<Value>, PipelineError> {
+        let registration = command.registration;
+        let paths = match registration.standalone_inbox {
+            Some(inbox) if !registration.lease.is_empty() => inbox.outbox_partition_key,
+            _ => &[],
+        };
+        let mut ctx = HandlerContext::for_inbox(
+            message_id.to_owned(),
+            redelivered,
+            registration.command_name,
+            paths,
+            Arc::clone(&self.broker),
+            Arc::clone(&self.state),
+        );
+        run_handler(command, body, &mut ctx, INBOX_NOT_UNDONE).await?;
+        Ok(ctx.into_inbox_outbox())
+    }
+
     async fn pass_through(
         &self,
         command: &RegisteredCommand,
         body: Value,
         message_id: &str,
         redelivered: bool,
-        undone: &'static str,
     ) -> Result<Outcome, PipelineError> {
         let mut ctx = HandlerContext::new(
             message_id.to_owned(),
@@ -371,7 +396,7 @@ impl Pipeline {
             Arc::clone(&self.broker),
             Arc::clone(&self.state),
         );
-        run_handler(command, body, &mut ctx, undone).await?;
+        run_handler(command, body, &mut ctx, NOTHING_COMMITTED).await?;
         let (_, direct) = ctx.into_parts();
         for message in direct {
             self.broker

@@ -62,8 +62,8 @@ pub struct CommandRegistration {
     /// before it is dead-lettered; `None` is the runtime's default.
     pub max_delivery_attempts: Option<u32>,
     /// `#[inbox(...)]`: handled through the Standalone Inbox Gate instead of a batch
-    /// (`database`/`container` then name the idempotency container; there is no lease and no
-    /// command partition key).
+    /// (`database`/`container` then name the idempotency container, `lease` its relay's lease
+    /// container or `""` when its handler sends nothing; there is no command partition key).
     pub standalone_inbox: Option<InboxDeclaration>,
     /// Where the derive was written.
     pub location: SourceLocation,
@@ -76,6 +76,10 @@ pub struct InboxDeclaration {
     pub partition_key_path: &'static str,
     /// The markers' ttl in seconds, when positive.
     pub marker_ttl_seconds: Option<i64>,
+    /// The container's partition key as the relay of its Outbox Documents reads it: the one
+    /// path, at which a sent message's Outbox Document carries the message id it was sent
+    /// for. Relayed only when the command names a lease container (`#[inbox(lease = ..)]`).
+    pub outbox_partition_key: &'static [PartitionKeyPath],
 }
 
 impl CommandRegistration {

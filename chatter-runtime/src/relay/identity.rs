@@ -194,8 +194,10 @@ pub fn distinct_sources(registry: &Registry, account_endpoint: &str) -> Vec<Rela
             .commands()
             .iter()
             .map(|command| command.registration)
-            // A standalone-inbox command writes no Outbox Documents: nothing to relay.
-            .filter(|registration| registration.standalone_inbox.is_none()),
+            // A standalone-inbox command without a lease sends nothing: nothing to relay.
+            .filter(|registration| {
+                registration.standalone_inbox.is_none() || !registration.lease.is_empty()
+            }),
         account_endpoint,
     )
 }
@@ -218,7 +220,11 @@ fn sources_of(
                 database: registration.database,
                 container: registration.container,
                 lease: registration.lease,
-                partition_key_paths: registration.partition_key,
+                partition_key_paths: registration
+                    .standalone_inbox
+                    .map_or(registration.partition_key, |inbox| {
+                        inbox.outbox_partition_key
+                    }),
                 commands: vec![registration.command_name],
             }),
         }

@@ -1,0 +1,67 @@
+//! A standalone-inbox command's last attempt whose completion landed although the attempt did
+//! not hear so (its answer came after the store timeout): the marker shows it completed, so the
+//! delivery is acknowledged as handled, never dead-lettered.
+//!
+//! Real parts: a `chatter-emulator` server that does the PATCH at once and holds its answer
+//! back (a lost answer), the in-memory broker.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use chatter_runtime::broker::InMemoryBroker;
+use chatter_runtime::cosmos::{inbox_id, provision};
+use chatter_runtime::{
+    BoxError, DocumentReliable, HandlerContext, RelayOptions, Runtime, dead_letter_destination,
+    handler,
+};
+use chatter_tests::broker::{publish_command, settled};
+use chatter_tests::store::{emulator_server, find_document};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+/// Sends a text message: a side effect outside Cosmos, one attempt only.
+#[derive(Debug, Serialize, Deserialize, DocumentReliable)]
+#[inbox(database = "sms", container = "idempotency")]
+#[chatter(max_delivery_attempts = 1)]
+pub struct SendText {
+    pub to: String,
+}
+
+static TEXTS: AtomicUsize = AtomicUsize::new(0);
+
+#[handler]
+async fn send_text(_command: SendText, _ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    TEXTS.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_last_attempt_whose_completion_landed_unheard_is_acknowledged_not_dead_lettered() {
+    let (emulator, cosmos) = emulator_server().await;
+    provision::ensure_for::<SendText>(&cosmos).await.unwrap();
+    let broker = InMemoryBroker::new();
+    let runtime = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .broker(broker.clone())
+        .relay_options(RelayOptions::default().store_timeout(Duration::from_secs(1)))
+        .start()
+        .await
+        .unwrap();
+    // The completion patch lands at once; its answer comes after the store timeout.
+    emulator
+        .faults()
+        .answer_late("PATCH", Duration::from_secs(3));
+    publish_command(&broker, "SendText", "text-1", &json!({ "to": "+15550100" })).await;
+    settled(&broker, "SendText").await;
+    emulator.faults().clear();
+    assert_eq!(TEXTS.load(Ordering::SeqCst), 1);
+    let c = cosmos.container("sms", "idempotency").await.unwrap();
+    let marker = find_document(&c, &[json!("text-1")], &inbox_id("text-1").unwrap()).await;
+    assert_eq!(marker.unwrap()["Completed"], true);
+    assert_eq!(
+        broker.published_count(&dead_letter_destination("SendText")),
+        0,
+        "a completed message id is acknowledged on its last attempt"
+    );
+    runtime.shutdown().await;
+}
