@@ -66,6 +66,7 @@
 
 mod atomic_write;
 mod backoff;
+mod deadline;
 pub mod broker;
 pub mod cosmos;
 mod document;

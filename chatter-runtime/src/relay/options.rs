@@ -70,13 +70,16 @@ impl Default for RelayOptions {
 }
 
 impl RelayOptions {
-    /// Refuses settings that cannot work together, before anything connects.
     /// How late after a message's first publish a running relay with these options may publish
-    /// it again: a lease taken over after its expiry, then a Drain Suspension's window.
+    /// it again: a lease taken over after its expiry, then a Drain Suspension's window
+    /// (saturating: a lease that never expires has no bound, `Duration::MAX`).
     pub(crate) fn republish_within(&self) -> Duration {
-        self.processor.lease_expiry + super::suspension::SUSPENSION_WINDOW
+        self.processor
+            .lease_expiry
+            .saturating_add(super::suspension::SUSPENSION_WINDOW)
     }
 
+    /// Refuses settings that cannot work together, before anything connects.
     pub(crate) fn validate(&self) -> Result<(), RelayError> {
         self.delivery.validate()?;
         self.processor
@@ -262,5 +265,12 @@ mod tests {
         assert_eq!(changed.delivery.delivered_status, "sent");
         assert_eq!(changed.delivery.delivered_ttl_seconds, 60);
         assert_eq!(p.start_from, defaults.processor.start_from);
+    }
+
+    #[test]
+    fn a_lease_expiry_of_duration_max_saturates_the_republish_bound() {
+        let options = RelayOptions::default().lease_expiry(Duration::MAX);
+        assert!(options.validate().is_ok());
+        assert_eq!(options.republish_within(), Duration::MAX);
     }
 }
