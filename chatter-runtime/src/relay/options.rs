@@ -201,7 +201,9 @@ impl RelayOptions {
     }
 
     /// The most Outbox Documents the relay has in flight at once (publishing, or being stamped
-    /// after the broker confirmed), over all the leases and monitored containers it drains.
+    /// after the broker confirmed), over all the leases and monitored containers it drains. A
+    /// standalone relay's limit is its own, beside the pipeline relay's and the other
+    /// standalone relays' (a runtime's total is their sum).
     /// Default **32**: enough to hide a 20 ms store round trip at about 1,400 messages a second,
     /// while staying near what one physical partition serves (about 10 RU a stamp against
     /// 10,000 RU/s). Must be positive.

@@ -27,6 +27,7 @@ use crate::error_chain::ErrorChain;
 use crate::pipeline::{Outcome, Pipeline};
 use crate::registry::{CommandRegistration, DocumentReliable, Registry};
 use crate::relay::RelayOptions;
+use crate::relay::drain::InFlightLimit;
 use crate::relay::host::{RelayHost, RelaySpec};
 use crate::relay::identity;
 use crate::relay::standalone::StandaloneRelay;
@@ -124,8 +125,11 @@ impl RuntimeBuilder {
     }
 
     /// Adds a standalone relay ([`StandaloneRelay`]): it drains its container beside the
-    /// commands' pipeline relay, sharing the broker, the in-flight limit, `health()` and the
-    /// shutdown. Add several for several containers (each its own change-feed processor);
+    /// commands' pipeline relay, sharing the broker, `health()` and the shutdown. It keeps its
+    /// own options: its [`max_in_flight`](RelayOptions::max_in_flight) bounds its own documents
+    /// in flight, and the start checks derived from relay options (the broker's duplicate
+    /// window against how late a relay may publish again) take the longest bound over every
+    /// relay of the runtime. Add several for several containers (each its own change-feed processor);
     /// `start()` refuses two with one source identity, or one with a pipeline source's.
     /// [`without_relay`](Self::without_relay) turns off the pipeline relay only.
     pub fn standalone_relay(mut self, relay: StandaloneRelay) -> Self {
@@ -312,7 +316,7 @@ impl RuntimeBuilder {
         if self.consume {
             check_dead_letters(&registry, broker.as_ref())?;
         }
-        let contract = broker_contract(&registry, self.consume, relay_specs.is_some(), options);
+        let contract = broker_contract(&registry, self.consume, relay_specs.as_deref());
         let verifying = relay_broker.verify(&contract);
         crate::broker::bounded(|| "verify".to_owned(), publish_timeout, verifying)
             .await
@@ -338,7 +342,10 @@ impl RuntimeBuilder {
         };
         let watched = idle::Watched {
             drained,
-            in_flight: relay.as_ref().map(|relay| relay.in_flight().clone()),
+            in_flight: relay
+                .as_ref()
+                .map(|relay| relay.in_flight().to_vec())
+                .unwrap_or_default(),
         };
         let pipeline = Pipeline::new(
             cosmos.clone(),
@@ -612,10 +619,13 @@ fn relay_specs(
     standalone: &[StandaloneRelay],
 ) -> Result<Option<Vec<RelaySpec>>, StartError> {
     let mut specs: Vec<RelaySpec> = match pipeline {
-        Some(options) => identity::distinct_sources(registry, cosmos.endpoint())
-            .iter()
-            .map(|source| RelaySpec::of_source(cosmos, source, options))
-            .collect(),
+        Some(options) => {
+            let in_flight = InFlightLimit::new(options.max_in_flight);
+            identity::distinct_sources(registry, cosmos.endpoint())
+                .iter()
+                .map(|source| RelaySpec::of_source(cosmos, source, options, &in_flight))
+                .collect()
+        }
         None => Vec::new(),
     };
     let standalone = crate::relay::standalone::specs(&specs, standalone)?;
@@ -847,12 +857,12 @@ fn check_messaging_systems(named: &[(String, Arc<dyn Broker>)]) -> Result<(), St
 }
 
 /// What the runtime needs of its brokers: the destinations its consumers read and dead-letter
-/// to, and how long after a first publish the relay may publish a message again.
+/// to, and how long after a first publish a relay may publish a message again (the longest of
+/// every relay's processors, standalone relays included).
 fn broker_contract(
     registry: &Registry,
     consume: bool,
-    relay: bool,
-    options: &RelayOptions,
+    relays: Option<&[RelaySpec]>,
 ) -> crate::broker::BrokerContract {
     let mut contract = crate::broker::BrokerContract::default();
     if consume {
@@ -871,9 +881,12 @@ fn broker_contract(
                 .push(dead_letter_destination(destination));
         }
     }
-    if relay {
-        contract.republish_within = options.republish_within();
-    }
+    contract.republish_within = relays
+        .unwrap_or_default()
+        .iter()
+        .map(|spec| spec.options.republish_within())
+        .max()
+        .unwrap_or_default();
     contract
 }
 
