@@ -66,9 +66,9 @@
 
 mod atomic_write;
 mod backoff;
-mod deadline;
 pub mod broker;
 pub mod cosmos;
+mod deadline;
 mod document;
 pub mod error;
 mod error_chain;

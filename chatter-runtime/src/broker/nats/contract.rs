@@ -182,7 +182,9 @@ mod tests {
         };
         let error = verify_stream("ORDERS", &config, Duration::MAX).unwrap_err();
         assert!(
-            error.to_string().contains("`duplicate_window` of stream `ORDERS`"),
+            error
+                .to_string()
+                .contains("`duplicate_window` of stream `ORDERS`"),
             "{error}"
         );
     }
