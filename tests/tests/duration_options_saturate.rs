@@ -173,7 +173,7 @@ async fn a_nats_ack_wait_of_duration_max_is_the_longest_the_server_holds() {
     let broker = nats::connect(nats::URL).await.with_ack_wait(Duration::MAX);
     let stream = TestStream::create(&broker, Duration::from_secs(120)).await;
     let _subscription = nats::subscribe(&broker, &stream.subject("orders")).await;
-    let mut raw = broker.jetstream().get_stream(&stream.name).await.unwrap();
+    let raw = broker.jetstream().get_stream(&stream.name).await.unwrap();
     let names = nats::consumer_names(&raw).await;
     assert_eq!(names.len(), 1, "{names:?}");
     let info = raw.consumer_info(&names[0]).await.unwrap();

@@ -117,8 +117,9 @@ impl RuntimeBuilder {
     }
 
     /// How long [`Runtime::shutdown`] lets the relay publish the Outbox Documents still pending
-    /// before it stops (default [`DEFAULT_SHUTDOWN_DRAIN`]; zero: not at all). What is left
-    /// stays pending for another instance or the next start: nothing is lost either way.
+    /// before it stops (default [`DEFAULT_SHUTDOWN_DRAIN`]; zero: not at all; `Duration::MAX`:
+    /// until nothing is pending, however long). What is left stays pending for another
+    /// instance or the next start: nothing is lost either way.
     pub fn shutdown_drain(mut self, within: Duration) -> Self {
         self.shutdown_drain = within;
         self
@@ -195,7 +196,8 @@ impl RuntimeBuilder {
     }
 
     /// How long a consumer waits before returning a failed delivery to the broker (default
-    /// 500 ms), so a message that keeps failing does not spin a core.
+    /// 500 ms), so a message that keeps failing does not spin a core. A huge value keeps a
+    /// failed delivery from being retried for that long.
     pub fn redelivery_delay(mut self, delay: Duration) -> Self {
         self.redelivery_delay = delay;
         self
@@ -212,7 +214,9 @@ impl RuntimeBuilder {
     /// the retry finds its inbox marker, and a last attempt asks the marker before it is
     /// dead-lettered. [`Runtime::dispatch`] is not bounded: its caller awaits it.
     ///
-    /// [`start`](Self::start) refuses zero with [`StartError::ZeroDeliveryTimeout`].
+    /// [`start`](Self::start) refuses zero with [`StartError::ZeroDeliveryTimeout`]. A huge value
+    /// (`Duration::MAX`) leaves attempts unbounded (a last attempt's marker read too, saturating
+    /// at about 100 years).
     pub fn delivery_timeout(mut self, timeout: Duration) -> Self {
         self.delivery_timeout = timeout;
         self
@@ -787,7 +791,8 @@ impl Runtime {
     /// drains (the commands' and the standalone relays'), as a test or an example waits for
     /// its events, at most `within`. It counts them (a query over every such container) every
     /// 100 ms, and only while this process's relay has no document in flight: one in flight is
-    /// still pending, so a count then could not come back zero.
+    /// still pending, so a count then could not come back zero. `Duration::MAX` waits without
+    /// a deadline (saturating at about 100 years).
     ///
     /// # Errors
     ///

@@ -156,7 +156,8 @@ impl NatsBroker {
 
     /// [`connect`](Self::connect), retried with backoff while the server is unreachable, for up
     /// to `give_up_after`: for a process that may start while the server restarts. The first
-    /// failure is logged at Error; the last one is returned.
+    /// failure is logged at Error; the last one is returned. `Duration::MAX` keeps trying
+    /// (saturating at about 100 years).
     pub async fn connect_retrying(url: &str, give_up_after: Duration) -> Result<Self, BrokerError> {
         super::connect_retrying("NATS", url, give_up_after, || Self::connect(url)).await
     }
@@ -169,7 +170,8 @@ impl NatsBroker {
     }
 
     /// Bounds every publish (the publish, its ack, waiting for a lost connection) by `timeout`
-    /// (default 30 s), for this broker and the clones made from it after.
+    /// (default 30 s), for this broker and the clones made from it after. `Duration::MAX`: no
+    /// bound of chatter's own (each ack attempt is still bounded by 5 s).
     pub fn with_publish_timeout(mut self, timeout: Duration) -> Self {
         let inner = Arc::make_mut(&mut self.inner);
         inner.publish_timeout = timeout;
