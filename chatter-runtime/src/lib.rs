@@ -68,6 +68,7 @@ mod atomic_write;
 mod backoff;
 pub mod broker;
 pub mod cosmos;
+mod deadline;
 mod document;
 pub mod error;
 mod error_chain;

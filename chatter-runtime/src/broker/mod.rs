@@ -108,7 +108,7 @@ pub(crate) async fn connect_retrying<B, F>(
 where
     F: Future<Output = Result<B, BrokerError>>,
 {
-    let deadline = tokio::time::Instant::now() + give_up_after;
+    let deadline = crate::deadline::deadline_after(give_up_after);
     let mut backoff = crate::backoff::reconnect();
     let mut attempts = 0u32;
     let url = redact_uri(url);

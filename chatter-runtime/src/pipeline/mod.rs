@@ -285,7 +285,7 @@ impl Pipeline {
         let partition_key = registration.resolve_partition_key(body)?;
         let marker_id = document::inbox_id(message_id).ok()?;
         let key = partition_key::sdk_key(&partition_key).ok()?;
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = crate::deadline::deadline_after(timeout);
         let mut backoff = backoff::marker_read();
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());

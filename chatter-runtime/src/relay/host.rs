@@ -31,8 +31,9 @@ use crate::telemetry::Telemetry;
 #[derive(Debug)]
 pub(crate) struct RelayHost {
     processors: Vec<(RunningProcessor, Arc<DrainGate>, Backlogs)>,
-    /// The in-flight limit every processor's drain shares.
-    in_flight: InFlightLimit,
+    /// The in-flight limits of the relays: one the pipeline relay's processors share, one of
+    /// each standalone relay.
+    in_flight: Vec<InFlightLimit>,
     /// Stops the backlog estimates.
     estimates: CancellationToken,
     estimators: TaskTracker,
@@ -54,14 +55,19 @@ pub(crate) struct RelaySpec {
     pub(crate) resolver: Option<Arc<dyn ResolverFactory>>,
     /// The standalone relay's additional pending filter.
     pub(crate) pending_filter: Option<PendingFilter>,
+    /// The limit of the relay this processor belongs to (`options.max_in_flight` documents),
+    /// shared by that relay's processors only.
+    pub(crate) in_flight: InFlightLimit,
 }
 
 impl RelaySpec {
-    /// The pipeline relay's processor of `source` (the verbatim path, `options` shared).
+    /// The pipeline relay's processor of `source` (the verbatim path, `options` and
+    /// `in_flight` shared by every source).
     pub(crate) fn of_source(
         cosmos: &CosmosConnection,
         source: &RelaySource,
         options: &RelayOptions,
+        in_flight: &InFlightLimit,
     ) -> Self {
         Self {
             cosmos: cosmos.clone(),
@@ -75,15 +81,17 @@ impl RelaySpec {
             options: options.clone(),
             resolver: None,
             pending_filter: None,
+            in_flight: in_flight.clone(),
         }
     }
 }
 
 impl RelayHost {
-    /// Verifies every monitored container, then starts one processor per spec, all sharing
-    /// one in-flight limit (the largest `max_in_flight` of the specs: the broker and the RU budget are
-    /// shared). Options were validated before, ahead of any container check. A processor that
-    /// does not start stops the ones that did; its error is the one returned.
+    /// Verifies every monitored container, then starts one processor per spec, each draining
+    /// under its relay's in-flight limit (the pipeline relay's processors share one, each
+    /// standalone relay has its own `max_in_flight`). Options were validated before, ahead of
+    /// any container check. A processor that does not start stops the ones that did; its error
+    /// is the one returned.
     pub(crate) async fn start_specs(
         broker: Arc<dyn Broker>,
         specs: Vec<RelaySpec>,
@@ -107,18 +115,11 @@ impl RelayHost {
         .await?;
 
         let instance = identity::instance_name();
-        let in_flight = InFlightLimit::new(
-            specs
-                .iter()
-                .map(|s| s.options.max_in_flight)
-                .max()
-                .unwrap_or(super::drain::DEFAULT_MAX_IN_FLIGHT),
-        );
+        let in_flight = specs.iter().map(|spec| spec.in_flight.clone()).collect();
         let mut processors = Vec::with_capacity(specs.len());
         for spec in &specs {
             let shared = Shared {
                 instance: &instance,
-                in_flight: &in_flight,
                 charges,
                 telemetry,
             };
@@ -154,8 +155,8 @@ impl RelayHost {
         })
     }
 
-    /// The in-flight limit every processor's drain shares: whether documents are in flight.
-    pub(crate) fn in_flight(&self) -> &InFlightLimit {
+    /// The in-flight limits of the relays: whether documents are in flight.
+    pub(crate) fn in_flight(&self) -> &[InFlightLimit] {
         &self.in_flight
     }
 
@@ -216,7 +217,6 @@ impl RelayHost {
 /// What every processor of one relay host shares.
 struct Shared<'a> {
     instance: &'a str,
-    in_flight: &'a InFlightLimit,
     charges: &'a Arc<RequestMeter>,
     telemetry: &'a Telemetry,
 }
@@ -228,7 +228,6 @@ async fn start_one(
 ) -> Result<Started, RelayError> {
     let Shared {
         instance,
-        in_flight,
         charges,
         telemetry,
     } = *shared;
@@ -260,7 +259,7 @@ async fn start_one(
     .with_resolver(source.resolver.clone())
     .with_pending_filter(source.pending_filter.clone())
     .with_timeouts(options.publish_timeout, options.processor.store_timeout)
-    .with_in_flight_limit(in_flight.clone())
+    .with_in_flight_limit(source.in_flight.clone())
     .with_request_meter(Arc::clone(charges))
     .with_telemetry(telemetry);
     #[cfg(feature = "test-support")]

@@ -27,6 +27,9 @@ use super::error::RelayError;
 /// `start()` checks them together and refuses settings that cannot work (a zero interval, a
 /// renew interval above half the lease expiry, a `handler_timeout` not above `publish_timeout`
 /// plus `store_timeout`, a blank or reserved delivered status, a ttl that is not positive).
+///
+/// A huge duration (`Duration::MAX`) is taken as "never" / "no bound": every wait and deadline
+/// derived from it saturates (at about 100 years for a deadline), never an overflow panic.
 #[derive(Debug, Clone)]
 #[must_use = "options do nothing until passed to `RuntimeBuilder::relay_options`"]
 pub struct RelayOptions {
@@ -70,13 +73,16 @@ impl Default for RelayOptions {
 }
 
 impl RelayOptions {
-    /// Refuses settings that cannot work together, before anything connects.
     /// How late after a message's first publish a running relay with these options may publish
-    /// it again: a lease taken over after its expiry, then a Drain Suspension's window.
+    /// it again: a lease taken over after its expiry, then a Drain Suspension's window
+    /// (saturating: a lease that never expires has no bound, `Duration::MAX`).
     pub(crate) fn republish_within(&self) -> Duration {
-        self.processor.lease_expiry + super::suspension::SUSPENSION_WINDOW
+        self.processor
+            .lease_expiry
+            .saturating_add(super::suspension::SUSPENSION_WINDOW)
     }
 
+    /// Refuses settings that cannot work together, before anything connects.
     pub(crate) fn validate(&self) -> Result<(), RelayError> {
         self.delivery.validate()?;
         self.processor
@@ -109,7 +115,8 @@ impl RelayOptions {
     /// How long a lease waits after a read that found nothing new (or after an error) before
     /// reading its feed range again. Default **1 s**: most of the write-to-publish delay a quiet
     /// container sees, at one cheap read (a 304) per lease per interval. A page with documents
-    /// is followed by the next read at once, so a backlog drains back to back.
+    /// is followed by the next read at once, so a backlog drains back to back. A huge value
+    /// reads each lease once, then never again.
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.processor.poll_interval = interval;
         self
@@ -120,7 +127,8 @@ impl RelayOptions {
     /// [`Runtime::health`](crate::Runtime::health). Default **30 s**. Estimates run only with
     /// metrics on; each reads the change feed after every owned checkpoint, so its RU cost grows
     /// with the backlog (about one page read per 100 changes behind, one cheap read per caught-up
-    /// lease). [`start`](crate::RuntimeBuilder::start) refuses zero.
+    /// lease). [`start`](crate::RuntimeBuilder::start) refuses zero; a huge value estimates
+    /// once, at start.
     pub fn backlog_interval(mut self, interval: Duration) -> Self {
         self.backlog_interval = interval;
         self
@@ -133,7 +141,8 @@ impl RelayOptions {
     }
 
     /// How often an instance renews each lease it owns. Default **5 s**; must be at most half
-    /// of the [`lease_expiry`](Self::lease_expiry) (a failed renewal is tried again sooner).
+    /// of the [`lease_expiry`](Self::lease_expiry) (a failed renewal is tried again sooner), so
+    /// a huge one needs a huge expiry.
     pub fn lease_renew_interval(mut self, interval: Duration) -> Self {
         self.processor.lease_renew_interval = interval;
         self
@@ -141,21 +150,25 @@ impl RelayOptions {
 
     /// How long a lease not renewed counts as still owned. Default **30 s**: a dead instance's
     /// leases are taken over after this. Instances sharing a lease container need clocks
-    /// synchronized well within it.
+    /// synchronized well within it. A huge value (`Duration::MAX`) means a lease is never taken
+    /// over from a dead instance; how late a relay may publish a message again then has no
+    /// bound, so `start()` refuses a broker that deduplicates only within a window (NATS).
     pub fn lease_expiry(mut self, expiry: Duration) -> Self {
         self.processor.lease_expiry = expiry;
         self
     }
 
     /// How often an instance takes free and expired leases and balances with the others.
-    /// Default **5 s**.
+    /// Default **5 s**. A huge value takes leases once, at start.
     pub fn lease_acquire_interval(mut self, interval: Duration) -> Self {
         self.processor.lease_acquire_interval = interval;
         self
     }
 
     /// The bound of every store call of the relay: change-feed reads, lease writes and the
-    /// status stamps. Default **30 s**, above the SDK's own retries of throttled requests.
+    /// status stamps. Default **30 s**, above the SDK's own retries of throttled requests. A
+    /// huge value leaves them unbounded (and needs a `handler_timeout` above it, which a huge
+    /// one is not: both saturate at `Duration::MAX`).
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.processor.store_timeout = timeout;
         self
@@ -164,7 +177,7 @@ impl RelayOptions {
     /// The bound of draining one page; past it the page is cancelled and read again (a page
     /// cancelled after it published counts as a Confirmation Failure, as its messages are
     /// published again). Default **5 min**; must be greater than `publish_timeout` plus
-    /// `store_timeout`, one document's publish and stamp.
+    /// `store_timeout`, one document's publish and stamp. A huge value never cancels a page.
     pub fn handler_timeout(mut self, timeout: Duration) -> Self {
         self.processor.handler_timeout = timeout;
         self
@@ -172,7 +185,7 @@ impl RelayOptions {
 
     /// The longest wait between two attempts after failures: they back off exponentially, with
     /// jitter, from the poll interval up to this (at least a 429's `Retry-After`). Default
-    /// **10 s**.
+    /// **10 s**. A huge value lets the waits keep doubling.
     pub fn max_backoff(mut self, max_backoff: Duration) -> Self {
         self.processor.max_backoff = max_backoff;
         self
@@ -191,14 +204,16 @@ impl RelayOptions {
 
     /// The bound of one publish, broker confirm included, whatever the broker's own bounds.
     /// Default **30 s**. A publish past it fails the page: nothing is stamped, the page is read
-    /// again.
+    /// again. A huge value leaves publishes bounded by the broker's own timeouts only.
     pub fn publish_timeout(mut self, timeout: Duration) -> Self {
         self.publish_timeout = timeout;
         self
     }
 
     /// The most Outbox Documents the relay has in flight at once (publishing, or being stamped
-    /// after the broker confirmed), over all the leases and monitored containers it drains.
+    /// after the broker confirmed), over all the leases and monitored containers it drains. A
+    /// standalone relay's limit is its own, beside the pipeline relay's and the other
+    /// standalone relays' (a runtime's total is their sum).
     /// Default **32**: enough to hide a 20 ms store round trip at about 1,400 messages a second,
     /// while staying near what one physical partition serves (about 10 RU a stamp against
     /// 10,000 RU/s). Must be positive.
@@ -262,5 +277,12 @@ mod tests {
         assert_eq!(changed.delivery.delivered_status, "sent");
         assert_eq!(changed.delivery.delivered_ttl_seconds, 60);
         assert_eq!(p.start_from, defaults.processor.start_from);
+    }
+
+    #[test]
+    fn a_lease_expiry_of_duration_max_saturates_the_republish_bound() {
+        let options = RelayOptions::default().lease_expiry(Duration::MAX);
+        assert!(options.validate().is_ok());
+        assert_eq!(options.republish_within(), Duration::MAX);
     }
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::drain::InFlightLimit;
 use super::error::RelayError;
 use super::host::{RelayHost, RelaySpec};
 use super::identity::SourceIdentity;
@@ -189,6 +190,8 @@ impl StandaloneRelay {
             options: self.options.clone(),
             resolver: self.resolver.clone(),
             pending_filter: self.pending_filter.clone(),
+            // Its own, not the pipeline relay's nor another standalone relay's.
+            in_flight: InFlightLimit::new(self.options.max_in_flight),
         }
     }
 }

@@ -27,6 +27,7 @@ use crate::error_chain::ErrorChain;
 use crate::pipeline::{Outcome, Pipeline};
 use crate::registry::{CommandRegistration, DocumentReliable, Registry};
 use crate::relay::RelayOptions;
+use crate::relay::drain::InFlightLimit;
 use crate::relay::host::{RelayHost, RelaySpec};
 use crate::relay::identity;
 use crate::relay::standalone::StandaloneRelay;
@@ -116,16 +117,20 @@ impl RuntimeBuilder {
     }
 
     /// How long [`Runtime::shutdown`] lets the relay publish the Outbox Documents still pending
-    /// before it stops (default [`DEFAULT_SHUTDOWN_DRAIN`]; zero: not at all). What is left
-    /// stays pending for another instance or the next start: nothing is lost either way.
+    /// before it stops (default [`DEFAULT_SHUTDOWN_DRAIN`]; zero: not at all; `Duration::MAX`:
+    /// until nothing is pending, however long). What is left stays pending for another
+    /// instance or the next start: nothing is lost either way.
     pub fn shutdown_drain(mut self, within: Duration) -> Self {
         self.shutdown_drain = within;
         self
     }
 
     /// Adds a standalone relay ([`StandaloneRelay`]): it drains its container beside the
-    /// commands' pipeline relay, sharing the broker, the in-flight limit, `health()` and the
-    /// shutdown. Add several for several containers (each its own change-feed processor);
+    /// commands' pipeline relay, sharing the broker, `health()` and the shutdown. It keeps its
+    /// own options: its [`max_in_flight`](RelayOptions::max_in_flight) bounds its own documents
+    /// in flight, and the start checks derived from relay options (the broker's duplicate
+    /// window against how late a relay may publish again) take the longest bound over every
+    /// relay of the runtime. Add several for several containers (each its own change-feed processor);
     /// `start()` refuses two with one source identity, or one with a pipeline source's.
     /// [`without_relay`](Self::without_relay) turns off the pipeline relay only.
     pub fn standalone_relay(mut self, relay: StandaloneRelay) -> Self {
@@ -191,7 +196,8 @@ impl RuntimeBuilder {
     }
 
     /// How long a consumer waits before returning a failed delivery to the broker (default
-    /// 500 ms), so a message that keeps failing does not spin a core.
+    /// 500 ms), so a message that keeps failing does not spin a core. A huge value keeps a
+    /// failed delivery from being retried for that long.
     pub fn redelivery_delay(mut self, delay: Duration) -> Self {
         self.redelivery_delay = delay;
         self
@@ -208,7 +214,9 @@ impl RuntimeBuilder {
     /// the retry finds its inbox marker, and a last attempt asks the marker before it is
     /// dead-lettered. [`Runtime::dispatch`] is not bounded: its caller awaits it.
     ///
-    /// [`start`](Self::start) refuses zero with [`StartError::ZeroDeliveryTimeout`].
+    /// [`start`](Self::start) refuses zero with [`StartError::ZeroDeliveryTimeout`]. A huge value
+    /// (`Duration::MAX`) leaves attempts unbounded (a last attempt's marker read too, saturating
+    /// at about 100 years).
     pub fn delivery_timeout(mut self, timeout: Duration) -> Self {
         self.delivery_timeout = timeout;
         self
@@ -314,7 +322,7 @@ impl RuntimeBuilder {
         if self.consume {
             check_dead_letters(&registry, broker.as_ref())?;
         }
-        let contract = broker_contract(&registry, self.consume, relay_specs.is_some(), options);
+        let contract = broker_contract(&registry, self.consume, relay_specs.as_deref());
         let verifying = relay_broker.verify(&contract);
         crate::broker::bounded(|| "verify".to_owned(), publish_timeout, verifying)
             .await
@@ -340,7 +348,10 @@ impl RuntimeBuilder {
         };
         let watched = idle::Watched {
             drained,
-            in_flight: relay.as_ref().map(|relay| relay.in_flight().clone()),
+            in_flight: relay
+                .as_ref()
+                .map(|relay| relay.in_flight().to_vec())
+                .unwrap_or_default(),
         };
         let pipeline = Pipeline::new(
             cosmos.clone(),
@@ -619,10 +630,13 @@ fn relay_specs(
     standalone: &[StandaloneRelay],
 ) -> Result<Option<Vec<RelaySpec>>, StartError> {
     let mut specs: Vec<RelaySpec> = match pipeline {
-        Some(options) => identity::distinct_sources(registry, cosmos.endpoint())
-            .iter()
-            .map(|source| RelaySpec::of_source(cosmos, source, options))
-            .collect(),
+        Some(options) => {
+            let in_flight = InFlightLimit::new(options.max_in_flight);
+            identity::distinct_sources(registry, cosmos.endpoint())
+                .iter()
+                .map(|source| RelaySpec::of_source(cosmos, source, options, &in_flight))
+                .collect()
+        }
         None => Vec::new(),
     };
     let standalone = crate::relay::standalone::specs(&specs, standalone)?;
@@ -784,7 +798,8 @@ impl Runtime {
     /// drains (the commands' and the standalone relays'), as a test or an example waits for
     /// its events, at most `within`. It counts them (a query over every such container) every
     /// 100 ms, and only while this process's relay has no document in flight: one in flight is
-    /// still pending, so a count then could not come back zero.
+    /// still pending, so a count then could not come back zero. `Duration::MAX` waits without
+    /// a deadline (saturating at about 100 years).
     ///
     /// # Errors
     ///
@@ -854,12 +869,12 @@ fn check_messaging_systems(named: &[(String, Arc<dyn Broker>)]) -> Result<(), St
 }
 
 /// What the runtime needs of its brokers: the destinations its consumers read and dead-letter
-/// to, and how long after a first publish the relay may publish a message again.
+/// to, and how long after a first publish a relay may publish a message again (the longest of
+/// every relay's processors, standalone relays included).
 fn broker_contract(
     registry: &Registry,
     consume: bool,
-    relay: bool,
-    options: &RelayOptions,
+    relays: Option<&[RelaySpec]>,
 ) -> crate::broker::BrokerContract {
     let mut contract = crate::broker::BrokerContract::default();
     if consume {
@@ -878,9 +893,12 @@ fn broker_contract(
                 .push(dead_letter_destination(destination));
         }
     }
-    if relay {
-        contract.republish_within = options.republish_within();
-    }
+    contract.republish_within = relays
+        .unwrap_or_default()
+        .iter()
+        .map(|spec| spec.options.republish_within())
+        .max()
+        .unwrap_or_default();
     contract
 }
 

@@ -138,7 +138,7 @@ fn verify_stream(
             ),
             format!(
                 "raise it above {republish_within:?} (`nats stream edit {name} --dupe-window {}s`)",
-                republish_within.as_secs() + 60
+                republish_within.as_secs().saturating_add(60)
             ),
         ));
     }
@@ -168,4 +168,24 @@ fn verify_stream(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_republish_bound_of_duration_max_refuses_every_window_without_overflowing() {
+        let config = Config {
+            duplicate_window: Duration::from_secs(300),
+            ..Config::default()
+        };
+        let error = verify_stream("ORDERS", &config, Duration::MAX).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("`duplicate_window` of stream `ORDERS`"),
+            "{error}"
+        );
+    }
 }

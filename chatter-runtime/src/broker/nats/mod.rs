@@ -51,6 +51,10 @@ const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// consumer's deliveries come back after at most this long.
 pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 
+/// The longest ack wait the server takes: it counts durations in nanoseconds as an `i64`, and
+/// a longer one would reach it wrapped (negative).
+const MAX_ACK_WAIT: Duration = Duration::from_nanos(i64::MAX as u64);
+
 /// The smallest `max_payload` (server) and `max_msg_size` (stream) chatter accepts: a Cosmos
 /// document can be 2 MB, and the server's default is 1 MB.
 pub const MIN_MAX_PAYLOAD: usize = 2 * 1024 * 1024;
@@ -152,7 +156,8 @@ impl NatsBroker {
 
     /// [`connect`](Self::connect), retried with backoff while the server is unreachable, for up
     /// to `give_up_after`: for a process that may start while the server restarts. The first
-    /// failure is logged at Error; the last one is returned.
+    /// failure is logged at Error; the last one is returned. `Duration::MAX` keeps trying
+    /// (saturating at about 100 years).
     pub async fn connect_retrying(url: &str, give_up_after: Duration) -> Result<Self, BrokerError> {
         super::connect_retrying("NATS", url, give_up_after, || Self::connect(url)).await
     }
@@ -165,7 +170,8 @@ impl NatsBroker {
     }
 
     /// Bounds every publish (the publish, its ack, waiting for a lost connection) by `timeout`
-    /// (default 30 s), for this broker and the clones made from it after.
+    /// (default 30 s), for this broker and the clones made from it after. `Duration::MAX`: no
+    /// bound of chatter's own (each ack attempt is still bounded by 5 s).
     pub fn with_publish_timeout(mut self, timeout: Duration) -> Self {
         let inner = Arc::make_mut(&mut self.inner);
         inner.publish_timeout = timeout;
@@ -176,9 +182,12 @@ impl NatsBroker {
     }
 
     /// How long JetStream waits for a delivery's ack before delivering it again (default
-    /// [`DEFAULT_ACK_WAIT`], at least 1 s), for the durable consumers this broker makes.
+    /// [`DEFAULT_ACK_WAIT`], at least 1 s), for the durable consumers this broker makes. A huge
+    /// value (`Duration::MAX`) is capped at the longest the server can hold, about 292 years:
+    /// a crashed consumer's deliveries then never come back by themselves.
     pub fn with_ack_wait(mut self, ack_wait: Duration) -> Self {
-        Arc::make_mut(&mut self.inner).ack_wait = ack_wait.max(Duration::from_secs(1));
+        Arc::make_mut(&mut self.inner).ack_wait =
+            ack_wait.clamp(Duration::from_secs(1), MAX_ACK_WAIT);
         self
     }
 

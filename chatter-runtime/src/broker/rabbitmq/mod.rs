@@ -124,7 +124,8 @@ impl RabbitMqBroker {
 
     /// [`connect`](Self::connect), retried with backoff while the broker is unreachable, for up
     /// to `give_up_after`: for a process that may start while the broker restarts. The first
-    /// failure is logged at Error; the last one is returned.
+    /// failure is logged at Error; the last one is returned. `Duration::MAX` keeps trying
+    /// (saturating at about 100 years).
     pub async fn connect_retrying(uri: &str, give_up_after: Duration) -> Result<Self, BrokerError> {
         super::connect_retrying("RabbitMQ", uri, give_up_after, || Self::connect(uri)).await
     }
@@ -139,7 +140,7 @@ impl RabbitMqBroker {
 
     /// Bounds every publish (waiting for a lost connection, the publish and its confirm) by
     /// `timeout` (default [`DEFAULT_PUBLISH_TIMEOUT`]), for every clone of this broker. Closing
-    /// and deleting a queue are bounded by it too.
+    /// and deleting a queue are bounded by it too. `Duration::MAX`: no bound of chatter's own.
     pub fn with_publish_timeout(self, timeout: Duration) -> Self {
         self.inner.set_publish_timeout(timeout);
         self
@@ -147,7 +148,8 @@ impl RabbitMqBroker {
 
     /// Bounds every connection attempt (TCP and the AMQP handshake) of a reconnect by `timeout`
     /// (default [`DEFAULT_CONNECT_TIMEOUT`]), for every clone of this broker: a server that
-    /// accepts the connection and never answers is dialled again after it.
+    /// accepts the connection and never answers is dialled again after it. `Duration::MAX`: no
+    /// bound of chatter's own (such a server then holds the reconnect).
     pub fn with_connect_timeout(self, timeout: Duration) -> Self {
         self.inner.set_connect_timeout(timeout);
         self
