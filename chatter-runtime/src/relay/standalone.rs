@@ -272,9 +272,11 @@ impl StandaloneRelayBuilder {
     }
 
     /// Admits only the pending documents `filter` also accepts. Evaluated exactly once per
-    /// pending document; it can only narrow (a document that is not a pending Outbox Document
-    /// is never admitted, whatever it says). A filter that panics admits nothing and is
-    /// logged at Error.
+    /// pending document of a page; it can only narrow (a document that is not a pending Outbox
+    /// Document is never admitted, whatever it says). A filter that panics fails the page, as a
+    /// throwing filter fails the batch in .NET: nothing of the page is published, it is not
+    /// checkpointed and is read again (each time logged at Error as a fault of its lease, which
+    /// does not advance until the filter stops panicking).
     pub fn pending_filter(
         mut self,
         filter: impl Fn(&Value) -> bool + Send + Sync + 'static,
