@@ -19,9 +19,11 @@ use chatter_runtime::{
     StandaloneRelayError, StartError,
 };
 use chatter_tests::broker::{assert_quiet_for, next_delivery};
+use chatter_tests::logs::capture;
 use chatter_tests::relay::fast_relay;
 use chatter_tests::store::{created, document, embedded, emulator_server, provisioned};
 use serde_json::{Value, json};
+use tracing::Level;
 
 const DB: &str = "legacy";
 const TRIGGERS: &str = "triggers";
@@ -378,6 +380,68 @@ async fn a_document_the_pending_filter_panicked_on_is_read_again_and_published()
         "read again after the panic"
     );
     runtime.shutdown().await;
+}
+
+/// A runtime relaying `triggers` through a standalone relay whose filter turns away
+/// `msg-turned-away`, with a shutdown drain of `drain`; the documents `msg-published` and
+/// `msg-turned-away` are pending there.
+async fn relay_turning_one_away(drain: Duration) -> (Runtime, Arc<ContainerClient>, Subscription) {
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    let triggers = provisioned(&cosmos, DB, TRIGGERS, PATHS).await;
+    provision::ensure_lease_container(&cosmos, DB, LEASES)
+        .await
+        .unwrap();
+    provision::ensure_for::<PlaceOrder>(&cosmos).await.unwrap();
+    stored(&triggers, complete("msg-published", "t1")).await;
+    stored(&triggers, complete("msg-turned-away", "t1")).await;
+    let broker = InMemoryBroker::new();
+    let orders = subscribe(&broker, "orders").await;
+    let relay = StandaloneRelay::builder(&cosmos, (DB, TRIGGERS), (DB, LEASES))
+        .partition_key_paths(PATHS)
+        .options(fast_relay(Duration::from_secs(5)))
+        .pending_filter(|doc| doc["MessageId"] != "msg-turned-away")
+        .build()
+        .unwrap();
+    let runtime = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .broker(broker.clone())
+        .consume(false)
+        .shutdown_drain(drain)
+        .standalone_relay(relay)
+        .start()
+        .await
+        .unwrap();
+    (runtime, triggers, orders)
+}
+
+// Issue 31 item 8: what the pending filter turns away is no backlog: `relay_idle` succeeds once
+// the rest is published.
+#[tokio::test]
+async fn relay_idle_ignores_what_the_pending_filter_turns_away() {
+    let (runtime, triggers, mut orders) = relay_turning_one_away(Duration::ZERO).await;
+    let delivery = next_delivery(&mut orders, Duration::from_secs(30)).await;
+    assert_eq!(delivery.message.message_id, "msg-published");
+
+    runtime.relay_idle(Duration::from_secs(10)).await.unwrap();
+
+    let turned_away = read(&triggers, &complete("msg-turned-away", "t1")).await;
+    assert_eq!(turned_away["status"], "pending", "still there, not relayed");
+    runtime.shutdown().await;
+}
+
+// Issue 31 item 8: the shutdown drain does not wait for what the filter turns away, so it ends
+// without reporting documents still pending.
+#[tokio::test]
+async fn the_shutdown_drain_ignores_what_the_pending_filter_turns_away() {
+    let (runtime, _triggers, mut orders) = relay_turning_one_away(Duration::from_secs(3)).await;
+    let delivery = next_delivery(&mut orders, Duration::from_secs(30)).await;
+    assert_eq!(delivery.message.message_id, "msg-published");
+    let (logs, _guard) = capture();
+
+    runtime.shutdown().await;
+
+    let left = logs.matching(Level::WARN, "still pending");
+    assert!(left.is_empty(), "{left:?}");
 }
 
 // R3.43: without a resolver a standalone drain takes the verbatim path.
