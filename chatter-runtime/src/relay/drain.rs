@@ -178,6 +178,19 @@ struct Pending<'a> {
     key: Vec<Value>,
 }
 
+/// The pending filter panicked on document `id`: the page fails
+/// ([`DrainError::PendingFilterPanicked`]).
+struct FilterPanicked {
+    id: String,
+    panic: String,
+}
+
+impl From<FilterPanicked> for DrainError {
+    fn from(FilterPanicked { id, panic }: FilterPanicked) -> Self {
+        Self::PendingFilterPanicked { id, panic }
+    }
+}
+
 /// What a published (or never publishable) document still needs: its one stamp.
 enum Stamp {
     /// Published: stamped delivered with the TTL.
@@ -371,12 +384,12 @@ impl Drain {
     /// Whether a pending document passes the additional filter: evaluated exactly once. A
     /// filter that panics fails the page (as a throwing filter fails the batch in .NET), so the
     /// document is read again rather than checkpointed past.
-    fn passes_filter(&self, doc: &Value, id: &str) -> Result<bool, DrainError> {
+    fn passes_filter(&self, doc: &Value, id: &str) -> Result<bool, FilterPanicked> {
         let Some(filter) = &self.pending_filter else {
             return Ok(true);
         };
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| filter(doc))).map_err(|panic| {
-            DrainError::PendingFilterPanicked {
+            FilterPanicked {
                 id: id.to_owned(),
                 panic: diagnostics::panic_message(panic.as_ref()),
             }
@@ -586,11 +599,10 @@ impl Drain {
     /// The page's pending Outbox Documents grouped by partition-key value, in change-feed order
     /// (groups by their first document), and how many documents were skipped: the pending gate,
     /// applied once per document here. Fails when the pending filter panicked on a document.
-    #[allow(clippy::type_complexity)]
     fn groups<'a>(
         &self,
         documents: &'a [Value],
-    ) -> Result<(Vec<Vec<Pending<'a>>>, usize), DrainError> {
+    ) -> Result<(Vec<Vec<Pending<'a>>>, usize), FilterPanicked> {
         let mut groups: Vec<Vec<Pending<'a>>> = Vec::new();
         let mut index: HashMap<String, usize> = HashMap::new();
         let mut skipped = 0;
