@@ -422,7 +422,7 @@ async fn relay_idle_ignores_what_the_pending_filter_turns_away() {
     let delivery = next_delivery(&mut orders, Duration::from_secs(30)).await;
     assert_eq!(delivery.message.message_id, "msg-published");
 
-    runtime.relay_idle(Duration::from_secs(10)).await.unwrap();
+    runtime.relay_idle(Duration::from_secs(30)).await.unwrap();
 
     let turned_away = read(&triggers, &complete("msg-turned-away", "t1")).await;
     assert_eq!(turned_away["status"], "pending", "still there, not relayed");
@@ -433,7 +433,8 @@ async fn relay_idle_ignores_what_the_pending_filter_turns_away() {
 // without reporting documents still pending.
 #[tokio::test]
 async fn the_shutdown_drain_ignores_what_the_pending_filter_turns_away() {
-    let (runtime, _triggers, mut orders) = relay_turning_one_away(Duration::from_secs(3)).await;
+    // Ample for the published document's stamp to land, however slow the machine.
+    let (runtime, _triggers, mut orders) = relay_turning_one_away(Duration::from_secs(10)).await;
     let delivery = next_delivery(&mut orders, Duration::from_secs(30)).await;
     assert_eq!(delivery.message.message_id, "msg-published");
     let (logs, _guard) = capture();
