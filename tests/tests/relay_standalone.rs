@@ -223,6 +223,7 @@ async fn a_failing_resolver_fails_the_page_and_leaves_the_document_pending() {
 // until the resolver builds a message the broker takes, as for a broker setting that refuses.
 #[tokio::test]
 async fn a_resolved_message_the_broker_never_takes_blocks_the_lease_and_stamps_nothing() {
+    let (logs, _guard) = capture();
     let c = container().await;
     let broker = InMemoryBroker::new();
     let (drain, _, _) = resolving(&broker, &c, Answer::Unpublishable);
@@ -241,6 +242,19 @@ async fn a_resolved_message_the_broker_never_takes_blocks_the_lease_and_stamps_n
     assert_eq!(read(&c, &doc).await["status"], "pending", "not stamped");
     let blocked = drain.gate().blocked(LEASE).expect("the lease is blocked");
     assert!(blocked.contains("body resolver"), "{blocked}");
+    // Logged once at Error, blaming the resolver, never the document's persisted fields.
+    let errors = logs.at(Level::ERROR);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].message.contains("the body resolver built"),
+        "{}",
+        errors[0].message
+    );
+    assert!(
+        !errors[0].message.contains("persisted fields"),
+        "{}",
+        errors[0].message
+    );
 }
 
 // R3.44, R3.45, R3.113, R6.33 (in part): the resolver factory is never called for a document
