@@ -16,30 +16,63 @@ pub(crate) fn print<T: serde::Serialize + ?Sized>(json: bool, survey: &T, table:
 }
 
 pub(crate) fn pending_table(survey: &OutboxSurvey) -> String {
-    if survey.pending.is_empty() {
-        return "no pending outbox documents\n".to_owned();
+    let relayed = if survey.pending.is_empty() {
+        "no pending outbox documents\n".to_owned()
+    } else {
+        let now = now();
+        let mut rows = vec![[
+            "DESTINATION".to_owned(),
+            "PENDING".to_owned(),
+            "OLDEST WRITTEN".to_owned(),
+            "OLDEST MESSAGE ID".to_owned(),
+        ]];
+        for (destination, pending) in &survey.pending {
+            rows.push([
+                destination.clone(),
+                pending.count.to_string(),
+                pending
+                    .oldest_written_at
+                    .map_or_else(|| "?".to_owned(), |at| when(at, now)),
+                pending.oldest_message_id.clone().unwrap_or_default(),
+            ]);
+        }
+        format!(
+            "{}{} pending in all\n",
+            columns(&rows),
+            survey.pending_count()
+        )
+    };
+    relayed + &id_mismatches_table(survey)
+}
+
+/// The documents that look pending but are never relayed (their id is not the outbox id of
+/// their message id), listed apart with the id each should have; empty when there are none.
+fn id_mismatches_table(survey: &OutboxSurvey) -> String {
+    if survey.id_mismatches.is_empty() {
+        return String::new();
     }
-    let now = now();
     let mut rows = vec![[
+        "ID".to_owned(),
+        "MESSAGE ID".to_owned(),
+        "EXPECTED ID".to_owned(),
         "DESTINATION".to_owned(),
-        "PENDING".to_owned(),
-        "OLDEST WRITTEN".to_owned(),
-        "OLDEST MESSAGE ID".to_owned(),
     ]];
-    for (destination, pending) in &survey.pending {
+    for doc in &survey.id_mismatches {
         rows.push([
-            destination.clone(),
-            pending.count.to_string(),
-            pending
-                .oldest_written_at
-                .map_or_else(|| "?".to_owned(), |at| when(at, now)),
-            pending.oldest_message_id.clone().unwrap_or_default(),
+            doc.id.clone(),
+            doc.message_id.clone(),
+            doc.expected_id
+                .clone()
+                .unwrap_or_else(|| "none (no usable MessageId)".to_owned()),
+            doc.destination.clone(),
         ]);
     }
     format!(
-        "{}{} pending in all\n",
-        columns(&rows),
-        survey.pending_count()
+        "\n{} document(s) look pending but are never relayed: an Outbox Document's id must be \
+         `outbox:` and the unpadded base64url of its MessageId; write each again under its \
+         expected id:\n{}",
+        survey.id_mismatches.len(),
+        columns(&rows)
     )
 }
 

@@ -89,6 +89,50 @@ async fn pending_counts_each_destination_with_its_oldest_document() {
     assert!(survey["pending"]["payments"]["oldest_written_at"].is_i64());
 }
 
+// Issue 31 item 7: a document that looks pending under an id that is not the outbox id of its
+// MessageId is never relayed; it is listed apart, with the id it should have, in the table and
+// in the JSON.
+#[tokio::test(flavor = "multi_thread")]
+async fn pending_lists_documents_under_a_foreign_id_apart_with_the_expected_id() {
+    let emulator = store().await;
+    let expected = chatter_runtime::cosmos::outbox_id("m-foreign").unwrap();
+
+    let table = chatter(
+        Some(emulator.endpoint()),
+        None,
+        &args(&["outbox", "pending"], &[]),
+    )
+    .await;
+    assert_eq!(table.status.code(), Some(0), "{}", stderr(&table));
+    let text = stdout(&table);
+    let (relayed, apart) = text
+        .split_once("3 pending in all\n")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(!relayed.contains("not-an-outbox-id"), "{text}");
+    let row = apart
+        .lines()
+        .find(|line| line.starts_with("not-an-outbox-id"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        row.contains("m-foreign") && row.contains(&expected),
+        "{text}"
+    );
+
+    let json = chatter(
+        Some(emulator.endpoint()),
+        None,
+        &args(&["outbox", "pending"], &["--json"]),
+    )
+    .await;
+    let survey: Value = serde_json::from_slice(&json.stdout).unwrap();
+    let foreign = survey["id_mismatches"].as_array().unwrap();
+    assert_eq!(foreign.len(), 1, "{survey}");
+    assert_eq!(foreign[0]["id"], "not-an-outbox-id");
+    assert_eq!(foreign[0]["message_id"], "m-foreign");
+    assert_eq!(foreign[0]["expected_id"], expected.as_str());
+    assert_eq!(foreign[0]["destination"], "payments");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn undeliverable_names_each_documents_violations_and_exits_1() {
     let emulator = store().await;

@@ -51,6 +51,7 @@ pub fn record_every_instrument(drain: &Drain, lease_token: &str, document: &serd
     metrics.failure(lease_token, "chatter_runtime::DrainError::Publish");
     metrics.undeliverable();
     metrics.suspension(lease_token);
+    metrics.id_mismatch();
     metrics.backlog(lease_token, 3);
 }
 

@@ -294,3 +294,38 @@ async fn a_page_stops_when_its_lease_is_lost_and_leaves_the_rest_pending() {
         "no document started after the loss: {still_pending} of 10 still pending"
     );
 }
+
+// Issue 31 item 7: a document that looks pending (`_chatterType` "outbox", `status` "pending")
+// under an id that is not the outbox id of its `MessageId` (as another writer may produce it)
+// is still skipped, never published or stamped, but not silently: a warning names its id and
+// the id expected, at most one a minute however many such documents come.
+#[tokio::test]
+async fn a_pending_document_under_a_foreign_id_is_skipped_with_a_warning_naming_the_expected_id() {
+    let (logs, _guard) = chatter_tests::logs::capture();
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let mut first = pending("msg-python-1", "t");
+    first["id"] = json!("python-1");
+    let mut second = pending("msg-python-2", "t");
+    second["id"] = json!("python-2");
+    let first = stored(&c, first).await;
+    let second = stored(&c, second).await;
+    let drain = default_drain(broker.clone(), &c);
+
+    let report = drain.drain(LEASE, &[first, second]).await.unwrap();
+
+    assert_eq!((report.published, report.skipped), (0, 2));
+    assert_eq!(broker.published_count("orders"), 0);
+    assert_eq!(read(&c, "python-1", &json!("t")).await["status"], "pending");
+    let warnings = logs.matching(tracing::Level::WARN, "skips document");
+    assert_eq!(warnings.len(), 1, "rate-limited: {warnings:?}");
+    let warning = &warnings[0];
+    assert_eq!(warning.field("id"), Some("python-1"), "{warning:?}");
+    let expected = chatter_runtime::cosmos::outbox_id("msg-python-1").unwrap();
+    assert_eq!(
+        warning.field("expected_id"),
+        Some(expected.as_str()),
+        "{warning:?}"
+    );
+    assert!(warning.message.contains(&expected), "{}", warning.message);
+}

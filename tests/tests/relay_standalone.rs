@@ -19,8 +19,11 @@ use chatter_runtime::{
     StandaloneRelayError, StartError,
 };
 use chatter_tests::broker::{assert_quiet_for, next_delivery};
+use chatter_tests::logs::capture;
+use chatter_tests::relay::fast_relay;
 use chatter_tests::store::{created, document, embedded, emulator_server, provisioned};
 use serde_json::{Value, json};
+use tracing::Level;
 
 const DB: &str = "legacy";
 const TRIGGERS: &str = "triggers";
@@ -69,6 +72,8 @@ enum Answer {
     Message,
     Nothing,
     Fail,
+    /// A message no broker can take (a blank destination).
+    Unpublishable,
 }
 
 /// What each resolver saw: message id, partition key, the raw document.
@@ -100,6 +105,11 @@ impl BodyResolver for Recording {
             ))),
             Answer::Nothing => Ok(None),
             Answer::Fail => Err("the body store is down".into()),
+            Answer::Unpublishable => Ok(Some(BrokeredMessage::json(
+                format!("resolved-{}", context.message_id),
+                " ",
+                r#"{"resolved":true}"#,
+            ))),
         }
     }
 }
@@ -207,6 +217,46 @@ async fn a_failing_resolver_fails_the_page_and_leaves_the_document_pending() {
     assert_eq!(read(&c, &doc).await["status"], "pending");
 }
 
+// Issue 31 item 10: a message the resolver built that the broker can never take (here a blank
+// destination, which the in-memory broker refuses for good) is the resolver's fault, not the
+// document's: nothing is stamped, the page fails and the lease is blocked (health shows it)
+// until the resolver builds a message the broker takes, as for a broker setting that refuses.
+#[tokio::test]
+async fn a_resolved_message_the_broker_never_takes_blocks_the_lease_and_stamps_nothing() {
+    let (logs, _guard) = capture();
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let (drain, _, _) = resolving(&broker, &c, Answer::Unpublishable);
+    let doc = stored(&c, thin("msg-unpublishable", "t1")).await;
+
+    let error = drain
+        .drain(LEASE, std::slice::from_ref(&doc))
+        .await
+        .unwrap_err();
+
+    let DrainError::ResolvedMessageRefused { id, message_id, .. } = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(id, doc["id"].as_str().unwrap());
+    assert_eq!(message_id, "resolved-msg-unpublishable");
+    assert_eq!(read(&c, &doc).await["status"], "pending", "not stamped");
+    let blocked = drain.gate().blocked(LEASE).expect("the lease is blocked");
+    assert!(blocked.contains("body resolver"), "{blocked}");
+    // Logged once at Error, blaming the resolver, never the document's persisted fields.
+    let errors = logs.at(Level::ERROR);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].message.contains("the body resolver built"),
+        "{}",
+        errors[0].message
+    );
+    assert!(
+        !errors[0].message.contains("persisted fields"),
+        "{}",
+        errors[0].message
+    );
+}
+
 // R3.44, R3.45, R3.113, R6.33 (in part): the resolver factory is never called for a document
 // the gate does not admit: not an Outbox Document, delivered, a foreign id, or narrowed out by
 // the filter.
@@ -237,10 +287,10 @@ async fn no_resolver_is_built_for_a_document_the_gate_does_not_admit() {
     );
 }
 
-// R3.115 to R3.117: the additional filter is evaluated exactly once per pending document; a
-// filter that panics admits nothing (and the page carries on).
+// R3.115, R3.116: the additional filter is evaluated exactly once per pending document, and
+// only on pending documents.
 #[tokio::test]
-async fn the_pending_filter_runs_once_per_document_and_a_panicking_one_admits_nothing() {
+async fn the_pending_filter_runs_once_per_pending_document() {
     let c = container().await;
     let broker = InMemoryBroker::new();
     let calls = Arc::new(AtomicUsize::new(0));
@@ -248,6 +298,31 @@ async fn the_pending_filter_runs_once_per_document_and_a_panicking_one_admits_no
     let (drain, _, built) = resolving(&broker, &c, Answer::Message);
     let drain = drain_with_pending_filter(drain, move |doc| {
         counter.fetch_add(1, Ordering::SeqCst);
+        doc["MessageId"] != "msg-narrowed"
+    });
+    let good = stored(&c, thin("msg-good", "t1")).await;
+    let narrowed = stored(&c, thin("msg-narrowed", "t1")).await;
+    let other = json!({ "id": "a", "tenantId": "t1" });
+    let report = drain
+        .drain(LEASE, &[good.clone(), narrowed.clone(), other])
+        .await
+        .unwrap();
+    assert_eq!((report.published, report.skipped), (1, 2));
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "once per pending document");
+    assert_eq!(built.load(Ordering::SeqCst), 1);
+    assert_eq!(read(&c, &good).await["status"], "delivered");
+    assert_eq!(read(&c, &narrowed).await["status"], "pending");
+}
+
+// Issue 31 item 5: as a filter that throws fails the .NET batch, a filter that panics fails the
+// page (with the panic's message): nothing of it is published or stamped, so the processor does
+// not checkpoint past the document and reads it again.
+#[tokio::test]
+async fn a_panicking_pending_filter_fails_the_page_and_leaves_its_documents_pending() {
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let (drain, _, built) = resolving(&broker, &c, Answer::Message);
+    let drain = drain_with_pending_filter(drain, move |doc| {
         if doc["MessageId"] == "msg-panics" {
             panic!("the filter cannot read this one");
         }
@@ -255,15 +330,133 @@ async fn the_pending_filter_runs_once_per_document_and_a_panicking_one_admits_no
     });
     let good = stored(&c, thin("msg-good", "t1")).await;
     let bad = stored(&c, thin("msg-panics", "t1")).await;
-    let report = drain
+    let error = drain
         .drain(LEASE, &[good.clone(), bad.clone()])
         .await
-        .unwrap();
-    assert_eq!((report.published, report.skipped), (1, 1));
-    assert_eq!(calls.load(Ordering::SeqCst), 2, "once per pending document");
-    assert_eq!(built.load(Ordering::SeqCst), 1);
-    assert_eq!(read(&c, &good).await["status"], "delivered");
+        .unwrap_err();
+    let DrainError::PendingFilterPanicked { id, .. } = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(id, bad["id"].as_str().unwrap());
+    assert!(
+        error
+            .to_string()
+            .contains("the filter cannot read this one"),
+        "{error}"
+    );
+    assert_eq!(
+        built.load(Ordering::SeqCst),
+        0,
+        "nothing of the page is drained"
+    );
+    assert_eq!(read(&c, &good).await["status"], "pending");
     assert_eq!(read(&c, &bad).await["status"], "pending");
+}
+
+// Issue 31 item 5, end to end: a document the filter panicked on once is not checkpointed past:
+// the page is read again and the document published.
+#[tokio::test]
+async fn a_document_the_pending_filter_panicked_on_is_read_again_and_published() {
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    let triggers = provisioned(&cosmos, DB, TRIGGERS, PATHS).await;
+    provision::ensure_lease_container(&cosmos, DB, LEASES)
+        .await
+        .unwrap();
+    provision::ensure_for::<PlaceOrder>(&cosmos).await.unwrap();
+    stored(&triggers, complete("msg-flaky-filter", "t1")).await;
+    let broker = InMemoryBroker::new();
+    let mut orders = subscribe(&broker, "orders").await;
+    let panicked = Arc::new(AtomicUsize::new(0));
+    let once = Arc::clone(&panicked);
+    let relay = StandaloneRelay::builder(&cosmos, (DB, TRIGGERS), (DB, LEASES))
+        .partition_key_paths(PATHS)
+        .options(fast_relay(Duration::from_secs(5)))
+        .pending_filter(move |_| {
+            if once.fetch_add(1, Ordering::SeqCst) == 0 {
+                panic!("the filter fails on its first call");
+            }
+            true
+        })
+        .build()
+        .unwrap();
+    let runtime = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .broker(broker.clone())
+        .consume(false)
+        .standalone_relay(relay)
+        .start()
+        .await
+        .unwrap();
+    let delivery = next_delivery(&mut orders, Duration::from_secs(30)).await;
+    assert_eq!(delivery.message.message_id, "msg-flaky-filter");
+    assert!(
+        panicked.load(Ordering::SeqCst) >= 2,
+        "read again after the panic"
+    );
+    runtime.shutdown().await;
+}
+
+/// A runtime relaying `triggers` through a standalone relay whose filter turns away
+/// `msg-turned-away`, with a shutdown drain of `drain`; the documents `msg-published` and
+/// `msg-turned-away` are pending there.
+async fn relay_turning_one_away(drain: Duration) -> (Runtime, Arc<ContainerClient>, Subscription) {
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    let triggers = provisioned(&cosmos, DB, TRIGGERS, PATHS).await;
+    provision::ensure_lease_container(&cosmos, DB, LEASES)
+        .await
+        .unwrap();
+    provision::ensure_for::<PlaceOrder>(&cosmos).await.unwrap();
+    stored(&triggers, complete("msg-published", "t1")).await;
+    stored(&triggers, complete("msg-turned-away", "t1")).await;
+    let broker = InMemoryBroker::new();
+    let orders = subscribe(&broker, "orders").await;
+    let relay = StandaloneRelay::builder(&cosmos, (DB, TRIGGERS), (DB, LEASES))
+        .partition_key_paths(PATHS)
+        .options(fast_relay(Duration::from_secs(5)))
+        .pending_filter(|doc| doc["MessageId"] != "msg-turned-away")
+        .build()
+        .unwrap();
+    let runtime = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .broker(broker.clone())
+        .consume(false)
+        .shutdown_drain(drain)
+        .standalone_relay(relay)
+        .start()
+        .await
+        .unwrap();
+    (runtime, triggers, orders)
+}
+
+// Issue 31 item 8: what the pending filter turns away is no backlog: `relay_idle` succeeds once
+// the rest is published.
+#[tokio::test]
+async fn relay_idle_ignores_what_the_pending_filter_turns_away() {
+    let (runtime, triggers, mut orders) = relay_turning_one_away(Duration::ZERO).await;
+    let delivery = next_delivery(&mut orders, Duration::from_secs(30)).await;
+    assert_eq!(delivery.message.message_id, "msg-published");
+
+    runtime.relay_idle(Duration::from_secs(30)).await.unwrap();
+
+    let turned_away = read(&triggers, &complete("msg-turned-away", "t1")).await;
+    assert_eq!(turned_away["status"], "pending", "still there, not relayed");
+    runtime.shutdown().await;
+}
+
+// Issue 31 item 8: the shutdown drain does not wait for what the filter turns away, so it ends
+// without reporting documents still pending.
+#[tokio::test]
+async fn the_shutdown_drain_ignores_what_the_pending_filter_turns_away() {
+    // Ample for the published document's stamp to land, however slow the machine.
+    let (runtime, _triggers, mut orders) = relay_turning_one_away(Duration::from_secs(10)).await;
+    let delivery = next_delivery(&mut orders, Duration::from_secs(30)).await;
+    assert_eq!(delivery.message.message_id, "msg-published");
+    let (logs, _guard) = capture();
+
+    runtime.shutdown().await;
+
+    let left = logs.matching(Level::WARN, "still pending");
+    assert!(left.is_empty(), "{left:?}");
 }
 
 // R3.43: without a resolver a standalone drain takes the verbatim path.

@@ -41,6 +41,7 @@ const BATCH_SIZE: &str = "chatter.messaging.outbox.drain.batch.size";
 const BATCHES: &str = "chatter.messaging.outbox.drain.batches";
 const UNDELIVERABLE: &str = "chatter.messaging.outbox.drain.undeliverable";
 const SUSPENSIONS: &str = "chatter.messaging.outbox.drain.suspensions";
+const ID_MISMATCHES: &str = "chatter.messaging.outbox.drain.id_mismatches";
 const OUTCOME: &str = "chatter.messaging.outbox.drain.outcome";
 const SOURCE_IDENTITY: &str = "chatter.messaging.outbox.source_identity";
 const LEASE_TOKEN: &str = "chatter.messaging.outbox.lease_token";
@@ -309,6 +310,33 @@ async fn an_undeliverable_document_is_counted_without_attributes_or_outcome() {
         "{:?}",
         f.metrics.of(DOCUMENTS)
     );
+}
+
+// Issue 31 item 7: every document that looks pending under an id that is not the outbox id of
+// its MessageId is counted (the warning is rate-limited, the count is not), by source; it is
+// skipped as before.
+#[tokio::test]
+async fn a_pending_document_under_a_foreign_id_is_counted_as_an_id_mismatch() {
+    let f = Fixture::new().await;
+    let mut docs = Vec::new();
+    for n in 0..3 {
+        let mut doc = f.pending(&format!("msg-foreign-{n}"), None).await;
+        doc["id"] = json!(format!("foreign-{n}"));
+        docs.push(f.store(doc).await);
+    }
+    let genuine = f.pending("msg-genuine", None).await;
+    docs.push(genuine);
+
+    let report = f.drain().drain("0", &docs).await.unwrap();
+
+    assert_eq!((report.published, report.skipped), (1, 3));
+    assert_eq!(
+        f.sum(ID_MISMATCHES, Some((SOURCE_IDENTITY, SOURCE))),
+        3.0,
+        "{:?}",
+        f.metrics.of(ID_MISMATCHES)
+    );
+    assert_eq!(f.sum(DOCUMENTS, Some((OUTCOME, "skipped"))), 3.0);
 }
 
 // R8.02 (the catalog's order): the lag is recorded for every admitted document before the

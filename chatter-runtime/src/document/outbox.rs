@@ -274,6 +274,41 @@ pub(crate) fn is_pending_outbox(doc: &Value) -> bool {
     !message_id.is_empty() && id::outbox_id(message_id).is_ok_and(|expected| expected == doc_id)
 }
 
+/// A document that looks like a pending Outbox Document (`_chatterType` `"outbox"`, `status`
+/// `"pending"`) but that the pending gate turns away because its `id` is not the id Chatter
+/// mints for its `MessageId` (another writer's mistake, or a `MessageId` that is missing, empty
+/// or too long for an id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct IdMismatch<'a> {
+    /// Its `id` (`""` when it is not a string).
+    pub(crate) id: &'a str,
+    /// Its `MessageId`, when a string.
+    pub(crate) message_id: Option<&'a str>,
+    /// The id it should have: `outbox:` and the unpadded base64url of its `MessageId`; `None`
+    /// when no id can be minted for it.
+    pub(crate) expected: Option<String>,
+}
+
+/// The [`IdMismatch`] of `doc`, when it looks pending and the pending gate still turns it away.
+pub(crate) fn id_mismatch(doc: &Value) -> Option<IdMismatch<'_>> {
+    let object = doc.as_object()?;
+    let text = |field: &str| object.get(field).and_then(Value::as_str);
+    if text(DISCRIMINATOR_FIELD) != Some(id::OUTBOX_KIND)
+        || text(STATUS_FIELD) != Some(STATUS_PENDING)
+        || is_pending_outbox(doc)
+    {
+        return None;
+    }
+    let message_id = text(MESSAGE_ID_FIELD);
+    Some(IdMismatch {
+        id: text(ID_FIELD).unwrap_or_default(),
+        message_id,
+        expected: message_id
+            .filter(|m| !m.is_empty())
+            .and_then(|m| id::outbox_id(m).ok()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -289,6 +324,27 @@ mod tests {
             .context
             .insert("custom-header".into(), json!("value"));
         message
+    }
+
+    #[test]
+    fn a_document_that_looks_pending_under_a_foreign_id_is_an_id_mismatch_naming_the_expected_id() {
+        let mut doc = pending("msg-1");
+        assert_eq!(id_mismatch(&doc), None, "a genuine one is admitted");
+        doc["id"] = json!("python-1");
+        assert_eq!(
+            id_mismatch(&doc),
+            Some(IdMismatch {
+                id: "python-1",
+                message_id: Some("msg-1"),
+                expected: Some("outbox:bXNnLTE".to_owned()),
+            })
+        );
+        doc["MessageId"] = json!("");
+        assert_eq!(id_mismatch(&doc).unwrap().expected, None);
+        doc["status"] = json!("delivered");
+        assert_eq!(id_mismatch(&doc), None, "not pending");
+        let inbox = json!({ "id": "x", "_chatterType": "inbox", "status": "pending" });
+        assert_eq!(id_mismatch(&inbox), None, "not an outbox document");
     }
 
     // 0.2 golden: exact key order, MessageContext double-encoded, pk leaf last.

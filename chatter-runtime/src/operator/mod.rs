@@ -9,7 +9,9 @@ pub(crate) mod outbox;
 mod repair;
 
 pub use leases::{LeaseServed, LeaseView, estimate_backlog, survey_leases};
-pub use outbox::{OutboxSurvey, PendingByDestination, UndeliverableDocument, survey_outbox};
+pub use outbox::{
+    IdMismatchedDocument, OutboxSurvey, PendingByDestination, UndeliverableDocument, survey_outbox,
+};
 pub use repair::{
     AppliedChange, OPERATOR_REASON_FIELD, PlannedChange, RefusedChange, RepairPlan, Selection,
     apply, plan_give_up, plan_requeue,

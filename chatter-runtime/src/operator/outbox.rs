@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::cosmos::store::query_each;
 use crate::cosmos::{CosmosConnection, CosmosStoreError};
+use crate::document::outbox::id_mismatch;
 use crate::document::outbox::{
     DESTINATION_FIELD, DISCRIMINATOR_FIELD, ID_FIELD, MESSAGE_ID_FIELD, STATUS_FIELD,
     STATUS_PENDING, STATUS_UNDELIVERABLE,
@@ -37,8 +38,14 @@ pub(crate) fn outbox_query(select: &str, status: &str) -> Result<Query, CosmosSt
 pub struct OutboxSurvey {
     /// The pending documents the relay will publish, by destination (a document without a
     /// readable destination is counted under `""`); one that only looks pending (an id chatter
-    /// did not mint for its message id) is skipped, as the relay skips it.
+    /// did not mint for its message id) is not counted here, as the relay skips it: it is in
+    /// [`id_mismatches`](Self::id_mismatches).
     pub pending: BTreeMap<String, PendingByDestination>,
+    /// The documents that look pending (`_chatterType` `"outbox"`, `status` `"pending"`) under an
+    /// id that is not the outbox id of their `MessageId`: the relay never publishes them (and
+    /// warns about them); oldest first. Another writer's mistake: each must be written again
+    /// under its expected id.
+    pub id_mismatches: Vec<IdMismatchedDocument>,
     /// Every `undeliverable` document, oldest first.
     pub undeliverable: Vec<UndeliverableDocument>,
 }
@@ -59,6 +66,23 @@ pub struct PendingByDestination {
     pub oldest_written_at: Option<i64>,
     /// The oldest one's message id.
     pub oldest_message_id: Option<String>,
+}
+
+/// A document that looks pending under an id that is not the outbox id of its `MessageId`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct IdMismatchedDocument {
+    /// Its id.
+    pub id: String,
+    /// Its `MessageId` (empty when it has none).
+    pub message_id: String,
+    /// The id the relay expects: `outbox:` and the unpadded base64url of the UTF-8 `MessageId`
+    /// ([`outbox_id`](crate::cosmos::outbox_id)); `None` when none can be minted (a `MessageId`
+    /// missing, empty or too long for an id).
+    pub expected_id: Option<String>,
+    /// Its `Destination` (empty when it has no readable one).
+    pub destination: String,
+    /// Its last write (`_ts`, seconds since the Unix epoch).
+    pub written_at: Option<i64>,
 }
 
 /// An Outbox Document stamped `undeliverable`, and why.
@@ -101,10 +125,20 @@ pub async fn survey_outbox(
         STATUS_PENDING,
     )?;
     query_each(&container, pending, |item| {
+        let written_at = item.get("_ts").and_then(Value::as_i64);
+        if let Some(mismatch) = id_mismatch(&item) {
+            survey.id_mismatches.push(IdMismatchedDocument {
+                id: mismatch.id.to_owned(),
+                message_id: mismatch.message_id.unwrap_or_default().to_owned(),
+                expected_id: mismatch.expected,
+                destination: text(&item, DESTINATION_FIELD),
+                written_at,
+            });
+            return;
+        }
         if !is_pending_outbox(&item) {
             return;
         }
-        let written_at = item.get("_ts").and_then(Value::as_i64);
         let entry = survey
             .pending
             .entry(text(&item, DESTINATION_FIELD))
@@ -144,6 +178,9 @@ pub async fn survey_outbox(
     survey
         .undeliverable
         .sort_by(|a, b| (a.stamped_at, &a.id).cmp(&(b.stamped_at, &b.id)));
+    survey
+        .id_mismatches
+        .sort_by(|a, b| (a.written_at, &a.id).cmp(&(b.written_at, &b.id)));
     Ok(survey)
 }
 

@@ -8,8 +8,11 @@
 
 use std::fmt::Display;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use super::error::DrainError;
+use crate::document::outbox::IdMismatch;
 use crate::telemetry::metrics::SourceMetrics;
 
 /// Runs one log statement; a panicking subscriber is contained here.
@@ -77,14 +80,33 @@ pub(crate) fn drain_resumed(source_identity: &str, lease_token: &str) {
     });
 }
 
-/// The broker refuses a pending document of `lease_token` because of one of its settings: the
-/// lease is blocked (its pages fail, nothing is stamped) until an operator changes it. Logged
-/// once, when the block starts; `error` names the destination, the broker's reply and the fix.
+/// The broker refuses a pending document of `lease_token` because of one of its settings, or can
+/// never take the message a body resolver built for it: the lease is blocked (its pages fail,
+/// nothing is stamped) until an operator changes the setting or the resolver. Logged once, when
+/// the block starts; `error` names the destination, the broker's reply and the fix.
 pub(crate) fn refused(
     source_identity: &str,
     lease_token: &str,
     error: &(dyn std::error::Error + 'static),
 ) {
+    if let Some(DrainError::ResolvedMessageRefused { id, .. }) = error.downcast_ref() {
+        guarded(|| {
+            tracing::error!(
+                source_identity,
+                lease_token,
+                document_id = id.as_str(),
+                error,
+                "The Cosmos Outbox Relay cannot publish the pending Outbox Documents of lease \
+                 {lease_token}: the broker can never take the message the body resolver built \
+                 for document '{id}'. The resolver is at fault, not the document: it stays \
+                 pending, nothing is marked undeliverable, and the lease's documents are \
+                 published once the resolver builds a message the broker takes (or the document \
+                 is given up with `chatter outbox give-up`); the error says what the broker \
+                 refuses."
+            );
+        });
+        return;
+    }
     guarded(|| {
         tracing::error!(
             source_identity,
@@ -98,16 +120,82 @@ pub(crate) fn refused(
     });
 }
 
-/// A standalone relay's pending filter panicked on a document: the document is not admitted.
-pub(crate) fn pending_filter_panicked(source_identity: &str, id: &str) {
-    guarded(|| {
-        tracing::error!(
-            source_identity,
-            id,
-            "The Cosmos Outbox Relay's additional pending filter panicked on document {id}; the \
-             document is not admitted (it stays as it is)."
-        );
-    });
+/// The text a panic was raised with (`panic!("..")` carries a `&str` or a `String`).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|text| (*text).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// The least time between two warnings about documents that look pending under an id that is
+/// not their outbox id: another writer's mistake repeats on every document it writes.
+const ID_MISMATCH_WARNING_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Documents that look pending (`_chatterType` "outbox", `status` "pending") under an id that is
+/// not the outbox id of their `MessageId`: the pending gate turns them away, so they are never
+/// published. Each is counted (`chatter.messaging.outbox.drain.id_mismatches`, when metrics are
+/// on); a warning names the first and the id it should have, and then at most one a minute,
+/// with how many were not named in between. One per drain (one change-feed processor).
+#[derive(Debug, Default)]
+pub(crate) struct IdMismatches {
+    /// When the last warning was written, and how many were found since without one.
+    last: Mutex<(Option<Instant>, u64)>,
+}
+
+impl IdMismatches {
+    /// Counts `mismatch`, and warns about it unless a warning was written in the last minute.
+    pub(crate) fn found(
+        &self,
+        metrics: Option<&SourceMetrics>,
+        source_identity: &str,
+        mismatch: &IdMismatch<'_>,
+    ) {
+        if let Some(metrics) = metrics {
+            metrics.id_mismatch();
+        }
+        let unnamed = {
+            let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = Instant::now();
+            if last
+                .0
+                .is_some_and(|at| now.duration_since(at) < ID_MISMATCH_WARNING_INTERVAL)
+            {
+                last.1 += 1;
+                return;
+            }
+            let unnamed = last.1;
+            *last = (Some(now), 0);
+            unnamed
+        };
+        let id = mismatch.id;
+        let message_id = mismatch.message_id.unwrap_or_default();
+        let expected = mismatch.expected.as_deref();
+        guarded(|| {
+            let expected_text = expected.map_or_else(
+                || "none: its `MessageId` is missing, empty or too long for an id".to_owned(),
+                |expected| format!("'{expected}'"),
+            );
+            let since = if unnamed == 0 {
+                String::new()
+            } else {
+                format!(" {unnamed} more such document(s) were skipped since the last warning.")
+            };
+            tracing::warn!(
+                source_identity,
+                id,
+                message_id,
+                expected_id = expected.unwrap_or_default(),
+                unnamed_since_last_warning = unnamed,
+                "The Cosmos Outbox Relay skips document '{id}': it looks like a pending Outbox \
+                 Document, but its id is not the outbox id of its MessageId (expected \
+                 {expected_text}, `outbox:` and the unpadded base64url of the MessageId), so it is \
+                 never published. Write it under the expected id.{since} `chatter outbox \
+                 pending` lists every such document."
+            );
+        });
+    }
 }
 
 /// The broker took a page of a lease it had refused: the lease drains again.
@@ -161,7 +249,7 @@ pub(crate) fn change_feed_fault(
             return;
         }
         // Logged at Error when the refusal started (`refused`), and shown in health.
-        Some(DrainError::Refused { .. }) => {
+        Some(DrainError::Refused { .. } | DrainError::ResolvedMessageRefused { .. }) => {
             guarded(|| {
                 tracing::debug!(
                     source_identity,

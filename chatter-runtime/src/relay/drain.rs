@@ -6,7 +6,11 @@
 //!
 //! 1. Only genuine pending Outbox Documents pass the pending gate; everything else (the handler's
 //!    own documents, inbox markers, delivered documents, the relay's own stamps coming back) is
-//!    skipped.
+//!    skipped. One that looks pending under an id that is not the outbox id of its `MessageId`
+//!    (another writer's mistake) is skipped too, but logged at Warn and counted
+//!    ([`diagnostics::IdMismatches`]). A standalone relay's pending filter then narrows what
+//!    passes; a filter that panics fails the page before anything of it is published, so the
+//!    page is read again and never checkpointed past.
 //! 2. Its drain lag is recorded (admitted), then the
 //!    [Outbox Document Contract](crate::document::outbox_contract) verifies it. A document whose
 //!    own fields prove it can never be published, or break a protocol limit no broker setting
@@ -174,6 +178,19 @@ struct Pending<'a> {
     key: Vec<Value>,
 }
 
+/// The pending filter panicked on document `id`: the page fails
+/// ([`DrainError::PendingFilterPanicked`]).
+struct FilterPanicked {
+    id: String,
+    panic: String,
+}
+
+impl From<FilterPanicked> for DrainError {
+    fn from(FilterPanicked { id, panic }: FilterPanicked) -> Self {
+        Self::PendingFilterPanicked { id, panic }
+    }
+}
+
 /// What a published (or never publishable) document still needs: its one stamp.
 enum Stamp {
     /// Published: stamped delivered with the TTL.
@@ -304,6 +321,9 @@ pub struct Drain {
     resolver: Option<Arc<dyn ResolverFactory>>,
     /// The standalone relay's additional pending filter (narrowing only).
     pending_filter: Option<PendingFilter>,
+    /// Documents that look pending under an id that is not their outbox id: warned about
+    /// (rate-limited) and counted.
+    id_mismatches: Arc<diagnostics::IdMismatches>,
 }
 
 /// The default bound of one publish and of one stamp.
@@ -344,6 +364,7 @@ impl Drain {
             tracer: None,
             resolver: None,
             pending_filter: None,
+            id_mismatches: Arc::default(),
         }
     }
 
@@ -360,24 +381,19 @@ impl Drain {
         self
     }
 
-    /// Whether a pending document passes the additional filter: evaluated exactly once; a
-    /// filter that panics admits nothing, and says so at Error.
-    fn passes_filter(&self, doc: &Value) -> bool {
+    /// Whether a pending document passes the additional filter: evaluated exactly once. A
+    /// filter that panics fails the page (as a throwing filter fails the batch in .NET), so the
+    /// document is read again rather than checkpointed past.
+    fn passes_filter(&self, doc: &Value, id: &str) -> Result<bool, FilterPanicked> {
         let Some(filter) = &self.pending_filter else {
-            return true;
+            return Ok(true);
         };
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| filter(doc))) {
-            Ok(admitted) => admitted,
-            Err(_) => {
-                diagnostics::pending_filter_panicked(
-                    self.gate.source_identity(),
-                    doc.get(outbox::ID_FIELD)
-                        .and_then(Value::as_str)
-                        .unwrap_or_default(),
-                );
-                false
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| filter(doc))).map_err(|panic| {
+            FilterPanicked {
+                id: id.to_owned(),
+                panic: diagnostics::panic_message(panic.as_ref()),
             }
-        }
+        })
     }
 
     /// Records the drain's metrics and publishes under `send` spans with `telemetry` (default:
@@ -478,7 +494,7 @@ impl Drain {
                 lease_token: lease_token.to_owned(),
             });
         }
-        let (groups, skipped) = self.groups(documents);
+        let (groups, skipped) = self.groups(documents)?;
         // Counts a page cancelled (by the processor's handler timeout) after it published.
         let page = PageInFlight {
             gate: &self.gate,
@@ -565,7 +581,12 @@ impl Drain {
         }) {
             self.gate.record_confirmation_failure(lease_token, source);
         }
-        if let Some(refused) = all().find(|error| matches!(error, DrainError::Refused { .. })) {
+        if let Some(refused) = all().find(|error| {
+            matches!(
+                error,
+                DrainError::Refused { .. } | DrainError::ResolvedMessageRefused { .. }
+            )
+        }) {
             self.gate.record_refusal(lease_token, refused);
         }
         // The first failure fails the page (and is logged with it); the others are logged here.
@@ -577,14 +598,25 @@ impl Drain {
 
     /// The page's pending Outbox Documents grouped by partition-key value, in change-feed order
     /// (groups by their first document), and how many documents were skipped: the pending gate,
-    /// applied once per document here.
-    fn groups<'a>(&self, documents: &'a [Value]) -> (Vec<Vec<Pending<'a>>>, usize) {
+    /// applied once per document here. Fails when the pending filter panicked on a document.
+    fn groups<'a>(
+        &self,
+        documents: &'a [Value],
+    ) -> Result<(Vec<Vec<Pending<'a>>>, usize), FilterPanicked> {
         let mut groups: Vec<Vec<Pending<'a>>> = Vec::new();
         let mut index: HashMap<String, usize> = HashMap::new();
         let mut skipped = 0;
         for doc in documents {
             let id = doc.get(outbox::ID_FIELD).and_then(Value::as_str);
-            let admitted = document::is_pending_outbox(doc) && self.passes_filter(doc);
+            let pending = document::is_pending_outbox(doc);
+            if !pending && let Some(mismatch) = outbox::id_mismatch(doc) {
+                self.id_mismatches.found(
+                    self.metrics.as_deref(),
+                    self.gate.source_identity(),
+                    &mismatch,
+                );
+            }
+            let admitted = pending && self.passes_filter(doc, id.unwrap_or_default())?;
             let (true, Some(id)) = (admitted, id) else {
                 skipped += 1;
                 if let Some(metrics) = &self.metrics {
@@ -602,7 +634,7 @@ impl Drain {
             }
             groups[at].push(Pending { doc, id, key });
         }
-        (groups, skipped)
+        Ok((groups, skipped))
     }
 
     /// Drains one group's documents in change-feed order, each holding an in-flight permit
@@ -715,6 +747,17 @@ impl Drain {
                 Ok(Stamp::Delivered {
                     message_id,
                     destination,
+                })
+            }
+            // A protocol limit no broker setting lifts. The resolver built this message, not
+            // the document's persisted fields: the resolver is at fault, and a fixed resolver
+            // publishes the document, so it blocks the lease as a refusing setting does.
+            Err(source) if source.is_permanent() && self.resolver.is_some() => {
+                Err(DrainError::ResolvedMessageRefused {
+                    id: pending.id.to_owned(),
+                    message_id,
+                    destination,
+                    source,
                 })
             }
             // Only a protocol limit on the document's own fields: no broker setting lifts it.

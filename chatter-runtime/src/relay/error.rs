@@ -197,6 +197,41 @@ pub enum DrainError {
         #[source]
         source: crate::BoxError,
     },
+    /// The broker can never take the message a standalone relay's body resolver built for a
+    /// document ([`BrokerError::is_permanent`], e.g. a destination no queue can be named): the
+    /// resolver is at fault, not the document's persisted fields, so nothing is published or
+    /// stamped and the lease is blocked, as for a broker setting, until the resolver builds a
+    /// message the broker takes (or an operator gives the document up).
+    #[error(
+        "the broker can never take the message '{message_id}' for `{destination}` that the body \
+         resolver built for outbox document '{id}'; the document stays pending and its lease is \
+         blocked until the body resolver builds a message the broker takes (or an operator gives \
+         the document up with `chatter outbox give-up`)"
+    )]
+    ResolvedMessageRefused {
+        /// The document id.
+        id: String,
+        /// The resolved message's id.
+        message_id: String,
+        /// The resolved message's destination.
+        destination: String,
+        /// The broker's permanent refusal.
+        #[source]
+        source: BrokerError,
+    },
+    /// A standalone relay's pending filter panicked on a document: nothing of the page was
+    /// published or stamped, and the page is read again (as a filter that throws fails the
+    /// batch in .NET), so the processor never checkpoints past the document.
+    #[error(
+        "the standalone relay's pending filter panicked on document '{id}' ({panic}); nothing of \
+         the page was published and the page is read again"
+    )]
+    PendingFilterPanicked {
+        /// The document id (empty when it has none).
+        id: String,
+        /// The panic's message.
+        panic: String,
+    },
     /// A document the body resolver built no message for could not be stamped delivered;
     /// nothing was published, so this is no Confirmation Failure.
     #[error(
@@ -232,6 +267,12 @@ impl DrainError {
             Self::Cancelled { .. } => "chatter_runtime::DrainError::Cancelled",
             Self::LeaseLost { .. } => "chatter_runtime::DrainError::LeaseLost",
             Self::Resolver { .. } => "chatter_runtime::DrainError::Resolver",
+            Self::ResolvedMessageRefused { .. } => {
+                "chatter_runtime::DrainError::ResolvedMessageRefused"
+            }
+            Self::PendingFilterPanicked { .. } => {
+                "chatter_runtime::DrainError::PendingFilterPanicked"
+            }
             Self::DroppedStamp { .. } => "chatter_runtime::DrainError::DroppedStamp",
             Self::UndeliverableStamp { .. } => "chatter_runtime::DrainError::UndeliverableStamp",
         }

@@ -275,9 +275,16 @@ impl StandaloneRelayBuilder {
     }
 
     /// Admits only the pending documents `filter` also accepts. Evaluated exactly once per
-    /// pending document; it can only narrow (a document that is not a pending Outbox Document
-    /// is never admitted, whatever it says). A filter that panics admits nothing and is
-    /// logged at Error.
+    /// pending document of a page; it can only narrow (a document that is not a pending Outbox
+    /// Document is never admitted, whatever it says). A filter that panics fails the page, as a
+    /// throwing filter fails the batch in .NET: nothing of the page is published, it is not
+    /// checkpointed and is read again (each time logged at Error as a fault of its lease, which
+    /// does not advance until the filter stops panicking).
+    ///
+    /// [`Runtime::relay_idle`](crate::Runtime::relay_idle) and the shutdown drain count the
+    /// relay's pending documents with the same filter, so what it turns away is no backlog: it
+    /// is evaluated there too, on each pending document counted. Keep it a function of the
+    /// document alone.
     pub fn pending_filter(
         mut self,
         filter: impl Fn(&Value) -> bool + Send + Sync + 'static,

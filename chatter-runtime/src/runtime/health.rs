@@ -52,7 +52,8 @@ pub struct LeaseHealth {
     /// Whether it is under a Drain Suspension (its confirmations kept failing).
     pub suspended: bool,
     /// Why the broker refuses one of its pending documents, while it does: the lease is blocked
-    /// on a broker setting (a permission, a conflicting queue, a size limit, no route). The
+    /// on a broker setting (a permission, a conflicting queue, a size limit, no route), or on a
+    /// message a standalone relay's body resolver built that the broker can never take. The
     /// reason names the destination, the broker's reply and the fix; the documents stay
     /// pending and are published once it is fixed, without a restart.
     pub blocked: Option<String>,

@@ -9,6 +9,7 @@ use crate::cosmos::{CosmosConnection, CosmosStoreError};
 use crate::document;
 use crate::operator::outbox::{gate_fields, outbox_query};
 use crate::relay::drain::InFlightLimit;
+use crate::relay::resolver::PendingFilter;
 
 /// How often the pending documents are counted while waiting.
 const POLL: Duration = Duration::from_millis(100);
@@ -57,15 +58,31 @@ pub(crate) struct Watched {
 }
 
 /// A container a relay drains: where to count its pending Outbox Documents.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct Drained {
     pub(crate) cosmos: CosmosConnection,
     pub(crate) database: String,
     pub(crate) container: String,
+    /// A standalone relay's pending filter: what it turns away is never relayed, so it is not
+    /// counted either.
+    pub(crate) pending_filter: Option<PendingFilter>,
 }
 
-/// The pending Outbox Documents of the containers the relays drain, as the relay's gate sees
-/// them (documents that only look pending are not counted: the relay skips them).
+impl std::fmt::Debug for Drained {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Drained")
+            .field("database", &self.database)
+            .field("container", &self.container)
+            .field("pending_filter", &self.pending_filter.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The pending Outbox Documents of the containers the relays drain, as the relay's gate and a
+/// standalone relay's pending filter see them: documents that only look pending, or that the
+/// filter turns away, are not counted (the relay skips them). The filter reads the whole
+/// document, so with one the query selects whole documents; one that panics on a document
+/// counts it (the relay fails that page, so the document stays pending).
 pub(crate) async fn pending_outbox_documents(
     drained: &[Drained],
 ) -> Result<usize, CosmosStoreError> {
@@ -75,15 +92,27 @@ pub(crate) async fn pending_outbox_documents(
             .cosmos
             .container(&target.database, &target.container)
             .await?;
-        let query = outbox_query(&gate_fields(), document::outbox::STATUS_PENDING)?;
+        let select = match target.pending_filter {
+            Some(_) => "*".to_owned(),
+            None => gate_fields(),
+        };
+        let query = outbox_query(&select, document::outbox::STATUS_PENDING)?;
         query_each(&container, query, |item| {
-            if document::is_pending_outbox(&item) {
+            if document::is_pending_outbox(&item) && admits(target.pending_filter.as_ref(), &item) {
                 pending += 1;
             }
         })
         .await?;
     }
     Ok(pending)
+}
+
+/// Whether `filter` (if any) admits `item`; a filter that panics admits it here, as the relay
+/// does not get past it either.
+fn admits(filter: Option<&PendingFilter>, item: &serde_json::Value) -> bool {
+    filter.is_none_or(|filter| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| filter(item))).unwrap_or(true)
+    })
 }
 
 /// Waits until no Outbox Document is pending in the containers `watched` drains, at most

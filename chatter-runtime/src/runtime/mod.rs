@@ -338,6 +338,7 @@ impl RuntimeBuilder {
                 cosmos: spec.cosmos.clone(),
                 database: spec.database.clone(),
                 container: spec.container.clone(),
+                pending_filter: spec.pending_filter.clone(),
             })
             .collect();
         let relay = match relay_specs {

@@ -1,5 +1,7 @@
 //! The seven drain instruments and the backlog gauge: names, kinds, units, descriptions and
-//! advised buckets exactly as the .NET module publishes them, so one dashboard reads both.
+//! advised buckets exactly as the .NET module publishes them, so one dashboard reads both; and
+//! chatter's own `drain.id_mismatches` counter (documents the pending gate turns away under an
+//! id that is not their outbox id).
 //!
 //! Every emit site is a method of [`SourceMetrics`], reached through an
 //! `Option<Arc<SourceMetrics>>`: `None` (metrics off) returns before anything is read or built.
@@ -25,6 +27,9 @@ pub(crate) mod name {
     pub(crate) const FAILURES: &str = "chatter.messaging.outbox.drain.failures";
     pub(crate) const UNDELIVERABLE: &str = "chatter.messaging.outbox.drain.undeliverable";
     pub(crate) const SUSPENSIONS: &str = "chatter.messaging.outbox.drain.suspensions";
+    /// Beyond the .NET module: documents that look pending under an id that is not their
+    /// outbox id, which the pending gate turns away.
+    pub(crate) const ID_MISMATCHES: &str = "chatter.messaging.outbox.drain.id_mismatches";
     /// Beyond the .NET module: pending Outbox Documents behind each lease's checkpoint.
     pub(crate) const BACKLOG: &str = "chatter.messaging.outbox.backlog";
 }
@@ -82,6 +87,7 @@ pub(crate) struct DrainInstruments {
     failures: Counter<u64>,
     undeliverable: Counter<u64>,
     suspensions: Counter<u64>,
+    id_mismatches: Counter<u64>,
     backlog: Gauge<u64>,
 }
 
@@ -132,6 +138,14 @@ impl DrainInstruments {
                 .u64_counter(name::SUSPENSIONS)
                 .with_unit("{suspension}")
                 .with_description("Number of times the Outbox Relay suspended draining, by lease.")
+                .build(),
+            id_mismatches: meter
+                .u64_counter(name::ID_MISMATCHES)
+                .with_unit("{document}")
+                .with_description(
+                    "Number of documents that look like pending Outbox Documents under an id that \
+                     is not the outbox id of their MessageId, which the Outbox Relay skips.",
+                )
                 .build(),
             backlog: meter
                 .u64_gauge(name::BACKLOG)
@@ -235,6 +249,20 @@ impl SourceMetrics {
         guarded(|| {
             let attributes = self.lease(lease_token);
             self.instruments.suspensions.add(1, &attributes);
+        });
+    }
+
+    /// One document that looks pending under an id that is not the outbox id of its
+    /// `MessageId`, skipped (by source: a writer's mistake shows where it writes).
+    pub(crate) fn id_mismatch(&self) {
+        guarded(|| {
+            self.instruments.id_mismatches.add(
+                1,
+                &[KeyValue::new(
+                    attribute::SOURCE_IDENTITY,
+                    self.source_identity.clone(),
+                )],
+            );
         });
     }
 

@@ -24,6 +24,7 @@
 //! | `chatter.messaging.outbox.drain.failures` | counter | `{failure}` | per lease fault (a read, a page, a checkpoint or renewal) | source identity, lease token, `error.type` |
 //! | `chatter.messaging.outbox.drain.undeliverable` | counter | `{document}` | per document stamped `undeliverable` | none |
 //! | `chatter.messaging.outbox.drain.suspensions` | counter | `{suspension}` | per Drain Suspension opened | source identity, lease token |
+//! | `chatter.messaging.outbox.drain.id_mismatches` | counter | `{document}` | per document that looks pending (`_chatterType` `outbox`, `status` `pending`) under an id that is not the outbox id of its `MessageId` (`outbox:` and the unpadded base64url of the `MessageId`, [`outbox_id`](crate::cosmos::outbox_id)): skipped and never published (beyond the .NET module; also logged at Warn, at most once a minute) | source identity |
 //! | `chatter.messaging.outbox.backlog` | gauge (u64) | `{document}` | per owned lease, every [backlog interval](crate::RelayOptions::backlog_interval): pending Outbox Documents after its checkpoint | source identity, lease token |
 //!
 //! The source identity (`chatter.messaging.outbox.source_identity`) is the relay processor's
