@@ -60,6 +60,16 @@ pub struct LeaseHealth {
     /// [`RelayOptions::backlog_interval`](crate::RelayOptions::backlog_interval)); `None` with
     /// metrics off or before the first estimate.
     pub backlog: Option<u64>,
+    /// The age of the oldest pending Outbox Document of its feed range (by its last write), as
+    /// last swept (every [`RelayOptions::sweep_interval`](crate::RelayOptions::sweep_interval));
+    /// `None` when none is pending or before the first sweep. A stall to alert on, whatever
+    /// holds the document back; also the `chatter.messaging.outbox.pending.oldest_age` gauge.
+    pub oldest_pending_age: Option<Duration>,
+    /// The pending Outbox Documents the last sweep found behind its checkpoint: read past
+    /// without being published. Each was logged at Error and written back so that it is
+    /// published; the next sweep reports 0 once they are. Not 0 means a defect worth a look
+    /// (what read past them, the log names each document).
+    pub stranded: u64,
 }
 
 /// What a runtime is doing now ([`Runtime::health`](super::Runtime::health)).
@@ -74,16 +84,15 @@ pub struct Health {
 
 impl Health {
     /// Whether everything makes progress: every consumer is subscribed and no owned lease is
-    /// failing, suspended or blocked. A readiness probe answers 503 while this is `false`; every
+    /// failing, suspended, blocked or had stranded documents at its last sweep. A readiness probe answers 503 while this is `false`; every
     /// `false` has been logged at Error with its cause.
     pub fn is_healthy(&self) -> bool {
         self.consumers
             .iter()
             .all(|c| c.state == ConsumerState::Subscribed)
-            && self
-                .leases
-                .iter()
-                .all(|l| l.last_error.is_none() && !l.suspended && l.blocked.is_none())
+            && self.leases.iter().all(|l| {
+                l.last_error.is_none() && !l.suspended && l.blocked.is_none() && l.stranded == 0
+            })
     }
 }
 
