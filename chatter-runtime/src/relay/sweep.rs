@@ -59,8 +59,8 @@ const MAX_CANDIDATES_PER_LEASE: usize = 1_000;
 pub(crate) struct SweepFinding {
     /// The age of the oldest pending document of the lease's feed range; `None` when none.
     pub(crate) oldest_pending_age: Option<Duration>,
-    /// The pending documents found behind the lease's checkpoint (each logged at Error and put
-    /// back on the change feed).
+    /// The pending documents the sweeps found behind the lease's checkpoint since this
+    /// instance owns it (each logged at Error and put back on the change feed).
     pub(crate) stranded: u64,
 }
 
@@ -159,7 +159,12 @@ impl Sweeper {
             self.judge(estimator, &mut swept).await;
         }
         let mut findings = HashMap::with_capacity(swept.len());
-        for lease in swept {
+        for mut lease in swept {
+            // Counted since this instance owns the lease: a repaired document is no longer
+            // found, yet what was found stays visible.
+            if let Some(before) = self.findings.of(&lease.lease_token) {
+                lease.finding.stranded += before.stranded;
+            }
             if let Some(metrics) = &self.metrics {
                 let age = lease.finding.oldest_pending_age.unwrap_or_default();
                 metrics.oldest_pending_age(&lease.lease_token, age.as_secs_f64());
@@ -170,8 +175,8 @@ impl Sweeper {
         self.findings.replace(findings);
     }
 
-    /// The leases of this processor on this monitored container that this instance owns and
-    /// that have a checkpoint (without one nothing was read past), with their feed ranges.
+    /// The leases of this processor on this monitored container that this instance owns, with
+    /// their feed ranges.
     async fn owned_leases(
         &self,
         scope: &mut Option<String>,
@@ -194,7 +199,6 @@ impl Sweeper {
             .filter(|lease| {
                 lease.monitored_container.as_deref() == Some(scope.as_str())
                     && lease.owner.as_deref() == Some(self.instance.as_str())
-                    && lease.continuation_token.is_some()
             })
             .filter_map(|lease| {
                 let range = lease.feed_range_token.parse::<FeedRange>().ok()?;
@@ -204,7 +208,8 @@ impl Sweeper {
     }
 
     /// The pending documents of `lease`'s feed range: the oldest one's age, and those older than
-    /// `stranded_after` (at most [`MAX_CANDIDATES_PER_LEASE`]).
+    /// `stranded_after` (at most [`MAX_CANDIDATES_PER_LEASE`]; none for a lease without a
+    /// checkpoint, which has read past nothing).
     async fn pending_of(
         &self,
         lease: &LeaseDocument,
@@ -218,6 +223,7 @@ impl Sweeper {
             .unwrap_or_default();
         let mut oldest: Option<i64> = None;
         let mut candidates = Vec::new();
+        let judged = lease.continuation_token.is_some();
         let read = async {
             let mut items = self
                 .monitored
@@ -234,7 +240,9 @@ impl Sweeper {
                 };
                 oldest = Some(oldest.map_or(written, |o| o.min(written)));
                 let age = age_of(written, now);
-                if age >= self.options.stranded_after && candidates.len() < MAX_CANDIDATES_PER_LEASE
+                if judged
+                    && age >= self.options.stranded_after
+                    && candidates.len() < MAX_CANDIDATES_PER_LEASE
                 {
                     candidates.push(Candidate {
                         id: text(&doc, ID_FIELD),

@@ -65,10 +65,11 @@ pub struct LeaseHealth {
     /// `None` when none is pending or before the first sweep. A stall to alert on, whatever
     /// holds the document back; also the `chatter.messaging.outbox.pending.oldest_age` gauge.
     pub oldest_pending_age: Option<Duration>,
-    /// The pending Outbox Documents the last sweep found behind its checkpoint: read past
-    /// without being published. Each was logged at Error and written back so that it is
-    /// published; the next sweep reports 0 once they are. Not 0 means a defect worth a look
-    /// (what read past them, the log names each document).
+    /// The pending Outbox Documents the stranded-document sweep found behind its checkpoint
+    /// (read past without being published) since this instance owns the lease. Each was logged
+    /// at Error, naming it, and written back so that it is published; not 0 means something
+    /// read past pending documents, worth a look. Also the `chatter.messaging.outbox.stranded`
+    /// counter.
     pub stranded: u64,
 }
 
@@ -84,15 +85,16 @@ pub struct Health {
 
 impl Health {
     /// Whether everything makes progress: every consumer is subscribed and no owned lease is
-    /// failing, suspended, blocked or had stranded documents at its last sweep. A readiness probe answers 503 while this is `false`; every
+    /// failing, suspended or blocked. A readiness probe answers 503 while this is `false`; every
     /// `false` has been logged at Error with its cause.
     pub fn is_healthy(&self) -> bool {
         self.consumers
             .iter()
             .all(|c| c.state == ConsumerState::Subscribed)
-            && self.leases.iter().all(|l| {
-                l.last_error.is_none() && !l.suspended && l.blocked.is_none() && l.stranded == 0
-            })
+            && self
+                .leases
+                .iter()
+                .all(|l| l.last_error.is_none() && !l.suspended && l.blocked.is_none())
     }
 }
 
