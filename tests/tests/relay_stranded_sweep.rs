@@ -204,8 +204,7 @@ async fn a_pending_document_behind_its_checkpoint_is_logged_counted_shown_and_pu
 async fn a_document_its_lease_has_not_read_is_never_written_and_its_order_holds() {
     let (logs, _guard) = capture();
     let (cosmos, outbox) = setup().await;
-    let first = stored(&outbox, pending("m-first", "t1")).await;
-    let second = stored(&outbox, pending("m-second", "t1")).await;
+    stored(&outbox, pending("m-warm", "t1")).await;
     // Test double: the in-memory broker refusing m-first by a broker setting (the shape of a
     // real refusal, `BrokerError::Refused`) until `lifted`: the lease is blocked on it, and
     // m-second waits behind it, unread past, for as long as the test needs.
@@ -237,6 +236,18 @@ async fn a_document_its_lease_has_not_read_is_never_written_and_its_order_holds(
         .start()
         .await
         .unwrap();
+    // The lease has a checkpoint (past m-warm) before the two documents come: the sweep judges
+    // the documents of a lease with a checkpoint only.
+    let warm = next_delivery(&mut orders, WAIT).await;
+    assert_eq!(warm.message.message_id, "m-warm");
+    warm.ack().await.unwrap();
+    eventually(WAIT, POLL, "the lease's checkpoint is past m-warm", || {
+        let (cosmos, outbox, processor) = (&cosmos, &outbox, &processor);
+        async move { unread(cosmos, outbox, processor, "m-warm").await == 0 }
+    })
+    .await;
+    let first = stored(&outbox, pending("m-first", "t1")).await;
+    let second = stored(&outbox, pending("m-second", "t1")).await;
 
     // Blocked, and swept for a while: the oldest pending age grows past 2 s, some ten sweeps.
     eventually(
