@@ -307,3 +307,28 @@ async fn a_document_its_lease_has_not_read_is_never_written_and_its_order_holds(
     assert_eq!(order, ["m-first", "m-second"], "the key's order holds");
     runtime.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_zero_sweep_interval_is_refused() {
+    let (cosmos, _) = setup().await;
+    let relay = StandaloneRelay::builder(&cosmos, (DB, OUTBOX), (DB, LEASES))
+        .partition_key_paths(PATHS)
+        .options(fast_relay(Duration::from_secs(5)).sweep_interval(Duration::ZERO))
+        .build();
+    let error = match relay {
+        // The builder refuses it, with the option named in its cause.
+        Err(error) => {
+            let cause = std::error::Error::source(&error).map(ToString::to_string);
+            format!("{error}: {}", cause.unwrap_or_default())
+        }
+        Ok(relay) => Runtime::builder()
+            .cosmos(cosmos)
+            .consume(false)
+            .standalone_relay(relay)
+            .start()
+            .await
+            .unwrap_err()
+            .to_string(),
+    };
+    assert!(error.contains("sweep_interval"), "{error}");
+}

@@ -286,7 +286,9 @@ mod tests {
             .publish_timeout(9 * second)
             .max_in_flight(11)
             .delivered_status("sent")
-            .delivered_ttl_seconds(60);
+            .delivered_ttl_seconds(60)
+            .sweep_interval(12 * second)
+            .stranded_after(13 * second);
         let p = &changed.processor;
         assert_eq!(p.poll_interval, 2 * second);
         assert_eq!(p.max_items_per_page, 7);
@@ -301,6 +303,10 @@ mod tests {
         assert_eq!(defaults.max_in_flight, DEFAULT_MAX_IN_FLIGHT);
         assert_eq!(changed.delivery.delivered_status, "sent");
         assert_eq!(changed.delivery.delivered_ttl_seconds, 60);
+        assert_eq!(changed.sweep_interval, 12 * second);
+        assert_eq!(changed.stranded_after, 13 * second);
+        assert_eq!(defaults.sweep_interval, DEFAULT_SWEEP_INTERVAL);
+        assert_eq!(defaults.stranded_after, DEFAULT_STRANDED_AFTER);
         assert_eq!(p.start_from, defaults.processor.start_from);
     }
 }
