@@ -308,3 +308,84 @@ fn error_type(error: &(dyn std::error::Error + 'static)) -> &'static str {
         "_OTHER"
     }
 }
+
+/// The sweep found a pending document behind its lease's checkpoint: no drain of that lease
+/// would ever read it again. Logged at Error before its repair (a no-op write that puts it
+/// back on the change feed) and counted.
+pub(crate) fn stranded(
+    metrics: Option<&SourceMetrics>,
+    source_identity: &str,
+    lease_token: &str,
+    document_id: &str,
+    message_id: &str,
+    age: std::time::Duration,
+) {
+    if let Some(metrics) = metrics {
+        metrics.stranded(lease_token);
+    }
+    let age_seconds = age.as_secs();
+    guarded(|| {
+        tracing::error!(
+            source_identity,
+            lease_token,
+            document_id,
+            message_id,
+            age_seconds,
+            "The Cosmos Outbox Relay found pending Outbox Document {document_id} (message \
+             {message_id}, written {age_seconds} s ago) behind the checkpoint of lease \
+             {lease_token}: the lease read past it without publishing it. It is written back \
+             unchanged, so it returns to the change feed and is published."
+        );
+    });
+}
+
+/// A stranded document's no-op write landed: the lease reads it again.
+pub(crate) fn stranded_requeued(source_identity: &str, lease_token: &str, document_id: &str) {
+    guarded(|| {
+        tracing::info!(
+            source_identity,
+            lease_token,
+            document_id,
+            "The Cosmos Outbox Relay put stranded Outbox Document {document_id} back on the \
+             change feed of lease {lease_token}."
+        );
+    });
+}
+
+/// A stranded document could not be written back; the next sweep finds it again.
+pub(crate) fn stranded_repair_failed(
+    source_identity: &str,
+    lease_token: &str,
+    document_id: &str,
+    error: &(dyn std::error::Error + 'static),
+) {
+    guarded(|| {
+        tracing::error!(
+            source_identity,
+            lease_token,
+            document_id,
+            error,
+            "The Cosmos Outbox Relay could not put stranded Outbox Document {document_id} back on \
+             the change feed of lease {lease_token}; it stays pending and unpublished until a \
+             later sweep succeeds."
+        );
+    });
+}
+
+/// A sweep for stranded documents could not complete (of one lease, or of all of them): it is
+/// tried again at the next interval.
+pub(crate) fn sweep_failed(
+    source_identity: &str,
+    lease_token: Option<&str>,
+    error: &(dyn std::error::Error + 'static),
+) {
+    guarded(|| {
+        tracing::warn!(
+            source_identity,
+            lease_token,
+            error,
+            "The Cosmos Outbox Relay could not sweep its leases for stranded Outbox Documents; \
+             it tries again at the next sweep."
+        );
+    });
+}

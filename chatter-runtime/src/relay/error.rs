@@ -25,6 +25,9 @@ pub enum RelayError {
     /// [`RelayOptions::backlog_interval`] is zero: the estimates would run back to back.
     #[error("invalid relay options: `backlog_interval` must be greater than zero")]
     ZeroBacklogInterval,
+    /// [`RelayOptions::sweep_interval`] is zero: the sweeps would run back to back.
+    #[error("invalid relay options: `sweep_interval` must be greater than zero")]
+    ZeroSweepInterval,
     /// [`RelayOptions::handler_timeout`] is not greater than one document's publish and stamp
     /// ([`RelayOptions::publish_timeout`] plus [`RelayOptions::store_timeout`]): a slow stamp
     /// would have its page cancelled after the publish, and the message published again.

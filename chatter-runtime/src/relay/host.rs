@@ -21,6 +21,7 @@ use super::identity::{self, RelaySource, SourceIdentity};
 use super::options::RelayOptions;
 use super::resolver::{PendingFilter, ResolverFactory};
 use super::suspension::DrainGate;
+use super::sweep::{SweepFinding, SweepFindings, Sweeper};
 use crate::broker::Broker;
 use crate::cosmos::CosmosConnection;
 use crate::cosmos::charge::RequestMeter;
@@ -30,11 +31,11 @@ use crate::telemetry::Telemetry;
 /// The running relays.
 #[derive(Debug)]
 pub(crate) struct RelayHost {
-    processors: Vec<(RunningProcessor, Arc<DrainGate>, Backlogs)>,
+    processors: Vec<(RunningProcessor, Arc<DrainGate>, Backlogs, SweepFindings)>,
     /// The in-flight limits of the relays: one the pipeline relay's processors share, one of
     /// each standalone relay.
     in_flight: Vec<InFlightLimit>,
-    /// Stops the backlog estimates.
+    /// Stops the backlog estimates and the stranded-document sweeps.
     estimates: CancellationToken,
     estimators: TaskTracker,
 }
@@ -127,7 +128,7 @@ impl RelayHost {
                 Ok(processor) => processors.push(processor),
                 Err(error) => {
                     // Stop what already started; the original error is what the caller sees.
-                    for (started, _, _, _, _) in processors {
+                    for (started, ..) in processors {
                         started.shutdown().await;
                     }
                     return Err(error);
@@ -138,12 +139,14 @@ impl RelayHost {
         let estimators = TaskTracker::new();
         let processors = processors
             .into_iter()
-            .map(|(processor, gate, backlogs, estimator, state)| {
+            .map(|(processor, gate, backlogs, estimator, state, sweeper)| {
                 if let Some(estimator) = estimator {
                     estimators.spawn(estimator.run(estimates.clone()));
                 }
                 estimators.spawn(state.run(estimates.clone()));
-                (processor, gate, backlogs)
+                let findings = sweeper.findings.clone();
+                estimators.spawn(sweeper.run(estimates.clone()));
+                (processor, gate, backlogs, findings)
             })
             .collect();
         estimators.close();
@@ -164,7 +167,7 @@ impl RelayHost {
     pub(crate) fn owned_leases(&self) -> Vec<(String, Vec<String>)> {
         self.processors
             .iter()
-            .map(|(p, _, _)| (p.processor_name().to_owned(), p.owned_leases()))
+            .map(|(p, ..)| (p.processor_name().to_owned(), p.owned_leases()))
             .collect()
     }
 
@@ -172,17 +175,19 @@ impl RelayHost {
     /// under a Drain Suspension.
     pub(crate) fn lease_statuses(&self) -> Vec<LeaseState> {
         let mut statuses = Vec::new();
-        for (processor, gate, backlogs) in &self.processors {
+        for (processor, gate, backlogs, sweeps) in &self.processors {
             for status in processor.lease_statuses() {
                 let suspended = gate.is_suspended(&status.lease_token);
                 let blocked = gate.blocked(&status.lease_token);
                 let backlog = backlogs.of(&status.lease_token);
+                let sweep = sweeps.of(&status.lease_token);
                 statuses.push(LeaseState {
                     processor: processor.processor_name().to_owned(),
                     status,
                     suspended,
                     blocked,
                     backlog,
+                    sweep,
                 });
             }
         }
@@ -194,7 +199,7 @@ impl RelayHost {
     pub(crate) fn suspended_leases(&self) -> Vec<(String, Vec<String>)> {
         self.processors
             .iter()
-            .filter_map(|(p, gate, _)| {
+            .filter_map(|(p, gate, ..)| {
                 let owned = p.owned_leases();
                 let mut suspended = gate.suspended_leases();
                 // A lease released a moment ago may still be forgotten by its gate.
@@ -208,7 +213,7 @@ impl RelayHost {
     pub(crate) async fn shutdown(self) {
         self.estimates.cancel();
         self.estimators.wait().await;
-        for (processor, _, _) in self.processors {
+        for (processor, ..) in self.processors {
             processor.shutdown().await;
         }
     }
@@ -287,6 +292,18 @@ async fn start_one(
         every: options.processor.lease_renew_interval,
         store_timeout: options.processor.store_timeout,
     };
+    // Always on, metrics or not: a stranded document is repaired whatever is exported.
+    let sweeper = Sweeper {
+        processor_name: source.processor_name.clone(),
+        instance: instance.to_owned(),
+        monitored: Arc::clone(&monitored),
+        leases: Arc::clone(&leases),
+        partition_key_paths: source.partition_key_paths,
+        pending_filter: source.pending_filter.clone(),
+        options: options.clone(),
+        metrics: drain.metrics().cloned(),
+        findings: SweepFindings::default(),
+    };
     let read_metrics = drain.metrics().cloned();
     let page_charges = Arc::clone(charges);
     let gate = Arc::clone(drain.gate());
@@ -351,16 +368,18 @@ async fn start_one(
                 source: e,
             })?;
     tracing::info!(processor = processor_name, instance, container = %format!("{}/{}", source.database, source.container), "chatter relay started");
-    Ok((processor, gate, backlogs, estimator, state))
+    Ok((processor, gate, backlogs, estimator, state, sweeper))
 }
 
-/// A started processor, its gate, its backlog estimates and (metrics on) what makes them.
+/// A started processor, its gate, its backlog estimates and (metrics on) what makes them, its
+/// state publisher and its stranded-document sweep.
 type Started = (
     RunningProcessor,
     Arc<DrainGate>,
     Backlogs,
     Option<backlog::Estimator>,
     super::state::StatePublisher,
+    Sweeper,
 );
 
 /// One owned lease as the runtime's health reports it.
@@ -370,6 +389,8 @@ pub(crate) struct LeaseState {
     pub(crate) suspended: bool,
     pub(crate) blocked: Option<String>,
     pub(crate) backlog: Option<u64>,
+    /// What the last stranded-document sweep found; `None` before the first.
+    pub(crate) sweep: Option<SweepFinding>,
 }
 
 /// The last backlog estimate of each owned lease of one processor (empty with metrics off).

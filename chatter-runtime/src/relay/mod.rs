@@ -13,6 +13,7 @@
 //! | `options.rs` | [`RelayOptions`] |
 //! | `host.rs` | the relay host: verifies every container, then starts one processor per source |
 //! | `backlog.rs` | the per-lease backlog estimate behind the `chatter.messaging.outbox.backlog` gauge |
+//! | `sweep.rs` | the stranded-document sweep: pending documents a lease read past, logged, counted and put back on the change feed; each lease's oldest pending age |
 //! | `diagnostics.rs` | the always-on logs, counted when metrics are on, and the faults' `error.type` names |
 //! | `error.rs` | why the relay did not start, and why a page failed |
 mod backlog;
@@ -28,6 +29,7 @@ pub(crate) mod resolver;
 pub(crate) mod standalone;
 pub(crate) mod state;
 pub(crate) mod suspension;
+pub(crate) mod sweep;
 
 pub use options::RelayOptions;
 pub use resolver::{BodyResolver, DrainContext};

@@ -38,6 +38,8 @@ pub struct RelayOptions {
     pub(crate) publish_timeout: Duration,
     pub(crate) max_in_flight: usize,
     pub(crate) backlog_interval: Duration,
+    pub(crate) sweep_interval: Duration,
+    pub(crate) stranded_after: Duration,
     /// Test seam: the Drain Suspension gates' clock (the process's monotonic clock otherwise).
     #[cfg(feature = "test-support")]
     pub(crate) suspension_clock: Option<SuspensionClock>,
@@ -57,6 +59,10 @@ impl std::fmt::Debug for SuspensionClock {
 
 /// The default [`RelayOptions::backlog_interval`].
 const DEFAULT_BACKLOG_INTERVAL: Duration = Duration::from_secs(30);
+/// The default [`RelayOptions::sweep_interval`].
+const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+/// The default [`RelayOptions::stranded_after`].
+const DEFAULT_STRANDED_AFTER: Duration = Duration::from_secs(5 * 60);
 
 impl Default for RelayOptions {
     fn default() -> Self {
@@ -66,6 +72,8 @@ impl Default for RelayOptions {
             publish_timeout: DEFAULT_DRAIN_TIMEOUT,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             backlog_interval: DEFAULT_BACKLOG_INTERVAL,
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
+            stranded_after: DEFAULT_STRANDED_AFTER,
             #[cfg(feature = "test-support")]
             suspension_clock: None,
         }
@@ -96,6 +104,9 @@ impl RelayOptions {
         }
         if self.backlog_interval.is_zero() {
             return Err(RelayError::ZeroBacklogInterval);
+        }
+        if self.sweep_interval.is_zero() {
+            return Err(RelayError::ZeroSweepInterval);
         }
         // A page cancelled between a publish and its stamp publishes that message again; with a
         // bound no longer than one publish and one stamp, every slow stamp would do so.
@@ -131,6 +142,35 @@ impl RelayOptions {
     /// once, at start.
     pub fn backlog_interval(mut self, interval: Duration) -> Self {
         self.backlog_interval = interval;
+        self
+    }
+
+    /// How often the relay sweeps the feed ranges of its owned leases for stranded Outbox
+    /// Documents: pending ones, older than [`stranded_after`](Self::stranded_after), that the
+    /// lease has already read past (a read of the change feed from its checkpoint no longer
+    /// returns them), so no drain would ever publish them. Each is logged at Error, counted
+    /// (`chatter.messaging.outbox.stranded`), shown in
+    /// [`LeaseHealth::stranded`](crate::LeaseHealth::stranded) and written back unchanged (an
+    /// ETag-guarded no-op patch), which puts it at the end of the change feed, where it is
+    /// published as usual. A document the lease has not read yet is never written. The same
+    /// sweep records each lease's oldest pending document's age
+    /// ([`LeaseHealth::oldest_pending_age`](crate::LeaseHealth::oldest_pending_age), the
+    /// `chatter.messaging.outbox.pending.oldest_age` gauge). Default **60 s**; the sweep runs
+    /// whether metrics are on or off. Each sweep queries the pending documents of every owned
+    /// feed range, and reads the change feed after the checkpoints only when some are older than
+    /// `stranded_after`. [`start`](crate::RuntimeBuilder::start) refuses zero.
+    pub fn sweep_interval(mut self, interval: Duration) -> Self {
+        self.sweep_interval = interval;
+        self
+    }
+
+    /// How old (since its last write, by the store's `_ts`) a pending Outbox Document must be
+    /// before the [sweep](Self::sweep_interval) judges whether it is stranded. Default **5
+    /// min**. The rule itself (absent from the change feed after its lease's checkpoint) holds
+    /// at any age; the bound keeps the sweep's change-feed read for documents that have had
+    /// their time, and any value (zero too) is accepted.
+    pub fn stranded_after(mut self, age: Duration) -> Self {
+        self.stranded_after = age;
         self
     }
 
@@ -261,7 +301,9 @@ mod tests {
             .publish_timeout(9 * second)
             .max_in_flight(11)
             .delivered_status("sent")
-            .delivered_ttl_seconds(60);
+            .delivered_ttl_seconds(60)
+            .sweep_interval(12 * second)
+            .stranded_after(13 * second);
         let p = &changed.processor;
         assert_eq!(p.poll_interval, 2 * second);
         assert_eq!(p.max_items_per_page, 7);
@@ -276,6 +318,10 @@ mod tests {
         assert_eq!(defaults.max_in_flight, DEFAULT_MAX_IN_FLIGHT);
         assert_eq!(changed.delivery.delivered_status, "sent");
         assert_eq!(changed.delivery.delivered_ttl_seconds, 60);
+        assert_eq!(changed.sweep_interval, 12 * second);
+        assert_eq!(changed.stranded_after, 13 * second);
+        assert_eq!(defaults.sweep_interval, DEFAULT_SWEEP_INTERVAL);
+        assert_eq!(defaults.stranded_after, DEFAULT_STRANDED_AFTER);
         assert_eq!(p.start_from, defaults.processor.start_from);
     }
 

@@ -61,6 +61,17 @@ pub struct LeaseHealth {
     /// [`RelayOptions::backlog_interval`](crate::RelayOptions::backlog_interval)); `None` with
     /// metrics off or before the first estimate.
     pub backlog: Option<u64>,
+    /// The age of the oldest pending Outbox Document of its feed range (by its last write), as
+    /// last swept (every [`RelayOptions::sweep_interval`](crate::RelayOptions::sweep_interval));
+    /// `None` when none is pending or before the first sweep. A stall to alert on, whatever
+    /// holds the document back; also the `chatter.messaging.outbox.pending.oldest_age` gauge.
+    pub oldest_pending_age: Option<Duration>,
+    /// The pending Outbox Documents the stranded-document sweep found behind its checkpoint
+    /// (read past without being published) since this instance owns the lease. Each was logged
+    /// at Error, naming it, and written back so that it is published; not 0 means something
+    /// read past pending documents, worth a look. Also the `chatter.messaging.outbox.stranded`
+    /// counter.
+    pub stranded: u64,
 }
 
 /// What a runtime is doing now ([`Runtime::health`](super::Runtime::health)).

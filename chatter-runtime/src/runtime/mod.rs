@@ -769,6 +769,8 @@ impl Runtime {
                 suspended: state.suspended,
                 blocked: state.blocked,
                 backlog: state.backlog,
+                oldest_pending_age: state.sweep.and_then(|s| s.oldest_pending_age),
+                stranded: state.sweep.map_or(0, |s| s.stranded),
             })
             .collect();
         Health { consumers, leases }

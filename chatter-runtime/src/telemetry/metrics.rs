@@ -1,7 +1,7 @@
-//! The seven drain instruments and the backlog gauge: names, kinds, units, descriptions and
-//! advised buckets exactly as the .NET module publishes them, so one dashboard reads both; and
-//! chatter's own `drain.id_mismatches` counter (documents the pending gate turns away under an
-//! id that is not their outbox id).
+//! The seven drain instruments, exactly as the .NET module publishes them (names, kinds, units,
+//! descriptions and advised buckets), so one dashboard reads both; and chatter's own backlog
+//! gauge, `drain.id_mismatches` counter (documents the pending gate turns away under an id that
+//! is not their outbox id) and the stranded-document sweep's two instruments.
 //!
 //! Every emit site is a method of [`SourceMetrics`], reached through an
 //! `Option<Arc<SourceMetrics>>`: `None` (metrics off) returns before anything is read or built.
@@ -32,6 +32,10 @@ pub(crate) mod name {
     pub(crate) const ID_MISMATCHES: &str = "chatter.messaging.outbox.drain.id_mismatches";
     /// Beyond the .NET module: pending Outbox Documents behind each lease's checkpoint.
     pub(crate) const BACKLOG: &str = "chatter.messaging.outbox.backlog";
+    /// Beyond the .NET module: pending Outbox Documents the sweep found behind a checkpoint.
+    pub(crate) const STRANDED: &str = "chatter.messaging.outbox.stranded";
+    /// Beyond the .NET module: the age of each owned lease's oldest pending Outbox Document.
+    pub(crate) const PENDING_OLDEST_AGE: &str = "chatter.messaging.outbox.pending.oldest_age";
 }
 
 /// The attribute keys.
@@ -89,6 +93,8 @@ pub(crate) struct DrainInstruments {
     suspensions: Counter<u64>,
     id_mismatches: Counter<u64>,
     backlog: Gauge<u64>,
+    stranded: Counter<u64>,
+    pending_oldest_age: Gauge<f64>,
 }
 
 impl DrainInstruments {
@@ -152,6 +158,22 @@ impl DrainInstruments {
                 .with_unit("{document}")
                 .with_description(
                     "Pending Outbox Documents after the checkpoint of a lease, as last estimated.",
+                )
+                .build(),
+            stranded: meter
+                .u64_counter(name::STRANDED)
+                .with_unit("{document}")
+                .with_description(
+                    "Number of pending Outbox Documents found behind their lease's checkpoint and \
+                     put back on the change feed.",
+                )
+                .build(),
+            pending_oldest_age: meter
+                .f64_gauge(name::PENDING_OLDEST_AGE)
+                .with_unit("s")
+                .with_description(
+                    "Age of the oldest pending Outbox Document of a lease's feed range, as last \
+                     swept (0 when none is pending).",
                 )
                 .build(),
         }
@@ -271,6 +293,26 @@ impl SourceMetrics {
         guarded(|| {
             let attributes = self.lease(lease_token);
             self.instruments.backlog.record(pending, &attributes);
+        });
+    }
+}
+
+impl SourceMetrics {
+    /// One pending document found behind `lease_token`'s checkpoint.
+    pub(crate) fn stranded(&self, lease_token: &str) {
+        guarded(|| {
+            let attributes = self.lease(lease_token);
+            self.instruments.stranded.add(1, &attributes);
+        });
+    }
+
+    /// The age (seconds) of `lease_token`'s oldest pending document at the last sweep.
+    pub(crate) fn oldest_pending_age(&self, lease_token: &str, seconds: f64) {
+        guarded(|| {
+            let attributes = self.lease(lease_token);
+            self.instruments
+                .pending_oldest_age
+                .record(seconds, &attributes);
         });
     }
 }

@@ -26,6 +26,8 @@
 //! | `chatter.messaging.outbox.drain.suspensions` | counter | `{suspension}` | per Drain Suspension opened | source identity, lease token |
 //! | `chatter.messaging.outbox.drain.id_mismatches` | counter | `{document}` | per document that looks pending (`_chatterType` `outbox`, `status` `pending`) under an id that is not the outbox id of its `MessageId` (`outbox:` and the unpadded base64url of the `MessageId`, [`outbox_id`](crate::cosmos::outbox_id)): skipped and never published (beyond the .NET module; also logged at Warn, at most once a minute) | source identity |
 //! | `chatter.messaging.outbox.backlog` | gauge (u64) | `{document}` | per owned lease, every [backlog interval](crate::RelayOptions::backlog_interval): pending Outbox Documents after its checkpoint | source identity, lease token |
+//! | `chatter.messaging.outbox.stranded` | counter | `{document}` | per pending document the [sweep](crate::RelayOptions::sweep_interval) found behind its lease's checkpoint (logged at Error and written back so it is published) | source identity, lease token |
+//! | `chatter.messaging.outbox.pending.oldest_age` | gauge (f64) | `s` | per owned lease, every [sweep interval](crate::RelayOptions::sweep_interval): the age of the oldest pending Outbox Document of its feed range (by its `_ts`), 0 when none | source identity, lease token |
 //!
 //! The source identity (`chatter.messaging.outbox.source_identity`) is the relay processor's
 //! name, the one its leases carry; the lease token (`chatter.messaging.outbox.lease_token`) is
