@@ -1,6 +1,7 @@
 //! A standalone-inbox command's last attempt whose completion landed although the attempt did
 //! not hear so (its answer came after the store timeout): the marker shows it completed, so the
-//! delivery is acknowledged as handled, never dead-lettered.
+//! delivery is acknowledged as handled, never dead-lettered. And a send from a standalone-inbox
+//! command that names no lease container is refused with the fix.
 //!
 //! Real parts: a `chatter-emulator` server that does the PATCH at once and holds its answer
 //! back (a lost answer), the in-memory broker.
@@ -8,7 +9,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use chatter_runtime::broker::InMemoryBroker;
+use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::{inbox_id, provision};
 use chatter_runtime::{
     BoxError, DocumentReliable, HandlerContext, RelayOptions, Runtime, dead_letter_destination,
@@ -39,6 +40,9 @@ async fn send_text(_command: SendText, _ctx: &mut HandlerContext) -> Result<(), 
 async fn a_last_attempt_whose_completion_landed_unheard_is_acknowledged_not_dead_lettered() {
     let (emulator, cosmos) = emulator_server().await;
     provision::ensure_for::<SendText>(&cosmos).await.unwrap();
+    provision::ensure_for::<SendAnnouncedText>(&cosmos)
+        .await
+        .unwrap();
     let broker = InMemoryBroker::new();
     let runtime = Runtime::builder()
         .cosmos(cosmos.clone())
@@ -63,5 +67,65 @@ async fn a_last_attempt_whose_completion_landed_unheard_is_acknowledged_not_dead
         0,
         "a completed message id is acknowledged on its last attempt"
     );
+    runtime.shutdown().await;
+}
+
+/// Sends a text and tells someone: a standalone-inbox command without a lease container.
+#[derive(Debug, Serialize, Deserialize, DocumentReliable)]
+#[inbox(database = "sms", container = "idempotency-announced")]
+#[chatter(max_delivery_attempts = 1)]
+pub struct SendAnnouncedText {
+    pub to: String,
+}
+
+#[handler]
+async fn send_announced_text(
+    command: SendAnnouncedText,
+    ctx: &mut HandlerContext,
+) -> Result<(), BoxError> {
+    ctx.send_json(
+        &format!("{}:Sent", ctx.message_id()),
+        "texts-sent",
+        &json!({ "to": command.to }),
+    )?;
+    Ok(())
+}
+
+// A standalone-inbox command that names no lease container cannot send: its sent messages
+// commit as Outbox Documents that only a relay publishes. The send is refused with the fix, and
+// nothing is published.
+#[tokio::test]
+async fn a_send_from_an_inbox_command_without_a_lease_is_refused_with_the_fix() {
+    let (_emulator, cosmos) = emulator_server().await;
+    provision::ensure_for::<SendText>(&cosmos).await.unwrap();
+    provision::ensure_for::<SendAnnouncedText>(&cosmos)
+        .await
+        .unwrap();
+    let broker = InMemoryBroker::new();
+    let runtime = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .broker(broker.clone())
+        .start()
+        .await
+        .unwrap();
+    let mut dead = broker
+        .subscribe(&dead_letter_destination("SendAnnouncedText"))
+        .await
+        .unwrap();
+    publish_command(
+        &broker,
+        "SendAnnouncedText",
+        "text-2",
+        &json!({ "to": "+15550101" }),
+    )
+    .await;
+    let letter = chatter_tests::broker::next_delivery(&mut dead, Duration::from_secs(30)).await;
+    let reason = letter.message.context[chatter_runtime::DEAD_LETTER_REASON_CONTEXT_KEY]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(reason.contains("names no lease container"), "{reason}");
+    assert!(reason.contains("lease = \"...\""), "{reason}");
+    assert_eq!(broker.published_count("texts-sent"), 0);
     runtime.shutdown().await;
 }

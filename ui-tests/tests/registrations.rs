@@ -214,6 +214,36 @@ mod inbox {
         let declared = SendReceipt::DOCUMENT_RELIABILITY.standalone_inbox.unwrap();
         assert_eq!(declared.partition_key_path, "/idempotencyKey");
         assert_eq!(declared.marker_ttl_seconds, Some(604800));
+        assert_eq!(
+            SendReceipt::DOCUMENT_RELIABILITY.lease,
+            "",
+            "no lease: it sends nothing"
+        );
+        let announced = AnnounceReceipt::DOCUMENT_RELIABILITY;
+        assert_eq!(announced.lease, "idempotency-leases");
+        let outbox_key = announced.standalone_inbox.unwrap().outbox_partition_key;
+        assert_eq!(outbox_key.len(), 1);
+        assert_eq!(outbox_key[0].path, "/idempotencyKey");
+    }
+
+    // One whose handler sends: its relay's lease container.
+    #[derive(Serialize, Deserialize, DocumentReliable)]
+    #[inbox(
+        database = "mail",
+        container = "announced",
+        lease = "idempotency-leases"
+    )]
+    pub(crate) struct AnnounceReceipt {
+        pub(crate) order_id: String,
+    }
+
+    #[handler]
+    async fn announce_receipt(
+        command: AnnounceReceipt,
+        ctx: &mut HandlerContext,
+    ) -> Result<(), BoxError> {
+        ctx.send_json("receipt-sent", "receipts", &command.order_id)?;
+        Ok(())
     }
 }
 

@@ -1,23 +1,25 @@
 //! The Standalone Inbox Gate: handling by message id for work whose side effects are not in
 //! Cosmos (an HTTP call, another database, an email). There is no batch to join, so a **Claimed
 //! Inbox Marker** per message id in a dedicated idempotency container makes a message id whose
-//! handling completed never run again, in two phases:
+//! handling completed never run again, and never run twice at the same time:
 //!
-//! 1. create the marker with `Completed: false` (the claim);
-//! 2. on `201` run the handler, then patch `Completed: true`;
-//!    on `409` read the marker back (a bounded number of times): completed, skip; still pending
-//!    (an attempt that crashed or failed), take it over and run the handler; anything else, fail
+//! 1. create the marker with `Completed: false` and `ClaimSeconds` (the claim; its handler is
+//!    stopped once that time is up);
+//! 2. on `201` run the handler, then mark it completed (a patch of `Completed: true`, or, with
+//!    sent messages, one batch that also creates their Outbox Documents);
+//!    on `409` read the marker back (a bounded number of times): completed, skip; its claim
+//!    possibly live (`claim.rs`), refuse with [`InboxError::ClaimHeld`] without running
+//!    anything; its claim over (released by a failed attempt, or run out after a crash), take it
+//!    over with a replace conditioned on the ETag read, and run the handler; anything else, fail
 //!    loudly so the message is delivered again rather than skipped.
 //!
-//! Markers are never deleted (only their `ttl` removes them): a handler that fails leaves its
-//! marker pending, and the next delivery takes it over.
+//! Markers are never deleted (only their `ttl` removes them, which must outlive a claim): a
+//! handler that fails leaves its marker pending with its claim released, and the next delivery
+//! takes it over.
 //!
-//! **The at-least-once edges**: a handler that ran while its completion patch failed (or whose
-//! process died between the two) runs again on the next delivery, which takes the pending marker
-//! over; and a duplicate delivered while the first attempt is still running (another instance)
-//! finds the marker pending and takes it over too, so both run. Make the side effect idempotent,
-//! or accept that. (Within one runtime, deliveries of one message id are handled one after
-//! another.)
+//! **The at-least-once edge**: a handler that ran while its completion failed (or whose process
+//! died between the two) runs again on the next delivery, once its claim is over. Make the side
+//! effect idempotent, or accept that.
 
 mod claim;
 mod options;

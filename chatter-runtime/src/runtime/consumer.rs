@@ -498,7 +498,10 @@ impl Consumer {
     async fn retry_after_claim(&self, delivery: Delivery, attempt: u32, for_at_most: Duration) {
         if delivery.delivery_count().is_some() {
             let message_id = delivery.message.message_id.clone();
-            if let Err(error) = delivery.nack_after(for_at_most).await {
+            // A claim whose end time cannot hold (a huge delivery timeout) is asked again in an
+            // hour rather than at a delay the server cannot take.
+            let delay = for_at_most.min(Duration::from_secs(3600));
+            if let Err(error) = delivery.nack_after(delay).await {
                 self.settlement_failed(&message_id, "delayed nack", &error);
             }
             return;
