@@ -222,8 +222,9 @@ async fn settle(change: &Change, action: DeadLetterAction, json: bool) -> Result
 }
 
 /// The broker's URL from `file`, else from `CHATTER_BROKER_URL` (never a flag: it may hold a
-/// password, and is never printed).
-pub(crate) fn broker_url(file: Option<&Path>) -> Result<String, Failure> {
+/// password, and is never printed). `file_hint` names where the subcommand takes the file
+/// (`--broker-url-file`, or `url_file` in a relay's file).
+pub(crate) fn broker_url(file: Option<&Path>, file_hint: &str) -> Result<String, Failure> {
     match file {
         Some(path) => Ok(std::fs::read_to_string(path)
             .map_err(|e| {
@@ -239,7 +240,7 @@ pub(crate) fn broker_url(file: Option<&Path>) -> Result<String, Failure> {
             .filter(|url| !url.trim().is_empty())
             .ok_or_else(|| {
                 Failure::Input(format!(
-                    "no broker URL: set {BROKER_URL_ENV} or pass --broker-url-file"
+                    "no broker URL: set {BROKER_URL_ENV} or {file_hint}"
                 ))
             }),
     }
@@ -247,7 +248,7 @@ pub(crate) fn broker_url(file: Option<&Path>) -> Result<String, Failure> {
 
 /// The broker `at` names (errors name its URL without the password).
 async fn connect(at: &At) -> Result<Box<dyn DeadLetters>, Failure> {
-    let url = broker_url(at.broker_url_file.as_deref())?;
+    let url = broker_url(at.broker_url_file.as_deref(), "pass --broker-url-file")?;
     let unreachable = |e: chatter_runtime::broker::BrokerError| {
         Failure::Store(format!("cannot reach the broker: {}", chain(&e)))
     };
