@@ -246,11 +246,38 @@ pub(crate) fn broker_url(file: Option<&Path>, file_hint: &str) -> Result<String,
     }
 }
 
+/// `message` without the secret part of `url` (what precedes its host: scheme, user and
+/// password), wherever a client library quoted the URL as given.
+pub(crate) fn scrub(message: &str, url: &str) -> String {
+    match url.rfind('@') {
+        Some(at) if at > 0 => {
+            // The user stays when `//` shows where it starts and a `:` where it ends.
+            let secret = match url.find("://") {
+                Some(scheme) if scheme + 3 < at => {
+                    let userinfo = &url[scheme + 3..at];
+                    match userinfo.split_once(':') {
+                        Some((user, _)) => {
+                            (&url[..at], format!("{}{user}:***", &url[..scheme + 3]))
+                        }
+                        None => (&url[..at], format!("{}***", &url[..scheme + 3])),
+                    }
+                }
+                _ => (&url[..at], "***".to_owned()),
+            };
+            message.replace(secret.0, &secret.1)
+        }
+        _ => message.to_owned(),
+    }
+}
+
 /// The broker `at` names (errors name its URL without the password).
 async fn connect(at: &At) -> Result<Box<dyn DeadLetters>, Failure> {
     let url = broker_url(at.broker_url_file.as_deref(), "pass --broker-url-file")?;
     let unreachable = |e: chatter_runtime::broker::BrokerError| {
-        Failure::Store(format!("cannot reach the broker: {}", chain(&e)))
+        Failure::Store(scrub(
+            &format!("cannot reach the broker: {}", chain(&e)),
+            &url,
+        ))
     };
     Ok(match at.broker {
         BrokerKind::Rabbitmq => Box::new(RabbitMqBroker::connect(&url).await.map_err(unreachable)?),

@@ -256,7 +256,10 @@ pub(crate) async fn run(
         "url_file (in the file's [broker])",
     )?;
     let unreachable = |e: chatter_runtime::broker::BrokerError| {
-        Failure::Store(format!("cannot reach the broker: {}", chain(&e)))
+        Failure::Store(crate::dead_letters::scrub(
+            &format!("cannot reach the broker: {}", chain(&e)),
+            &url,
+        ))
     };
     let running = match config.broker.kind {
         BrokerKind::Rabbitmq => {
