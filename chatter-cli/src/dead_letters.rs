@@ -10,7 +10,7 @@ use chatter_runtime::broker::{
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
-use crate::tables::columns;
+use crate::tables::{columns, counted};
 use crate::{Confirm, Failure, chain};
 
 /// The environment variable holding the broker's URL (it may carry a password).
@@ -165,8 +165,12 @@ async fn settle(change: &Change, action: DeadLetterAction, json: bool) -> Result
             DeadLetterAction::Discard => String::new(),
         };
         shown.push_str(&format!(
-            "{verb} will take these {} dead letters{target}:\n{}",
-            selected.len(),
+            "{verb} will take {}{target}:\n{}",
+            if selected.len() == 1 {
+                "this dead letter".to_owned()
+            } else {
+                format!("these {} dead letters", selected.len())
+            },
             table(&selected)
         ));
     }
@@ -207,7 +211,10 @@ async fn settle(change: &Change, action: DeadLetterAction, json: bool) -> Result
         for (id, why) in &outcome.refused {
             println!("not {verb}ed {id}: {why}");
         }
-        println!("{} dead letters {verb}ed", outcome.done.len());
+        println!(
+            "{} {verb}ed",
+            counted(outcome.done.len(), "dead letter", "dead letters")
+        );
     }
     if let Some(error) = &outcome.failed {
         eprintln!(
@@ -309,5 +316,9 @@ fn table(letters: &[DeadLetter]) -> String {
             },
         ]);
     }
-    format!("{}{} dead letters\n", columns(&rows), letters.len())
+    format!(
+        "{}{}\n",
+        columns(&rows),
+        counted(letters.len(), "dead letter", "dead letters")
+    )
 }

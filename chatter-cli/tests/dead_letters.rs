@@ -137,7 +137,7 @@ async fn rabbitmq_dead_letters_are_listed_replayed_with_their_id_and_discarded()
     );
     assert!(stdout(&replayed).contains("not found: nope"));
     assert!(
-        stdout(&replayed).contains("1 dead letters replayed"),
+        stdout(&replayed).contains("1 dead letter replayed"),
         "{}",
         stdout(&replayed)
     );

@@ -280,14 +280,15 @@ impl Relay {
                 .unwrap()
                 .success()
         );
-        let status = tokio::task::spawn_blocking(move || {
+        // Every line up to the end of both streams (the readers stop there).
+        let (status, seen) = tokio::task::spawn_blocking(move || {
             let status = self.child.wait().unwrap();
-            (status, self.lines, self.seen)
+            let mut seen = self.seen;
+            seen.extend(self.lines.iter());
+            (status, seen)
         })
         .await
         .unwrap();
-        let (status, lines, mut seen) = status;
-        seen.extend(lines.try_iter());
         (status.code(), seen)
     }
 }
