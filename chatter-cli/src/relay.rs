@@ -279,7 +279,11 @@ pub(crate) async fn run(
     };
     println!("chatter relay started; SIGINT or SIGTERM stops it");
     // Leases are taken after the start (at the first acquire round): say which once they are.
-    let mut owned = Vec::new();
+    let mut owned: Vec<(String, Vec<String>)> = running
+        .owned_leases()
+        .into_iter()
+        .map(|(processor, _)| (processor, Vec::new()))
+        .collect();
     let mut stop = std::pin::pin!(stopped());
     loop {
         let now = running.owned_leases();

@@ -324,6 +324,7 @@ async fn the_readme_relay_file_starts_and_logs_the_leases_it_owns_on_stderr() {
         .wait_for(|line| line.starts_with("stderr:") && line.contains("owns leases"))
         .await;
     assert!(owned.contains("INFO"), "{owned}");
+    assert!(!owned.contains("(0 now)"), "{owned}");
     let (code, output) = relay.stop().await;
     assert_eq!(code, Some(0), "{}", output.join("\n"));
     assert!(
