@@ -10,7 +10,7 @@ use chatter_runtime::broker::{
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
-use crate::tables::columns;
+use crate::tables::{columns, counted};
 use crate::{Confirm, Failure, chain};
 
 /// The environment variable holding the broker's URL (it may carry a password).
@@ -165,8 +165,12 @@ async fn settle(change: &Change, action: DeadLetterAction, json: bool) -> Result
             DeadLetterAction::Discard => String::new(),
         };
         shown.push_str(&format!(
-            "{verb} will take these {} dead letters{target}:\n{}",
-            selected.len(),
+            "{verb} will take {}{target}:\n{}",
+            if selected.len() == 1 {
+                "this dead letter".to_owned()
+            } else {
+                format!("these {} dead letters", selected.len())
+            },
             table(&selected)
         ));
     }
@@ -207,7 +211,10 @@ async fn settle(change: &Change, action: DeadLetterAction, json: bool) -> Result
         for (id, why) in &outcome.refused {
             println!("not {verb}ed {id}: {why}");
         }
-        println!("{} dead letters {verb}ed", outcome.done.len());
+        println!(
+            "{} {verb}ed",
+            counted(outcome.done.len(), "dead letter", "dead letters")
+        );
     }
     if let Some(error) = &outcome.failed {
         eprintln!(
@@ -222,8 +229,9 @@ async fn settle(change: &Change, action: DeadLetterAction, json: bool) -> Result
 }
 
 /// The broker's URL from `file`, else from `CHATTER_BROKER_URL` (never a flag: it may hold a
-/// password, and is never printed).
-pub(crate) fn broker_url(file: Option<&Path>) -> Result<String, Failure> {
+/// password, and is never printed). `file_hint` names where the subcommand takes the file
+/// (`--broker-url-file`, or `url_file` in a relay's file).
+pub(crate) fn broker_url(file: Option<&Path>, file_hint: &str) -> Result<String, Failure> {
     match file {
         Some(path) => Ok(std::fs::read_to_string(path)
             .map_err(|e| {
@@ -239,17 +247,44 @@ pub(crate) fn broker_url(file: Option<&Path>) -> Result<String, Failure> {
             .filter(|url| !url.trim().is_empty())
             .ok_or_else(|| {
                 Failure::Input(format!(
-                    "no broker URL: set {BROKER_URL_ENV} or pass --broker-url-file"
+                    "no broker URL: set {BROKER_URL_ENV} or {file_hint}"
                 ))
             }),
     }
 }
 
+/// `message` without the secret part of `url` (what precedes its host: scheme, user and
+/// password), wherever a client library quoted the URL as given.
+pub(crate) fn scrub(message: &str, url: &str) -> String {
+    match url.rfind('@') {
+        Some(at) if at > 0 => {
+            // The user stays when `//` shows where it starts and a `:` where it ends.
+            let secret = match url.find("://") {
+                Some(scheme) if scheme + 3 < at => {
+                    let userinfo = &url[scheme + 3..at];
+                    match userinfo.split_once(':') {
+                        Some((user, _)) => {
+                            (&url[..at], format!("{}{user}:***", &url[..scheme + 3]))
+                        }
+                        None => (&url[..at], format!("{}***", &url[..scheme + 3])),
+                    }
+                }
+                _ => (&url[..at], "***".to_owned()),
+            };
+            message.replace(secret.0, &secret.1)
+        }
+        _ => message.to_owned(),
+    }
+}
+
 /// The broker `at` names (errors name its URL without the password).
 async fn connect(at: &At) -> Result<Box<dyn DeadLetters>, Failure> {
-    let url = broker_url(at.broker_url_file.as_deref())?;
+    let url = broker_url(at.broker_url_file.as_deref(), "pass --broker-url-file")?;
     let unreachable = |e: chatter_runtime::broker::BrokerError| {
-        Failure::Store(format!("cannot reach the broker: {}", chain(&e)))
+        Failure::Store(scrub(
+            &format!("cannot reach the broker: {}", chain(&e)),
+            &url,
+        ))
     };
     Ok(match at.broker {
         BrokerKind::Rabbitmq => Box::new(RabbitMqBroker::connect(&url).await.map_err(unreachable)?),
@@ -281,5 +316,9 @@ fn table(letters: &[DeadLetter]) -> String {
             },
         ]);
     }
-    format!("{}{} dead letters\n", columns(&rows), letters.len())
+    format!(
+        "{}{}\n",
+        columns(&rows),
+        counted(letters.len(), "dead letter", "dead letters")
+    )
 }

@@ -21,6 +21,9 @@
 //! poll_interval_ms = 1000
 //! lease_expiry_seconds = 60
 //! publish_timeout_seconds = 300
+//! store_timeout_seconds = 30             # derived unless given:
+//! handler_timeout_seconds = 390          #   above publish + store (5 min at least)
+//! lease_renew_interval_ms = 5000         #   at most half the lease expiry (5 s at most)
 //! max_in_flight = 32
 //! max_items_per_page = 100
 //! delivered_status = "delivered"
@@ -104,24 +107,59 @@ struct OptionsSection {
     poll_interval_ms: Option<u64>,
     lease_expiry_seconds: Option<u64>,
     publish_timeout_seconds: Option<u64>,
+    store_timeout_seconds: Option<u64>,
+    handler_timeout_seconds: Option<u64>,
+    lease_renew_interval_ms: Option<u64>,
     max_in_flight: Option<usize>,
     max_items_per_page: Option<u32>,
     delivered_status: Option<String>,
     delivered_ttl_seconds: Option<i64>,
 }
 
+/// The library's defaults of the timings the file may leave out ([`RelayOptions`]' docs).
+const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_HANDLER_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+const DEFAULT_RENEW_INTERVAL: Duration = Duration::from_secs(5);
+/// What a derived handler timeout leaves above one document's publish and stamp: the rest of
+/// the page.
+const HANDLER_MARGIN: Duration = Duration::from_secs(60);
+
 impl OptionsSection {
+    /// The relay's options. A timing the library checks against another one the file sets is
+    /// derived from it when the file leaves it out, so no value the file accepts is refused
+    /// for a key it lacks: the handler timeout stays above the publish and store timeouts (one
+    /// minute more, 5 min at least), the renew interval at most half the lease expiry (5 s at
+    /// most). Values the file sets are taken as given, and checked.
     fn relay_options(&self) -> RelayOptions {
         let mut options = RelayOptions::default();
         if let Some(ms) = self.poll_interval_ms {
             options = options.poll_interval(Duration::from_millis(ms));
         }
         if let Some(seconds) = self.lease_expiry_seconds {
-            options = options.lease_expiry(Duration::from_secs(seconds));
+            let expiry = Duration::from_secs(seconds);
+            options = options.lease_expiry(expiry);
+            if self.lease_renew_interval_ms.is_none() {
+                options = options.lease_renew_interval(DEFAULT_RENEW_INTERVAL.min(expiry / 2));
+            }
         }
-        if let Some(seconds) = self.publish_timeout_seconds {
-            options = options.publish_timeout(Duration::from_secs(seconds));
+        if let Some(ms) = self.lease_renew_interval_ms {
+            options = options.lease_renew_interval(Duration::from_millis(ms));
         }
+        let publish = self
+            .publish_timeout_seconds
+            .map_or(DEFAULT_PUBLISH_TIMEOUT, Duration::from_secs);
+        let store = self
+            .store_timeout_seconds
+            .map_or(DEFAULT_STORE_TIMEOUT, Duration::from_secs);
+        options = options.publish_timeout(publish).store_timeout(store);
+        options = options.handler_timeout(self.handler_timeout_seconds.map_or_else(
+            || {
+                DEFAULT_HANDLER_TIMEOUT
+                    .max(publish.saturating_add(store).saturating_add(HANDLER_MARGIN))
+            },
+            Duration::from_secs,
+        ));
         if let Some(n) = self.max_in_flight {
             options = options.max_in_flight(n);
         }
@@ -138,12 +176,46 @@ impl OptionsSection {
     }
 }
 
+/// How often `chatter relay` looks whether the leases it owns changed.
+const OWNED_LEASES_EVERY: Duration = Duration::from_secs(1);
+
+/// Logs `info` and above to standard error, or what `RUST_LOG` names (`warn`,
+/// `chatter_runtime=debug,info`: levels per target; span filters are not read). A `RUST_LOG`
+/// that does not parse is said so, and the default kept.
+fn install_logs() {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::layer::SubscriberExt;
+    let default = Targets::new().with_default(LevelFilter::INFO);
+    let (targets, unread) = match std::env::var("RUST_LOG") {
+        Ok(value) if !value.trim().is_empty() => match value.parse::<Targets>() {
+            Ok(targets) => (targets, None),
+            Err(error) => (
+                default,
+                Some(format!("RUST_LOG ({value}) ignored: {error}")),
+            ),
+        },
+        _ => (default, None),
+    };
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_max_level(LevelFilter::TRACE)
+        .finish()
+        .with(targets);
+    if tracing::subscriber::set_global_default(subscriber).is_ok()
+        && let Some(unread) = unread
+    {
+        tracing::warn!(target: "chatter", "{unread}");
+    }
+}
+
 /// Runs the relays `path` describes until SIGINT or SIGTERM.
 pub(crate) async fn run(
     path: &Path,
     endpoint_flag: Option<&str>,
     key_file_flag: Option<&Path>,
 ) -> Result<u8, Failure> {
+    install_logs();
     let text = std::fs::read_to_string(path)
         .map_err(|e| Failure::Input(format!("cannot read {}: {e}", path.display())))?;
     // The message and the line only: toml's own rendering quotes the line, which could be a
@@ -179,9 +251,15 @@ pub(crate) async fn run(
         .iter()
         .map(|section| relay(&cosmos, section))
         .collect::<Result<Vec<_>, _>>()?;
-    let url = crate::dead_letters::broker_url(config.broker.url_file.as_deref())?;
+    let url = crate::dead_letters::broker_url(
+        config.broker.url_file.as_deref(),
+        "url_file (in the file's [broker])",
+    )?;
     let unreachable = |e: chatter_runtime::broker::BrokerError| {
-        Failure::Store(format!("cannot reach the broker: {}", chain(&e)))
+        Failure::Store(crate::dead_letters::scrub(
+            &format!("cannot reach the broker: {}", chain(&e)),
+            &url,
+        ))
     };
     let running = match config.broker.kind {
         BrokerKind::Rabbitmq => {
@@ -199,11 +277,33 @@ pub(crate) async fn run(
             .await?
         }
     };
-    for (processor, leases) in running.owned_leases() {
-        println!("relaying {processor} (leases owned now: {})", leases.len());
-    }
     println!("chatter relay started; SIGINT or SIGTERM stops it");
-    stopped().await;
+    // Leases are taken after the start (at the first acquire round): say which once they are.
+    let mut owned: Vec<(String, Vec<String>)> = running
+        .owned_leases()
+        .into_iter()
+        .map(|(processor, _)| (processor, Vec::new()))
+        .collect();
+    let mut stop = std::pin::pin!(stopped());
+    loop {
+        let now = running.owned_leases();
+        if now != owned {
+            for (processor, leases) in &now {
+                tracing::info!(
+                    target: "chatter",
+                    processor,
+                    leases = %leases.join(", "),
+                    "relay owns leases ({} now)",
+                    leases.len()
+                );
+            }
+            owned = now;
+        }
+        tokio::select! {
+            () = &mut stop => break,
+            () = tokio::time::sleep(OWNED_LEASES_EVERY) => {}
+        }
+    }
     println!("stopping: pages in flight finish, leases are released");
     running.shutdown().await;
     Ok(0)

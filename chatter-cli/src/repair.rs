@@ -7,7 +7,7 @@ use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::operator::{AppliedChange, RepairPlan, apply};
 use serde::Serialize;
 
-use crate::tables::columns;
+use crate::tables::{columns, counted};
 use crate::{Confirm, Container, Failure, read_failed};
 
 /// What a repair command prints with `--json`.
@@ -80,7 +80,14 @@ pub(crate) async fn run_plan(
 /// Asks on the terminal whether to apply `count` changes; anything but `y`/`yes` (or no input
 /// at all) is no.
 pub(crate) fn confirmed(count: usize) -> Result<bool, Failure> {
-    eprint!("apply these {count} changes? [y/N] ");
+    eprint!(
+        "apply {}? [y/N] ",
+        if count == 1 {
+            "this change".to_owned()
+        } else {
+            format!("these {count} changes")
+        }
+    );
     let _ = std::io::stderr().flush();
     let mut answer = String::new();
     std::io::stdin()
@@ -119,8 +126,8 @@ fn plan_table(verb: &str, plan: &RepairPlan) -> String {
             ]);
         }
         out.push_str(&format!(
-            "{verb} will change {} documents:\n",
-            plan.changes.len()
+            "{verb} will change {}:\n",
+            counted(plan.changes.len(), "document", "documents")
         ));
         out.push_str(&columns(&rows));
     }
@@ -149,8 +156,8 @@ fn applied_table(applied: &[AppliedChange]) -> String {
         }
     }
     out.push_str(&format!(
-        "{written} of {} documents changed\n",
-        applied.len()
+        "{written} of {} changed\n",
+        counted(applied.len(), "document", "documents")
     ));
     out
 }

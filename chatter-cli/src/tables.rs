@@ -151,22 +151,51 @@ pub(crate) fn leases_table(leases: &[LeaseView]) -> String {
         .filter(|lease| lease.state != LeaseServed::Owned || lease.suspended)
         .count();
     format!(
-        "{}{} leases, {unserved} not served\n",
+        "{}{}, {unserved} not served\n",
         columns(&rows),
-        leases.len()
+        counted(leases.len(), "lease", "leases")
     )
+}
+
+/// The widest a cell before a table's last column is shown: longer ones are cut (`…`), so one
+/// long reason does not push the other columns off the screen (`--json` has them whole).
+pub(crate) const MAX_CELL: usize = 60;
+
+/// `n` and the noun, singular for one.
+pub(crate) fn counted(n: usize, singular: &str, plural: &str) -> String {
+    format!("{n} {}", if n == 1 { singular } else { plural })
 }
 
 /// Left-aligned columns, two spaces apart (the last one unpadded).
 pub(crate) fn columns<const N: usize>(rows: &[[String; N]]) -> String {
+    let cut = |cell: &String| -> String {
+        if cell.chars().count() > MAX_CELL {
+            let kept: String = cell.chars().take(MAX_CELL - 1).collect();
+            format!("{kept}…")
+        } else {
+            cell.clone()
+        }
+    };
+    let rows: Vec<[String; N]> = rows
+        .iter()
+        .map(|row| {
+            std::array::from_fn(|at| {
+                if at + 1 == N {
+                    row[at].clone()
+                } else {
+                    cut(&row[at])
+                }
+            })
+        })
+        .collect();
     let mut widths = [0; N];
-    for row in rows {
+    for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
     let mut out = String::new();
-    for row in rows {
+    for row in &rows {
         let mut line = String::new();
         for (at, cell) in row.iter().enumerate() {
             if at + 1 == N {
@@ -204,4 +233,33 @@ pub(crate) fn when(at: i64, now: i64) -> String {
         s => format!("{}d {}h", s / 86_400, (s % 86_400) / 3_600),
     };
     format!("{stamp} ({age} ago)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_cell_before_the_last_column_is_cut_so_the_columns_stay_readable() {
+        let long = "x".repeat(200);
+        let table = columns(&[
+            ["A".to_owned(), "B".to_owned()],
+            [long.clone(), "end".to_owned()],
+        ]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[1].chars().count() <= MAX_CELL + 2 + 3, "{table}");
+        assert!(lines[1].contains('…'), "{table}");
+        assert!(lines[1].ends_with("end"), "{table}");
+        assert_eq!(
+            columns(&[["a".to_owned(), long.clone()]]).trim_end(),
+            format!("a  {long}")
+        );
+    }
+
+    #[test]
+    fn one_of_a_kind_reads_singular() {
+        assert_eq!(counted(1, "document", "documents"), "1 document");
+        assert_eq!(counted(0, "document", "documents"), "0 documents");
+        assert_eq!(counted(2, "dead letter", "dead letters"), "2 dead letters");
+    }
 }

@@ -137,7 +137,7 @@ async fn rabbitmq_dead_letters_are_listed_replayed_with_their_id_and_discarded()
     );
     assert!(stdout(&replayed).contains("not found: nope"));
     assert!(
-        stdout(&replayed).contains("1 dead letters replayed"),
+        stdout(&replayed).contains("1 dead letter replayed"),
         "{}",
         stdout(&replayed)
     );
@@ -317,4 +317,33 @@ async fn a_dead_letter_that_arrives_after_the_listing_is_not_taken() {
         .await
         .unwrap();
     let _ = nats.jetstream().delete_stream(&stream).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_broker_url_without_slashes_is_never_printed_with_its_password() {
+    // Nothing listens on port 1: each attempt fails, and its error names the URL.
+    for (broker, url) in [
+        ("rabbitmq", "amqp:guest:s3cret@127.0.0.1:1/%2f"),
+        ("rabbitmq", "guest:s3cret@127.0.0.1:1"),
+        ("nats", "nats:guest:s3cret@127.0.0.1:1"),
+        ("nats", "guest:s3cret@127.0.0.1:1"),
+    ] {
+        let output = chatter_on_broker(
+            url,
+            &[
+                "dead-letters",
+                "list",
+                "--broker",
+                broker,
+                "--destination",
+                "x",
+            ],
+            None,
+        )
+        .await;
+        let text = format!("{}{}", stdout(&output), stderr(&output));
+        assert_eq!(output.status.code(), Some(3), "{text}");
+        assert!(text.contains("127.0.0.1:1"), "it names the host: {text}");
+        assert!(!text.contains("s3cret"), "{url}: {text}");
+    }
 }

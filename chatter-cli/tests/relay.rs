@@ -157,3 +157,249 @@ async fn a_file_that_is_no_relay_configuration_exits_2_without_echoing_a_secret(
         let _ = std::fs::remove_file(config);
     }
 }
+
+/// The README's example relay file (the ```toml block after "A relay without Rust"), with only
+/// what points at a machine adapted: the endpoint, the key file (none for the emulator) and the
+/// broker URL file.
+fn readme_relay_file(endpoint: &str, url_file: &std::path::Path) -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("the README");
+    let chapter = readme
+        .split_once("**A relay without Rust.**")
+        .expect("the README's relay section")
+        .1;
+    let block = chapter
+        .split_once("```toml\n")
+        .expect("the example file")
+        .1
+        .split_once("```")
+        .expect("the end of the example file")
+        .0;
+    block
+        .lines()
+        .filter_map(|line| {
+            let key = line.split('=').next().unwrap_or_default().trim();
+            match key {
+                "endpoint" => Some(format!("endpoint = \"{endpoint}\"")),
+                "key_file" => None,
+                "url_file" => Some(format!("url_file = \"{}\"", url_file.display())),
+                _ => Some(line.to_owned()),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A running `chatter relay --config`: its output lines as they come.
+struct Relay {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Relay {
+    fn start(config: &std::path::Path, envs: &[(&str, &str)]) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_chatter"));
+        command
+            .args(["relay", "--config"])
+            .arg(config)
+            .env_remove("CHATTER_BROKER_URL")
+            .env_remove("CHATTER_COSMOS_KEY")
+            .env_remove("CHATTER_COSMOS_ENDPOINT")
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (key, value) in envs {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().unwrap();
+        let (send, lines) = std::sync::mpsc::channel();
+        for (stream, reader) in [
+            (
+                "stdout",
+                Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            ),
+            ("stderr", Box::new(child.stderr.take().unwrap())),
+        ] {
+            let send = send.clone();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for line in std::io::BufReader::new(reader).lines() {
+                    let Ok(line) = line else { break };
+                    if send.send(format!("{stream}: {line}")).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        Self {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits (up to `WAIT`) for an output line `wanted` accepts; panics with everything seen
+    /// when the relay exits or the wait ends first.
+    async fn wait_for(&mut self, wanted: impl Fn(&str) -> bool) -> String {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            match self.lines.try_recv() {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if wanted(&line) {
+                        return line;
+                    }
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "not seen; the output:\n{}",
+                        self.seen.join("\n")
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    let status = self.child.try_wait();
+                    panic!(
+                        "the relay ended ({status:?}); its output:\n{}",
+                        self.seen.join("\n")
+                    );
+                }
+            }
+        }
+    }
+
+    /// SIGTERM, then its exit code and the rest of its output.
+    async fn stop(mut self) -> (Option<i32>, Vec<String>) {
+        let pid = self.child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        // Every line up to the end of both streams (the readers stop there).
+        let (status, seen) = tokio::task::spawn_blocking(move || {
+            let status = self.child.wait().unwrap();
+            let mut seen = self.seen;
+            seen.extend(self.lines.iter());
+            (status, seen)
+        })
+        .await
+        .unwrap();
+        (status.code(), seen)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_readme_relay_file_starts_and_logs_the_leases_it_owns_on_stderr() {
+    let emulator = chatter_emulator::EmulatorServer::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+        .spawn();
+    let cosmos = chatter_runtime::cosmos::CosmosConnection::connect(emulator.endpoint(), None)
+        .await
+        .unwrap();
+    chatter_runtime::cosmos::provision::ensure_container(
+        &cosmos,
+        "shop",
+        "orders",
+        &["/tenantId", "/orderId"],
+    )
+    .await
+    .unwrap();
+    chatter_runtime::cosmos::provision::ensure_lease_container(&cosmos, "shop", "orders-leases")
+        .await
+        .unwrap();
+    let url_file = config_file(RABBITMQ);
+    let config = config_file(&readme_relay_file(emulator.endpoint(), &url_file));
+
+    let mut relay = Relay::start(&config, &[]);
+    relay
+        .wait_for(|line| line.starts_with("stdout: chatter relay started"))
+        .await;
+    let owned = relay
+        .wait_for(|line| line.starts_with("stderr:") && line.contains("owns leases"))
+        .await;
+    assert!(owned.contains("INFO"), "{owned}");
+    assert!(!owned.contains("(0 now)"), "{owned}");
+    let (code, output) = relay.stop().await;
+    assert_eq!(code, Some(0), "{}", output.join("\n"));
+    assert!(
+        output
+            .iter()
+            .any(|line| line.starts_with("stderr:") && line.contains("lease acquired")),
+        "the runtime's own info logs reach standard error: {}",
+        output.join("\n")
+    );
+    let _ = std::fs::remove_file(config);
+    let _ = std::fs::remove_file(url_file);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn timings_the_file_does_not_set_are_derived_from_those_it_sets() {
+    let (emulator, _cosmos) = served_store_with_leases("orders", "orders-leases").await;
+    // A short lease expiry (the renew interval follows it) and a publish bound above the
+    // handler timeout's default (the handler timeout follows it and the store timeout).
+    let config = config_file(&format!(
+        r#"
+[cosmos]
+endpoint = "{}"
+
+[broker]
+kind = "rabbitmq"
+
+[[relay]]
+database = "{DB}"
+container = "orders"
+lease_container = "orders-leases"
+partition_key = "/orderId"
+
+[relay.options]
+lease_expiry_seconds = 3
+publish_timeout_seconds = 600
+"#,
+        emulator.endpoint()
+    ));
+    let mut relay = Relay::start(&config, &[("CHATTER_BROKER_URL", RABBITMQ)]);
+    relay
+        .wait_for(|line| line.starts_with("stdout: chatter relay started"))
+        .await;
+    let (code, output) = relay.stop().await;
+    assert_eq!(code, Some(0), "{}", output.join("\n"));
+    let _ = std::fs::remove_file(config);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_without_a_broker_url_names_what_its_file_takes() {
+    let (emulator, _cosmos) = served_store_with_leases("orders", "orders-leases").await;
+    let config = config_file(&format!(
+        "[cosmos]\nendpoint = \"{}\"\n[broker]\nkind = \"rabbitmq\"\n[[relay]]\ndatabase = \"{DB}\"\n\
+         container = \"orders\"\nlease_container = \"orders-leases\"\npartition_key = \"/orderId\"\n",
+        emulator.endpoint()
+    ));
+    let output = tokio::task::spawn_blocking({
+        let config = config.clone();
+        move || {
+            Command::new(env!("CARGO_BIN_EXE_chatter"))
+                .args(["relay", "--config"])
+                .arg(&config)
+                .env_remove("CHATTER_BROKER_URL")
+                .env_remove("CHATTER_COSMOS_ENDPOINT")
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("CHATTER_BROKER_URL") && text.contains("url_file"),
+        "{text}"
+    );
+    assert!(!text.contains("--broker-url-file"), "{text}");
+    let _ = std::fs::remove_file(config);
+}

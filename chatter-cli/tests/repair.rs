@@ -75,12 +75,12 @@ async fn requeue_shows_the_change_and_makes_it_only_when_confirmed() {
     let declined = chatter_answering(endpoint, None, &requeue, Some("n\n")).await;
     assert_eq!(declined.status.code(), Some(1), "{}", stderr(&declined));
     let shown = stdout(&declined);
-    assert!(shown.contains("requeue will change 1 documents"), "{shown}");
+    assert!(shown.contains("requeue will change 1 document:"), "{shown}");
     assert!(
         shown.contains("m-fixed") && shown.contains("undeliverable -> pending"),
         "{shown}"
     );
-    assert!(stderr(&declined).contains("apply these 1 changes? [y/N]"));
+    assert!(stderr(&declined).contains("apply this change? [y/N]"));
     assert!(stderr(&declined).contains("nothing was changed"));
     assert_eq!(status(&cosmos, "m-fixed").await, "undeliverable");
 
@@ -96,7 +96,7 @@ async fn requeue_shows_the_change_and_makes_it_only_when_confirmed() {
 
     let confirmed = chatter_answering(endpoint, None, &requeue, Some("y\n")).await;
     assert_eq!(confirmed.status.code(), Some(0), "{}", stderr(&confirmed));
-    assert!(stdout(&confirmed).contains("1 of 1 documents changed"));
+    assert!(stdout(&confirmed).contains("1 of 1 document changed"));
     assert_eq!(status(&cosmos, "m-fixed").await, "pending");
 }
 
@@ -180,7 +180,7 @@ async fn give_up_stamps_pending_documents_with_the_operator_reason_and_requeue_u
     .await;
     assert_eq!(given_up.status.code(), Some(0), "{}", stderr(&given_up));
     assert!(
-        stdout(&given_up).contains("give-up will change 1 documents"),
+        stdout(&given_up).contains("give-up will change 1 document:"),
         "{}",
         stdout(&given_up)
     );

@@ -91,7 +91,29 @@ pub(crate) fn redact_uri(uri: &str) -> String {
                 None => format!("{}***{}", &uri[..scheme + 3], &uri[at..]),
             }
         }
+        // Without `//` (`amqp:user:password@host`, `user:password@host`) nobody can say where
+        // the user ends: everything before the `@` goes.
+        (None, Some(at)) => format!("***{}", &uri[at..]),
         _ => uri.to_owned(),
+    }
+}
+
+#[cfg(all(test, any(feature = "rabbitmq", feature = "nats")))]
+mod redact_tests {
+    use super::redact_uri;
+
+    #[test]
+    fn a_url_without_slashes_loses_everything_before_its_host() {
+        assert_eq!(
+            redact_uri("amqp:guest:s3cret@127.0.0.1:1/%2f"),
+            "***@127.0.0.1:1/%2f"
+        );
+        assert_eq!(redact_uri("guest:s3cret@host:5672"), "***@host:5672");
+        assert_eq!(
+            redact_uri("amqp://guest:s3cret@host:5672/%2f"),
+            "amqp://guest:***@host:5672/%2f"
+        );
+        assert_eq!(redact_uri("nats://host:4222"), "nats://host:4222");
     }
 }
 
