@@ -482,6 +482,9 @@ impl Consumer {
             _ = self.cancel.cancelled() => {}
             () = tokio::time::sleep(self.redelivery_delay) => {}
         }
+        let Some(delivery) = self.unless_stale(delivery, "retry copy") else {
+            return;
+        };
         self.requeue(
             delivery,
             attempt + 1,
@@ -512,6 +515,9 @@ impl Consumer {
             _ = self.cancel.cancelled() => {}
             () = tokio::time::sleep(delay) => {}
         }
+        let Some(delivery) = self.unless_stale(delivery, "copy") else {
+            return;
+        };
         self.requeue(
             delivery,
             attempt,
@@ -542,6 +548,9 @@ impl Consumer {
     /// it, on a broker that tells the two apart); if that publish fails, nacks it, so nothing
     /// is dropped.
     async fn dead_letter(&self, delivery: Delivery, attempt: u32, reason: &str) {
+        let Some(delivery) = self.unless_stale(delivery, "dead letter") else {
+            return;
+        };
         let name = self.command.registration.command_name;
         let source = self.command.registration.destination;
         let mut letter = delivery.message.clone();
@@ -595,6 +604,20 @@ impl Consumer {
             "chatter consumer: could not publish the broker's last delivery of a message again either; returning it, and the queue drops it",
         )
         .await;
+    }
+
+    /// `delivery`, unless its channel closed since it arrived and the broker delivers the original
+    /// again: then publishing a `what` of it too would handle it twice, so it is let go
+    /// unsettled. The queue's last delivery is kept all the same: the queue drops it instead of
+    /// delivering it again, so the copy or dead letter is all that remains of it.
+    fn unless_stale(&self, delivery: Delivery, what: &str) -> Option<Delivery> {
+        if !delivery.is_stale() || delivery.is_last_delivery() {
+            return Some(delivery);
+        }
+        let name = self.command.registration.command_name;
+        tracing::warn!(command = name, message_id = %delivery.message.message_id, "chatter consumer: the delivery's channel closed before its {what} was published; the broker delivers the original again instead");
+        delivery.discard();
+        None
     }
 
     /// Publishes a retry copy or a dead letter, bounded by the publish timeout whatever the
