@@ -30,6 +30,10 @@
 //!   adds `Chatter.DeadLetter.Reason` and `Chatter.Delivery.Attempts`, and goes to
 //!   `<destination>.dead-letter` on the same broker, logged at Error; the original is then
 //!   acked (`term`ed on JetStream).
+//! - **Channel losses.** A retry copy or a dead letter is published only if its delivery's
+//!   channel is still open then (after the redelivery delay): a channel closed meanwhile has
+//!   the broker deliver the original again. The broker's last delivery is the exception, as the
+//!   queue drops it instead.
 //! - **Subscriptions.** A subscription the broker ends is made again with backoff, logged at
 //!   Error when it ends and at Info when it is back; the consumer never ends on its own.
 //! - **Shutdown.** Deliveries in progress finish and are settled; deliveries waiting behind
