@@ -319,3 +319,69 @@ async fn a_refused_queue_fails_its_own_publishes_only() {
         .await
         .unwrap();
 }
+
+// Messages over the server's `max_message_size` (406 on `basic.publish`, which closes the
+// channel it came on) fail only their own publishes, as too large: publishes to another queue
+// made all the while are confirmed, never read as refused.
+#[tokio::test]
+async fn a_message_over_the_size_limit_fails_its_own_publish_only() {
+    // The machine's RabbitMQ keeps the default limit, 128 MiB; a body over it is refused.
+    const MAX_MESSAGE_SIZE: usize = 134_217_728;
+    let broker = connect().await;
+    let large = queue();
+    let fine = queue();
+    let mut too_large = message("too-large", &large);
+    too_large.body = format!(r#"{{"pad":"{}"}}"#, "x".repeat(MAX_MESSAGE_SIZE));
+    let refusing = std::sync::atomic::AtomicBool::new(true);
+    // Two publishers of refused messages, three each in turn, each closing the channel it came
+    // on, while eight publishers send to the other queue until they are done.
+    let refused = |_| async {
+        let mut refusals = Vec::new();
+        for _ in 0..3 {
+            refusals.push(broker.publish(too_large.clone()).await);
+        }
+        refusals
+    };
+    let refusals = futures::future::join_all((0..2).map(refused));
+    let refusals = async {
+        let refusals: Vec<_> = refusals.await.into_iter().flatten().collect();
+        refusing.store(false, std::sync::atomic::Ordering::SeqCst);
+        refusals
+    };
+    let publisher = |p: usize| {
+        let (broker, fine, refusing) = (&broker, &fine, &refusing);
+        async move {
+            let mut sent = 0;
+            while refusing.load(std::sync::atomic::Ordering::SeqCst) {
+                let id = format!("m-{p}-{sent}");
+                broker
+                    .publish(message(&id, fine))
+                    .await
+                    .unwrap_or_else(|e| panic!("{id} to another queue is confirmed: {e}"));
+                sent += 1;
+            }
+            sent
+        }
+    };
+    let (refusals, sent) = tokio::join!(refusals, futures::future::join_all((0..8).map(publisher)));
+    for refusal in refusals {
+        let refusal = refusal.unwrap_err();
+        assert!(
+            matches!(
+                refusal,
+                BrokerError::Refused {
+                    refusal: chatter_runtime::broker::Refusal::TooLarge,
+                    ..
+                }
+            ) && !refusal.is_permanent(),
+            "{refusal}"
+        );
+    }
+    let sent: usize = sent.into_iter().sum();
+    assert_eq!(
+        delete(&broker, &fine).await as usize,
+        sent,
+        "every other publish arrived once"
+    );
+    delete(&broker, &large).await;
+}

@@ -105,3 +105,73 @@ async fn deliveries_waiting_in_a_lane_when_the_channel_closes_are_not_handled() 
     let dead_letters = chatter_runtime::dead_letter_destination(&queue);
     rabbitmq::delete_queue(&direct, &dead_letters, WAIT).await;
 }
+
+/// Charges a card; its first attempt fails, so a retry copy is due after the redelivery delay.
+#[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "stale", container = "charges", lease = "charges-leases")]
+#[partition_key(path = "/card")]
+pub struct ChargeCard {
+    pub card: String,
+}
+
+static CHARGES: Attempts = Attempts::new();
+
+#[handler]
+async fn charge(command: ChargeCard, ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    if CHARGES.record(ctx.message_id()) == 1 {
+        return Err("the card network is busy".into());
+    }
+    ctx.upsert(json!({ "id": ctx.message_id(), "card": command.card }))?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_retry_copy_is_not_published_when_the_channel_closed_during_its_delay() {
+    const REDELIVERY_DELAY: Duration = Duration::from_secs(3);
+    let cosmos = embedded().await;
+    let charges = provisioned(&cosmos, "stale", "charges", &["/card"]).await;
+    let direct = rabbitmq::connect(WAIT).await;
+    let queue = format!("chatter-test-stale-retry-{}", uuid::Uuid::new_v4().simple());
+    let body = json!({ "card": "c-1" }).to_string();
+    direct
+        .publish(BrokeredMessage::json("charge-1", &queue, body))
+        .await
+        .unwrap();
+    let proxy = TcpProxy::start(rabbitmq::server_addr()).await;
+    let broker = RabbitMqBroker::connect(&rabbitmq::uri_through(&proxy))
+        .await
+        .unwrap();
+    let runtime = Runtime::builder()
+        .registry(registry_at::<ChargeCard>(&queue))
+        .cosmos(cosmos)
+        .broker(broker)
+        .without_relay()
+        .redelivery_delay(REDELIVERY_DELAY)
+        .start()
+        .await
+        .unwrap();
+    eventually(WAIT, POLL, "the first attempt failed", || async {
+        CHARGES.of("charge-1") >= 1
+    })
+    .await;
+    // The retry copy waits for the redelivery delay; the channel closes meanwhile, so the server
+    // requeues the original and delivers it again.
+    proxy.cut_for(Duration::from_secs(1));
+    eventually(WAIT, POLL, "the charge committed", || async {
+        find_document(&charges, &[json!("c-1")], "charge-1")
+            .await
+            .is_some()
+    })
+    .await;
+    // Past the delay, when a copy would have been published and handled.
+    tokio::time::sleep(REDELIVERY_DELAY * 2).await;
+    assert_eq!(
+        CHARGES.of("charge-1"),
+        2,
+        "the failed attempt and the redelivered original; no retry copy besides"
+    );
+    runtime.shutdown().await;
+    assert_eq!(rabbitmq::delete_queue(&direct, &queue, WAIT).await, 0);
+    let dead_letters = chatter_runtime::dead_letter_destination(&queue);
+    rabbitmq::delete_queue(&direct, &dead_letters, WAIT).await;
+}

@@ -30,6 +30,10 @@
 //!   adds `Chatter.DeadLetter.Reason` and `Chatter.Delivery.Attempts`, and goes to
 //!   `<destination>.dead-letter` on the same broker, logged at Error; the original is then
 //!   acked (`term`ed on JetStream).
+//! - **Channel losses.** A retry copy or a dead letter is published only if its delivery's
+//!   channel is still open then (after the redelivery delay): a channel closed meanwhile has
+//!   the broker deliver the original again. The broker's last delivery is the exception, as the
+//!   queue drops it instead.
 //! - **Subscriptions.** A subscription the broker ends is made again with backoff, logged at
 //!   Error when it ends and at Info when it is back; the consumer never ends on its own.
 //! - **Shutdown.** Deliveries in progress finish and are settled; deliveries waiting behind
@@ -482,6 +486,9 @@ impl Consumer {
             _ = self.cancel.cancelled() => {}
             () = tokio::time::sleep(self.redelivery_delay) => {}
         }
+        let Some(delivery) = self.unless_stale(delivery, "retry copy") else {
+            return;
+        };
         self.requeue(
             delivery,
             attempt + 1,
@@ -515,6 +522,9 @@ impl Consumer {
             _ = self.cancel.cancelled() => {}
             () = tokio::time::sleep(delay) => {}
         }
+        let Some(delivery) = self.unless_stale(delivery, "copy") else {
+            return;
+        };
         self.requeue(
             delivery,
             attempt,
@@ -545,6 +555,9 @@ impl Consumer {
     /// it, on a broker that tells the two apart); if that publish fails, nacks it, so nothing
     /// is dropped.
     async fn dead_letter(&self, delivery: Delivery, attempt: u32, reason: &str) {
+        let Some(delivery) = self.unless_stale(delivery, "dead letter") else {
+            return;
+        };
         let name = self.command.registration.command_name;
         let source = self.command.registration.destination;
         let mut letter = delivery.message.clone();
@@ -598,6 +611,20 @@ impl Consumer {
             "chatter consumer: could not publish the broker's last delivery of a message again either; returning it, and the queue drops it",
         )
         .await;
+    }
+
+    /// `delivery`, unless its channel closed since it arrived and the broker delivers the original
+    /// again: then publishing a `what` of it too would handle it twice, so it is let go
+    /// unsettled. The queue's last delivery is kept all the same: the queue drops it instead of
+    /// delivering it again, so the copy or dead letter is all that remains of it.
+    fn unless_stale(&self, delivery: Delivery, what: &str) -> Option<Delivery> {
+        if !delivery.is_stale() || delivery.is_last_delivery() {
+            return Some(delivery);
+        }
+        let name = self.command.registration.command_name;
+        tracing::warn!(command = name, message_id = %delivery.message.message_id, "chatter consumer: the delivery's channel closed before its {what} was published; the broker delivers the original again instead");
+        delivery.discard();
+        None
     }
 
     /// Publishes a retry copy or a dead letter, bounded by the publish timeout whatever the
