@@ -99,9 +99,9 @@ pub use relay::{
 };
 pub use runtime::{
     ATTEMPTS_CONTEXT_KEY, ConsumerHealth, ConsumerState, DEAD_LETTER_REASON_CONTEXT_KEY,
-    DEFAULT_CONSUMER_CONCURRENCY, DEFAULT_DELIVERY_TIMEOUT, DEFAULT_MAX_DELIVERY_ATTEMPTS,
-    DEFAULT_SHUTDOWN_DRAIN, Health, LeaseHealth, RelayNotIdle, Runtime, RuntimeBuilder,
-    dead_letter_destination, start,
+    DEFAULT_CONSUMER_CONCURRENCY, DEFAULT_DELIVERY_TIMEOUT, DEFAULT_LANE_WAIT_LIMIT,
+    DEFAULT_MAX_DELIVERY_ATTEMPTS, DEFAULT_SHUTDOWN_DRAIN, Health, LeaseHealth, RelayNotIdle,
+    Runtime, RuntimeBuilder, dead_letter_destination, start,
 };
 pub use state::State;
 

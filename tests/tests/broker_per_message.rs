@@ -4,6 +4,9 @@
 //! brokers are given by name, a name without a broker is a broker refusal: the document stays
 //! pending, the lease shows as blocked naming the missing system, and a runtime given that
 //! broker publishes it. Without `broker_for`, every document goes to the one broker.
+//! What a handler sends outside the relay follows the same choice (issue 32 item 8): a command
+//! whose key does not resolve publishes its messages directly through the broker they name, and
+//! `ctx.send` checks a message against that broker, not the default.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +14,8 @@ use std::time::Duration;
 use chatter_runtime::broker::{Broker, InMemoryBroker, MessagingSystems, Refusal};
 use chatter_runtime::cosmos::{CosmosConnection, provision};
 use chatter_runtime::{
-    BoxError, BrokeredMessage, DocumentReliable, HandlerContext, Runtime, StartError, handler,
+    BoxError, BrokeredMessage, DocumentReliable, HandlerContext, Outcome, Runtime, StartError,
+    handler,
 };
 use chatter_tests::broker::Received;
 use chatter_tests::relay::fast_relay;
@@ -51,6 +55,46 @@ async fn ship(command: ShipOrder, ctx: &mut HandlerContext) -> Result<(), BoxErr
     }
     ctx.send(event)?;
     Ok(())
+}
+
+/// Notifies a customer; its event goes to the destination and messaging system the command
+/// names. Without an order id its key does not resolve: the handler runs outside any batch and
+/// its event is published directly.
+#[derive(Debug, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(
+    database = "per-message",
+    container = "orders",
+    lease = "orders-leases"
+)]
+#[partition_key(path = "/orderId")]
+#[serde(rename_all = "camelCase")]
+pub struct NotifyCustomer {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order_id: Option<String>,
+    pub destination: String,
+    pub messaging_system: String,
+}
+
+#[handler]
+async fn notify(command: NotifyCustomer, ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    let mut event = BrokeredMessage::json(
+        format!("{}:Notified", ctx.message_id()),
+        command.destination,
+        "{}",
+    );
+    event
+        .context
+        .insert(INFRASTRUCTURE.into(), json!(command.messaging_system));
+    ctx.send(event)?;
+    Ok(())
+}
+
+fn notify_customer(order_id: Option<&str>, destination: &str, system: &str) -> NotifyCustomer {
+    NotifyCustomer {
+        order_id: order_id.map(str::to_owned),
+        destination: destination.to_owned(),
+        messaging_system: system.to_owned(),
+    }
 }
 
 async fn store() -> CosmosConnection {
@@ -248,4 +292,71 @@ async fn a_message_naming_no_known_system_is_refused_not_rejected_for_good() {
     // document undeliverable before it gets here).
     message.context.insert(INFRASTRUCTURE.into(), json!(7));
     assert!(systems.publish(message).await.unwrap_err().is_permanent());
+}
+
+#[tokio::test]
+async fn a_command_whose_key_does_not_resolve_publishes_through_the_broker_its_message_names() {
+    let cosmos = store().await;
+    let (default, audit) = (InMemoryBroker::new(), InMemoryBroker::new());
+    let (to_default, to_audit) = (
+        Received::on(&default, "customer-events").await,
+        Received::on(&audit, "customer-events").await,
+    );
+    let runtime = Runtime::builder()
+        .cosmos(cosmos)
+        .broker(default.clone())
+        .broker_for("audit-bus", audit.clone())
+        .consume(false)
+        .relay_options(fast_relay(Duration::from_secs(5)))
+        .start()
+        .await
+        .unwrap();
+
+    let outcome = runtime
+        .dispatch(
+            notify_customer(None, "customer-events", "audit-bus"),
+            "keyless",
+        )
+        .await
+        .unwrap();
+
+    assert_eq!(outcome, Outcome::HandledAtLeastOnce, "published directly");
+    eventually(WAIT, POLL, "the event arrived", || async {
+        to_default.distinct() + to_audit.distinct() == 1
+    })
+    .await;
+    assert_eq!(to_audit.count("keyless:Notified"), 1, "on the audit bus");
+    assert_eq!(to_default.distinct(), 0, "nothing on the default broker");
+    runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_send_is_checked_against_the_broker_its_message_names_not_the_default() {
+    let cosmos = store().await;
+    // A server of the test's own: the shared one's `max_payload` fails chatter's start check.
+    let server = chatter_tests::nats::NatsServer::start().await;
+    let runtime = Runtime::builder()
+        .cosmos(cosmos)
+        .broker(InMemoryBroker::new())
+        .broker_for("nats", chatter_tests::nats::connect(&server.url()).await)
+        .consume(false)
+        .relay_options(fast_relay(Duration::from_secs(5)))
+        .start()
+        .await
+        .unwrap();
+
+    // The in-memory default takes any named queue; NATS never a subject with a space. Checked
+    // for a participant (its Outbox Document is never written) and for a keyless command.
+    for (message_id, order_id) in [("participant", Some("o-1")), ("keyless", None)] {
+        let error = runtime
+            .dispatch(
+                notify_customer(order_id, "customer events", "nats"),
+                message_id,
+            )
+            .await
+            .unwrap_err();
+        let chain = chatter_runtime::ErrorChain(&error).to_string();
+        assert!(chain.contains("whitespace"), "{message_id}: {chain}");
+    }
+    runtime.shutdown().await;
 }

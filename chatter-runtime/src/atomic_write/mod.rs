@@ -93,7 +93,8 @@ pub struct HandlerContext {
     direct: Vec<BrokeredMessage>,
     /// Where a standalone-inbox command's sent messages go instead.
     inbox: Option<InboxSends>,
-    /// The configured broker, asked whether it could ever carry a sent message.
+    /// The runtime's brokers, asked whether the one a sent message's messaging system names
+    /// could ever carry it.
     broker: Arc<dyn Broker>,
     /// The delivery's partition, for reads (`None` when the delivery passes through).
     reads: Option<ReadScope>,
@@ -329,7 +330,8 @@ impl HandlerContext {
     ///
     /// A message that could never be published is refused here, before anything is staged: one
     /// whose Outbox Document would violate the Outbox Document Contract (e.g. a blank destination
-    /// or content type), and one the configured broker would refuse every time
+    /// or content type), and one the broker its messaging system names (the default broker
+    /// when it names none, as the relay chooses) would refuse every time
     /// ([`Broker::check`], e.g. an id longer than AMQP allows). A handler therefore never writes
     /// a document the relay would have to stamp `undeliverable`.
     pub fn send(&mut self, mut message: BrokeredMessage) -> Result<(), StageError> {

@@ -79,8 +79,10 @@ impl std::fmt::Debug for Pipeline {
 }
 
 impl Pipeline {
-    /// A pipeline writing through `cosmos` and publishing pass-through messages on `broker`,
-    /// summing what its requests were billed in `charges`.
+    /// A pipeline writing through `cosmos` and publishing pass-through messages on `broker`
+    /// (the runtime's brokers by messaging system, as the relay publishes, so a handler's send
+    /// is checked against and published to the broker its message names), summing what its
+    /// requests were billed in `charges`.
     pub(crate) fn new(
         cosmos: CosmosConnection,
         broker: Arc<dyn Broker>,

@@ -36,10 +36,19 @@
 //!   queue drops it instead.
 //! - **Subscriptions.** A subscription the broker ends is made again with backoff, logged at
 //!   Error when it ends and at Info when it is back; the consumer never ends on its own.
+//! - **Bounded wait behind a key.** A delivery that has waited
+//!   [`lane_wait_limit`](super::RuntimeBuilder::lane_wait_limit) (default
+//!   [`DEFAULT_LANE_WAIT_LIMIT`], 25 minutes) behind its key's delivery in progress is returned
+//!   to the broker (nacked, logged at warn), which delivers it again: held past the broker's
+//!   consumer timeout (RabbitMQ's 30 minutes by default) the channel would close and every
+//!   delivery on it be requeued. Its key's order is then no longer kept for it: the deliveries
+//!   queued behind it may run first. A stale one is let go, and the queue's last delivery is
+//!   handled at once instead (dead-lettered unless it committed), as a return would drop it.
 //! - **Shutdown.** Deliveries in progress finish and are settled; deliveries waiting behind
 //!   their key are returned to the broker unsettled, which delivers them again.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -73,6 +82,12 @@ pub const DEFAULT_CONSUMER_CONCURRENCY: usize = 16;
 /// otherwise: 5 minutes, as long as the relay gives a page.
 pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 
+/// How long a delivery may wait behind its partition-key value's delivery in progress before it
+/// is returned to the broker, unless
+/// [`RuntimeBuilder::lane_wait_limit`](crate::RuntimeBuilder::lane_wait_limit) says otherwise:
+/// 25 minutes, below RabbitMQ's default consumer timeout of 30 minutes.
+pub const DEFAULT_LANE_WAIT_LIMIT: Duration = Duration::from_secs(25 * 60);
+
 pub use crate::message::{ATTEMPTS_CONTEXT_KEY, DEAD_LETTER_REASON_CONTEXT_KEY};
 
 /// What a consumer task needs.
@@ -86,6 +101,8 @@ pub(super) struct Consumer {
     pub(super) delivery_timeout: Duration,
     /// How long publishing a retry copy or a dead letter may take.
     pub(super) publish_timeout: Duration,
+    /// How long a delivery may wait behind its key before it is returned to the broker.
+    pub(super) lane_wait_limit: Duration,
     pub(super) status: ConsumerStatus,
     /// Deliveries handled at once, and the prefetch asked of the broker (at least 1).
     pub(super) concurrency: u16,
@@ -96,6 +113,8 @@ pub(super) struct Consumer {
 /// A delivery taken from the subscription, with its body parsed once, holding one of the
 /// consumer's permits until it is settled or dropped.
 struct Pending {
+    /// Tells it apart in its lane, to return it once it waited too long.
+    id: u64,
     delivery: Delivery,
     body: Result<Value, serde_json::Error>,
     permit: OwnedSemaphorePermit,
@@ -110,6 +129,8 @@ struct Executor {
     permits: Arc<Semaphore>,
     lanes: Lanes,
     workers: TaskTracker,
+    /// The next [`Pending::id`].
+    next_id: AtomicU64,
 }
 
 impl Consumer {
@@ -121,6 +142,7 @@ impl Consumer {
             permits: Arc::new(Semaphore::new(usize::from(consumer.concurrency))),
             lanes: Lanes::default(),
             workers: TaskTracker::new(),
+            next_id: AtomicU64::new(0),
         };
         tracing::info!(
             command = name,
@@ -211,7 +233,9 @@ impl Consumer {
                 .and_then(|body| registration.resolve_partition_key(body))
                 .map(|values| partition_key::ordering_key(&values))
         };
+        let id = executor.next_id.fetch_add(1, Ordering::Relaxed);
         let pending = Pending {
+            id,
             delivery,
             body,
             permit,
@@ -224,6 +248,7 @@ impl Consumer {
                     delivery,
                     body,
                     permit,
+                    ..
                 } = pending;
                 consumer.handle(delivery, body).await;
                 drop(permit);
@@ -237,6 +262,10 @@ impl Consumer {
                 .unwrap_or_else(PoisonError::into_inner);
             if let Some(waiting) = lanes.get_mut(&key) {
                 waiting.push_back(pending);
+                drop(lanes);
+                let returning =
+                    Arc::clone(self).return_if_still_waiting(Arc::clone(&executor.lanes), key, id);
+                executor.workers.spawn(returning);
                 return;
             }
             lanes.insert(key.clone(), VecDeque::new());
@@ -260,6 +289,7 @@ impl Consumer {
                 delivery,
                 body,
                 permit,
+                ..
             } = next;
             // A delivery in progress finishes even when shutdown is requested: settling it is
             // what keeps it from being lost or handled twice.
@@ -276,6 +306,44 @@ impl Consumer {
                 None => return,
             }
         }
+    }
+
+    /// Once the lane wait limit has passed, takes the delivery `id` out of `key`'s lane if it
+    /// still waits there and returns it to the broker, before the broker's consumer timeout
+    /// closes the channel and requeues everything on it. Ends early on shutdown (which returns
+    /// the waiting deliveries itself).
+    async fn return_if_still_waiting(self: Arc<Self>, lanes: Lanes, key: String, id: u64) {
+        tokio::select! {
+            _ = self.cancel.cancelled() => return,
+            () = tokio::time::sleep(self.lane_wait_limit) => {}
+        }
+        let waited = {
+            let mut lanes = lanes.lock().unwrap_or_else(PoisonError::into_inner);
+            lanes.get_mut(&key).and_then(|queue| {
+                let position = queue.iter().position(|pending| pending.id == id)?;
+                queue.remove(position)
+            })
+        };
+        // Handled (or being handled) already.
+        let Some(Pending {
+            delivery,
+            body,
+            permit,
+            ..
+        }) = waited
+        else {
+            return;
+        };
+        if delivery.is_stale() || delivery.is_last_delivery() {
+            // A stale one is let go (the broker has it back already); the queue's last one is
+            // handled now, out of its key's order, as a return would have the queue drop it.
+            self.handle(delivery, body).await;
+        } else {
+            let name = self.command.registration.command_name;
+            tracing::warn!(command = name, message_id = %delivery.message.message_id, waited = ?self.lane_wait_limit, "chatter consumer: a delivery waited behind its partition-key value's delivery in progress for the lane wait limit; returned to the broker, which delivers it again (its key's order is not kept for it)");
+            self.nack(delivery).await;
+        }
+        drop(permit);
     }
 
     /// Subscribes again with backoff until it works (`None` on shutdown).

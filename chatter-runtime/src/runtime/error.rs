@@ -107,6 +107,11 @@ pub enum StartError {
     /// no delivery could ever be handled.
     #[error("the delivery timeout must be greater than zero")]
     ZeroDeliveryTimeout,
+    /// [`RuntimeBuilder::lane_wait_limit`](crate::RuntimeBuilder::lane_wait_limit) is zero:
+    /// every delivery waiting behind its key would be returned to the broker at once, over and
+    /// over.
+    #[error("the lane wait limit must be greater than zero")]
+    ZeroLaneWaitLimit,
     /// The broker's setup does not meet what chatter needs of it
     /// ([`Broker::verify`](crate::broker::Broker::verify)); the error names the setting.
     #[error("the broker is not set up as chatter needs")]

@@ -8,7 +8,7 @@ mod idle;
 pub use crate::broker::dead_letter_destination;
 pub use consumer::{
     ATTEMPTS_CONTEXT_KEY, DEAD_LETTER_REASON_CONTEXT_KEY, DEFAULT_CONSUMER_CONCURRENCY,
-    DEFAULT_DELIVERY_TIMEOUT, DEFAULT_MAX_DELIVERY_ATTEMPTS,
+    DEFAULT_DELIVERY_TIMEOUT, DEFAULT_LANE_WAIT_LIMIT, DEFAULT_MAX_DELIVERY_ATTEMPTS,
 };
 pub use error::{DispatchError, StartError};
 pub use health::{ConsumerHealth, ConsumerState, Health, LeaseHealth};
@@ -54,6 +54,7 @@ pub struct RuntimeBuilder {
     consumer_concurrency: usize,
     redelivery_delay: Duration,
     delivery_timeout: Duration,
+    lane_wait_limit: Duration,
     relay: Option<RelayOptions>,
     meter: telemetry::Source<opentelemetry::metrics::Meter>,
     tracer: telemetry::Source<opentelemetry::global::BoxedTracer>,
@@ -76,6 +77,7 @@ impl Default for RuntimeBuilder {
             consumer_concurrency: DEFAULT_CONSUMER_CONCURRENCY,
             redelivery_delay: Duration::from_millis(500),
             delivery_timeout: DEFAULT_DELIVERY_TIMEOUT,
+            lane_wait_limit: DEFAULT_LANE_WAIT_LIMIT,
             relay: Some(RelayOptions::default()),
             meter: telemetry::Source::Global,
             tracer: telemetry::Source::Global,
@@ -94,6 +96,7 @@ impl std::fmt::Debug for RuntimeBuilder {
             .field("consumer_concurrency", &self.consumer_concurrency)
             .field("redelivery_delay", &self.redelivery_delay)
             .field("delivery_timeout", &self.delivery_timeout)
+            .field("lane_wait_limit", &self.lane_wait_limit)
             .finish_non_exhaustive()
     }
 }
@@ -222,6 +225,19 @@ impl RuntimeBuilder {
         self
     }
 
+    /// How long a consumer lets a delivery wait behind the delivery of its partition-key value
+    /// in progress (default [`DEFAULT_LANE_WAIT_LIMIT`], 25 minutes) before it returns it to
+    /// the broker, which delivers it again; logged at `warn`. Keep it below the broker's own
+    /// limit on an unsettled delivery (RabbitMQ's `consumer_timeout`, 30 minutes by default),
+    /// past which the broker closes the channel and requeues every delivery on it. A returned
+    /// delivery loses its place: its key's deliveries queued behind it may be handled first.
+    ///
+    /// [`start`](Self::start) refuses zero with [`StartError::ZeroLaneWaitLimit`].
+    pub fn lane_wait_limit(mut self, limit: Duration) -> Self {
+        self.lane_wait_limit = limit;
+        self
+    }
+
     /// Runs the change-feed relay with these options (default: on, with default options).
     pub fn relay_options(mut self, options: RelayOptions) -> Self {
         self.relay = Some(options);
@@ -314,8 +330,9 @@ impl RuntimeBuilder {
             Some(broker) => broker,
             None => Arc::new(InMemoryBroker::new()),
         };
-        // The relay publishes through the broker each message names; the consumers (and their
-        // retry copies and dead letters, which keep the delivery's context) use the default.
+        // The relay, and a handler's sends (`ctx.send`'s check, a keyless command's direct
+        // publishes), go through the broker each message names; the consumers (and their retry
+        // copies and dead letters, which keep the delivery's context) use the default.
         let relay_broker = by_messaging_system(broker.clone(), self.brokers_by_system);
         // The brokers' own setup, before anything publishes or consumes: first what no setting
         // could fix (a dead-letter destination the protocol cannot name), then the settings.
@@ -342,9 +359,9 @@ impl RuntimeBuilder {
             })
             .collect();
         let relay = match relay_specs {
-            Some(specs) => {
-                Some(RelayHost::start_specs(relay_broker, specs, &charges, &telemetry).await?)
-            }
+            Some(specs) => Some(
+                RelayHost::start_specs(relay_broker.clone(), specs, &charges, &telemetry).await?,
+            ),
             None => None,
         };
         let watched = idle::Watched {
@@ -356,7 +373,7 @@ impl RuntimeBuilder {
         };
         let pipeline = Pipeline::new(
             cosmos.clone(),
-            broker.clone(),
+            relay_broker,
             Arc::clone(&charges),
             Arc::new(self.state),
         )
@@ -368,6 +385,7 @@ impl RuntimeBuilder {
             concurrency,
             redelivery_delay: self.redelivery_delay,
             delivery_timeout: self.delivery_timeout,
+            lane_wait_limit: self.lane_wait_limit,
             publish_timeout,
             tracer: &telemetry.tracer,
         };
@@ -413,6 +431,9 @@ impl RuntimeBuilder {
             })?;
         if self.delivery_timeout.is_zero() {
             return Err(StartError::ZeroDeliveryTimeout);
+        }
+        if self.lane_wait_limit.is_zero() {
+            return Err(StartError::ZeroLaneWaitLimit);
         }
         if let Some(options) = &self.relay {
             options.validate()?;
@@ -532,6 +553,7 @@ struct ConsumerPlan<'a> {
     concurrency: u16,
     redelivery_delay: Duration,
     delivery_timeout: Duration,
+    lane_wait_limit: Duration,
     publish_timeout: Duration,
     tracer: &'a crate::telemetry::trace_context::SharedTracer,
 }
@@ -609,6 +631,7 @@ async fn start_consumers(
             redelivery_delay: plan.redelivery_delay,
             delivery_timeout: plan.delivery_timeout,
             publish_timeout: plan.publish_timeout,
+            lane_wait_limit: plan.lane_wait_limit,
             status,
             concurrency: plan.concurrency,
             tracer: plan.tracer.clone(),
