@@ -156,9 +156,18 @@ impl Inner {
         }
     }
 
-    /// Whether both connections are up now.
+    /// Whether the publishing connection is up now (the consuming one reconnects when a
+    /// subscription or declaration needs it, and is not awaited by publishes).
     pub(super) fn is_connected(&self) -> bool {
-        self.publishing.current().is_some() && self.consuming.current().is_some()
+        self.publishing.current().is_some()
+    }
+
+    /// Whether the server has blocked the publishing connection (`connection.blocked`: a memory
+    /// or disk alarm), so publishes wait until the alarm clears.
+    pub(super) fn publishing_blocked(&self) -> bool {
+        self.publishing
+            .current()
+            .is_some_and(|connection| connection.status().blocked())
     }
 
     /// Marks the broker closed and takes the connections away (to close them): nothing

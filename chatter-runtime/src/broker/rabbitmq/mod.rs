@@ -166,8 +166,9 @@ impl RabbitMqBroker {
         self
     }
 
-    /// Whether both connections (publishing and consuming) are up now (`false` while one is
-    /// being re-established).
+    /// Whether the publishing connection is up now (`false` while it is being re-established).
+    /// The consuming connection reconnects when a subscription needs it; whether a
+    /// subscription consumes is its own [`Subscription::is_live`].
     pub fn is_connected(&self) -> bool {
         self.inner.is_connected()
     }

@@ -91,7 +91,7 @@ impl Inner {
         );
         // A transport failure (the connection dropped before or during the publish) is retried
         // on a new connection until the bound.
-        crate::broker::publish_retrying(
+        let published = crate::broker::publish_retrying(
             operation,
             timeout,
             || self.publish_once(message.clone(), queue.clone(), properties.clone()),
@@ -101,7 +101,14 @@ impl Inner {
                 self.forget_publisher();
             },
         )
-        .await
+        .await;
+        if let Err(error) = &published
+            && self.publishing_blocked()
+        {
+            // The timeout alone would not say why: name the alarm.
+            tracing::error!(destination = %message.destination, message_id = %message.message_id, error = %ErrorChain(error), "RabbitMQ has blocked the publishing connection (a memory or disk alarm): publishes wait until the alarm clears; consumers go on");
+        }
+        published
     }
 
     async fn publish_once(
