@@ -168,7 +168,7 @@ impl RabbitMqBroker {
 
     /// Whether the publishing connection is up now (`false` while it is being re-established).
     /// The consuming connection reconnects when a subscription needs it; whether a
-    /// subscription consumes is its own [`Subscription::is_live`].
+    /// subscription consumes is its own [`Subscription::liveness`].
     pub fn is_connected(&self) -> bool {
         self.inner.is_connected()
     }
