@@ -1,11 +1,16 @@
-//! The connection shared by every clone of a broker, and its recovery.
+//! The two connections shared by every clone of a broker, and their recovery.
 //!
-//! The current connection and the publishing channel sit behind plain mutexes taken for a
-//! moment, never across a network wait. The one lock held across one is the reconnect lock:
-//! one connection attempt is made at a time, bounded by the connect timeout, so a server that
-//! accepts TCP and never answers holds the callers waiting for that attempt (each bounded by its
-//! own timeout) for at most that long; a caller whose awaited attempt failed backs off instead
-//! of dialling again at once.
+//! Publishes go on one connection and everything else (consumers, their acks, declarations,
+//! browsing) on another: during a memory or disk alarm RabbitMQ blocks a connection that
+//! publishes and stops reading it, so an ack sent on it would wait for the alarm to clear and
+//! the consumers would stall behind the publishers.
+//!
+//! Each connection and the publishing channel sit behind plain mutexes taken for a moment,
+//! never across a network wait. The one lock held across one is a connection's reconnect lock:
+//! one attempt is made at a time per connection, bounded by the connect timeout, so a server
+//! that accepts TCP and never answers holds the callers waiting for that attempt (each bounded
+//! by its own timeout) for at most that long; a caller whose awaited attempt failed backs off
+//! instead of dialling again at once.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,10 +26,29 @@ use crate::broker::BrokerError;
 pub(super) use crate::broker::redact_uri as redact;
 use crate::error_chain::ErrorChain;
 
-/// The state every clone of one [`RabbitMqBroker`](super::RabbitMqBroker) shares.
-pub(super) struct Inner {
-    /// Where to reconnect to.
-    pub(super) uri: String,
+/// What a connection of the broker carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Role {
+    /// Publishes (and the queue deletions made on the publishing channel): the connection a
+    /// resource alarm blocks.
+    Publishing,
+    /// Consumers and their settlements, declarations, dead-letter browsing: never publishes,
+    /// so an alarm never blocks it.
+    Consuming,
+}
+
+impl Role {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Publishing => "publishing",
+            Self::Consuming => "consuming",
+        }
+    }
+}
+
+/// One of the broker's connections and the state of its recovery.
+struct Link {
+    role: Role,
     /// The current connection; `None` after a call on it failed or it was closed.
     connection: Mutex<Option<Arc<Connection>>>,
     /// Held by the one caller making a connection attempt now (bounded by the connect
@@ -35,6 +59,36 @@ pub(super) struct Inner {
     failed_attempts: AtomicU64,
     /// Set while the connection is lost (between the Error and the Info log).
     outage: AtomicBool,
+}
+
+impl Link {
+    fn new(role: Role, connection: Connection) -> Self {
+        Self {
+            role,
+            connection: Mutex::new(Some(Arc::new(connection))),
+            reconnecting: tokio::sync::Mutex::new(()),
+            failed_attempts: AtomicU64::new(0),
+            outage: AtomicBool::new(false),
+        }
+    }
+
+    /// The current connection, if it is up.
+    fn current(&self) -> Option<Arc<Connection>> {
+        lock(&self.connection)
+            .as_ref()
+            .filter(|connection| connection.status().connected())
+            .cloned()
+    }
+}
+
+/// The state every clone of one [`RabbitMqBroker`](super::RabbitMqBroker) shares.
+pub(super) struct Inner {
+    /// Where to reconnect to.
+    pub(super) uri: String,
+    /// The connection publishes go on.
+    publishing: Link,
+    /// The connection consumers, acks and declarations go on.
+    consuming: Link,
     /// The confirm-mode channel publishes go through; replaced when the server closed it.
     publisher: Mutex<Option<Channel>>,
     /// Queues declared on the current connection, and how.
@@ -74,19 +128,18 @@ pub(super) async fn open(uri: &str, timeout: Duration) -> Result<Connection, Bro
 }
 
 impl Inner {
-    /// The state of a broker whose first connection is `connection`.
+    /// The state of a broker whose first connections are `publishing` and `consuming`.
     pub(super) fn new(
         uri: String,
-        connection: Connection,
+        publishing: Connection,
+        consuming: Connection,
         publish_timeout: Duration,
         connect_timeout: Duration,
     ) -> Self {
         Self {
             uri,
-            connection: Mutex::new(Some(Arc::new(connection))),
-            reconnecting: tokio::sync::Mutex::new(()),
-            failed_attempts: AtomicU64::new(0),
-            outage: AtomicBool::new(false),
+            publishing: Link::new(Role::Publishing, publishing),
+            consuming: Link::new(Role::Consuming, consuming),
             publisher: Mutex::new(None),
             declared: Mutex::new(HashMap::new()),
             learned: Mutex::new(HashMap::new()),
@@ -96,43 +149,62 @@ impl Inner {
         }
     }
 
-    /// The current connection, if it is up.
-    pub(super) fn current(&self) -> Option<Arc<Connection>> {
-        lock(&self.connection)
-            .as_ref()
-            .filter(|connection| connection.status().connected())
-            .cloned()
+    fn link(&self, role: Role) -> &Link {
+        match role {
+            Role::Publishing => &self.publishing,
+            Role::Consuming => &self.consuming,
+        }
     }
 
-    /// Marks the broker closed and takes the connection away (to close it): nothing reconnects
-    /// afterwards, and a reconnect in flight closes what it made.
-    pub(super) fn close(&self) -> Option<Arc<Connection>> {
-        let mut current = lock(&self.connection);
+    /// Whether the publishing connection is up now (the consuming one reconnects when a
+    /// subscription or declaration needs it, and is not awaited by publishes).
+    pub(super) fn is_connected(&self) -> bool {
+        self.publishing.current().is_some()
+    }
+
+    /// Whether the server has blocked the publishing connection (`connection.blocked`: a memory
+    /// or disk alarm), so publishes wait until the alarm clears.
+    pub(super) fn publishing_blocked(&self) -> bool {
+        self.publishing
+            .current()
+            .is_some_and(|connection| connection.status().blocked())
+    }
+
+    /// Marks the broker closed and takes the connections away (to close them): nothing
+    /// reconnects afterwards, and a reconnect in flight closes what it made.
+    pub(super) fn close(&self) -> Vec<Arc<Connection>> {
+        let mut publishing = lock(&self.publishing.connection);
+        let mut consuming = lock(&self.consuming.connection);
         self.closed.store(true, Ordering::SeqCst);
-        current.take()
+        publishing
+            .take()
+            .into_iter()
+            .chain(consuming.take())
+            .collect()
     }
 
-    /// A live connection: the current one, or a new one once the broker is reachable again.
-    /// Waits (with backoff) as long as it takes; callers bound the wait, and dropping this
-    /// future at any point leaves no lock held.
-    pub(super) async fn connection(&self) -> Result<Arc<Connection>, BrokerError> {
+    /// A live connection for `role`: the current one, or a new one once the broker is
+    /// reachable again. Waits (with backoff) as long as it takes; callers bound the wait, and
+    /// dropping this future at any point leaves no lock held.
+    pub(super) async fn connection(&self, role: Role) -> Result<Arc<Connection>, BrokerError> {
+        let link = self.link(role);
         let mut backoff = backoff::reconnect();
         loop {
             if self.closed.load(Ordering::SeqCst) {
                 return Err(closed());
             }
-            if let Some(connection) = self.current() {
+            if let Some(connection) = link.current() {
                 return Ok(connection);
             }
-            let seen_failures = self.failed_attempts.load(Ordering::SeqCst);
+            let seen_failures = link.failed_attempts.load(Ordering::SeqCst);
             let attempt = {
-                let _reconnecting = self.reconnecting.lock().await;
-                if let Some(connection) = self.current() {
+                let _reconnecting = link.reconnecting.lock().await;
+                if let Some(connection) = link.current() {
                     // Another caller reconnected while this one waited.
                     return Ok(connection);
                 }
-                if self.failed_attempts.load(Ordering::SeqCst) == seen_failures {
-                    Some(self.attempt().await)
+                if link.failed_attempts.load(Ordering::SeqCst) == seen_failures {
+                    Some(self.attempt(link).await)
                 } else {
                     // The attempt this caller waited for failed: back off like its maker.
                     None
@@ -148,26 +220,27 @@ impl Inner {
         }
     }
 
-    /// One connection attempt, made while holding the reconnect lock.
-    async fn attempt(&self) -> Result<Arc<Connection>, BrokerError> {
+    /// One connection attempt for `link`, made while holding its reconnect lock.
+    async fn attempt(&self, link: &Link) -> Result<Arc<Connection>, BrokerError> {
+        let role = link.role.name();
         // The connection dropped (or a call on it failed): an outage, logged once when it is
         // seen. A closed broker has no outage.
-        if !self.closed.load(Ordering::SeqCst) && !self.outage.swap(true, Ordering::SeqCst) {
-            tracing::error!(uri = %redact(&self.uri), "RabbitMQ connection lost; reconnecting with backoff");
+        if !self.closed.load(Ordering::SeqCst) && !link.outage.swap(true, Ordering::SeqCst) {
+            tracing::error!(uri = %redact(&self.uri), connection = role, "RabbitMQ connection lost; reconnecting with backoff");
         }
-        let failed = self.failed_attempts.load(Ordering::SeqCst);
+        let failed = link.failed_attempts.load(Ordering::SeqCst);
         let error = match open(&self.uri, self.connect_timeout()).await {
             Ok(connection) => {
                 let connection = Arc::new(connection);
                 {
-                    let mut current = lock(&self.connection);
+                    let mut current = lock(&link.connection);
                     // Checked under the lock `close` takes the connection with: a connection
                     // made after the broker was closed is closed at once, never kept.
                     if !self.closed.load(Ordering::SeqCst) {
                         *current = Some(Arc::clone(&connection));
                         lock(&self.declared).clear();
-                        self.outage.store(false, Ordering::SeqCst);
-                        tracing::info!(uri = %redact(&self.uri), failed_attempts = failed, "RabbitMQ connection recovered");
+                        link.outage.store(false, Ordering::SeqCst);
+                        tracing::info!(uri = %redact(&self.uri), connection = role, failed_attempts = failed, "RabbitMQ connection recovered");
                         return Ok(connection);
                     }
                 }
@@ -180,11 +253,11 @@ impl Inner {
             }
             Err(error) => error,
         };
-        self.failed_attempts.fetch_add(1, Ordering::SeqCst);
+        link.failed_attempts.fetch_add(1, Ordering::SeqCst);
         if failed == 0 {
-            tracing::warn!(uri = %redact(&self.uri), error = %ErrorChain(&error), "RabbitMQ unreachable; still reconnecting with backoff");
+            tracing::warn!(uri = %redact(&self.uri), connection = role, error = %ErrorChain(&error), "RabbitMQ unreachable; still reconnecting with backoff");
         } else {
-            tracing::debug!(uri = %redact(&self.uri), attempts = failed + 1, error = %ErrorChain(&error), "RabbitMQ still unreachable");
+            tracing::debug!(uri = %redact(&self.uri), connection = role, attempts = failed + 1, error = %ErrorChain(&error), "RabbitMQ still unreachable");
         }
         Err(error)
     }
@@ -192,8 +265,8 @@ impl Inner {
     /// Forgets `connection` after a call on it failed, so the next call reconnects (the client
     /// may not have noticed the drop yet).
     pub(super) fn invalidate(&self, connection: &Arc<Connection>) {
-        {
-            let mut current = lock(&self.connection);
+        for link in [&self.publishing, &self.consuming] {
+            let mut current = lock(&link.connection);
             if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, connection)) {
                 *current = None;
             }
@@ -207,8 +280,8 @@ impl Inner {
         *lock(&self.publisher) = None;
     }
 
-    /// The confirm-mode publishing channel, opened again if it or its connection closed (a
-    /// failed declaration closes the channel it ran on).
+    /// The confirm-mode publishing channel on the publishing connection, opened again if it or
+    /// its connection closed (a refused publish closes the channel it ran on).
     pub(super) async fn publisher(&self) -> Result<Channel, BrokerError> {
         if let Some(channel) = lock(&self.publisher)
             .as_ref()
@@ -216,7 +289,7 @@ impl Inner {
         {
             return Ok(channel.clone());
         }
-        let connection = self.connection().await?;
+        let connection = self.connection(Role::Publishing).await?;
         let opened = async {
             let channel = connection
                 .create_channel()

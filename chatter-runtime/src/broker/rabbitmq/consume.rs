@@ -17,7 +17,7 @@ use lapin::{Acker, Channel};
 use tokio::runtime::Handle;
 
 use super::codec::{DELIVERY_COUNT_HEADER, decode, message_id_or_none, queue_name};
-use super::connection::Inner;
+use super::connection::{Inner, Role};
 use super::declaration::{Declaration, DeliveryLimit, integer};
 use crate::backoff;
 use crate::broker::{
@@ -32,7 +32,7 @@ impl Inner {
     /// connection is dropped only once the client sees it closed.
     async fn consume(&self, destination: &str, prefetch: u16) -> Result<Consumer, BrokerError> {
         let queue = queue_name(destination)?;
-        let connection = self.connection().await?;
+        let connection = self.connection(Role::Consuming).await?;
         let timeout = self.connect_timeout();
         let opening = self.consume_on(&connection, destination, queue, prefetch);
         let operation = || format!("consume `{destination}`");
@@ -53,7 +53,9 @@ impl Inner {
         // Declared on every (re)subscription: the queue may have been deleted by another client
         // since, and consuming a missing queue fails with 404 forever.
         self.forget(destination);
-        let declaration = self.declare(destination, queue.clone()).await?;
+        let declaration = self
+            .declare(Role::Consuming, destination, queue.clone())
+            .await?;
         let channel = connection
             .create_channel()
             .await

@@ -11,6 +11,7 @@ use lapin::types::{AMQPValue, ShortString};
 
 use super::RabbitMqBroker;
 use super::codec::{DEAD_LETTER_REASON_HEADER, decode, queue_name};
+use super::connection::Role;
 use crate::broker::dead_letters::{
     DeadLetter, DeadLetterAction, DeadLetterOutcome, DeadLetters, replayed,
 };
@@ -21,7 +22,7 @@ impl RabbitMqBroker {
     /// A channel of its own on which `destination`'s dead-letter queue is browsed: everything
     /// taken from it and not acked goes back to the queue when it closes ([`close`]).
     async fn browsing(&self) -> Result<Channel, BrokerError> {
-        let connection = self.inner.connection().await?;
+        let connection = self.inner.connection(Role::Consuming).await?;
         connection
             .create_channel()
             .await

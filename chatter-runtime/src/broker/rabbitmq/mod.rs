@@ -14,7 +14,7 @@
 //!
 //! | file | what |
 //! | --- | --- |
-//! | `connection.rs` | the shared connection, its bounded reconnects, the publishing channel |
+//! | `connection.rs` | the shared publishing and consuming connections, their bounded reconnects, the publishing channel |
 //! | `publish.rs` | declaring a queue, publishing with confirms, the server's refusals |
 //! | `declaration.rs` | how a queue is declared: classic, or an existing quorum queue's type and delivery limit learned from the server |
 //! | `consume.rs` | subscriptions that resume after outages, settling deliveries, dead-lettering what is no Brokered Message |
@@ -42,7 +42,7 @@ pub use codec::{CONTEXT_HEADER, DEAD_LETTER_REASON_HEADER};
 use super::{Broker, BrokerContract, BrokerError, Subscription};
 use crate::message::BrokeredMessage;
 use codec::{properties, queue_name};
-use connection::{Inner, open, redact};
+use connection::{Inner, Role, open, redact};
 use declaration::DeliveryLimit;
 
 /// How many unacked deliveries one subscription holds by default.
@@ -67,6 +67,12 @@ const DEFAULT_PREFETCH: u16 = 1;
 ///   [`Delivery::previous_deliveries`](super::Delivery::previous_deliveries) a quorum queue's
 ///   `x-delivery-count`.
 ///
+/// **Two connections.** Publishes go on one connection, consumers (and their acks and nacks),
+/// queue declarations and dead-letter browsing on another. During a memory or disk alarm
+/// RabbitMQ blocks a connection that publishes and stops reading it until the alarm clears: the
+/// publishes wait (bounded by the publish timeout), while the consumers keep receiving and
+/// settling what is already queued.
+///
 /// **Recovery.** The broker reconnects by itself after a broker restart or a dropped connection,
 /// with exponential backoff (logged at Error when the outage starts, at Info when it ends):
 ///
@@ -83,7 +89,7 @@ const DEFAULT_PREFETCH: u16 = 1;
 /// attempts, and replaying consumers on a recovered channel would settle old delivery tags on
 /// the new channel. Here each delivery settles only on the channel it came from.)
 ///
-/// Clones share one connection.
+/// Clones share the two connections.
 #[derive(Clone)]
 pub struct RabbitMqBroker {
     inner: Arc<Inner>,
@@ -110,11 +116,16 @@ impl RabbitMqBroker {
                 "RabbitMqBroker::connect must be called within a Tokio runtime",
             ));
         }
-        let connection = open(uri, DEFAULT_CONNECT_TIMEOUT).await?;
+        // Publishes and consumers on connections of their own: see `connection.rs`.
+        let (publishing, consuming) = futures::try_join!(
+            open(uri, DEFAULT_CONNECT_TIMEOUT),
+            open(uri, DEFAULT_CONNECT_TIMEOUT)
+        )?;
         Ok(Self {
             inner: Arc::new(Inner::new(
                 uri.to_owned(),
-                connection,
+                publishing,
+                consuming,
                 DEFAULT_PUBLISH_TIMEOUT,
                 DEFAULT_CONNECT_TIMEOUT,
             )),
@@ -155,23 +166,31 @@ impl RabbitMqBroker {
         self
     }
 
-    /// Whether the connection is up now (`false` while it is being re-established).
+    /// Whether the publishing connection is up now (`false` while it is being re-established).
+    /// The consuming connection reconnects when a subscription needs it; whether a
+    /// subscription consumes is its own [`Subscription::liveness`].
     pub fn is_connected(&self) -> bool {
-        self.inner.current().is_some()
+        self.inner.is_connected()
     }
 
-    /// Close the connection (shared by all clones) gracefully; nothing reconnects afterwards and
+    /// Close the connections (shared by all clones) gracefully; nothing reconnects afterwards and
     /// subscriptions end. Deliveries not settled by then are requeued by the server and
     /// delivered again; settling them afterwards fails with [`BrokerError::SettlementLost`] or
     /// [`BrokerError::Transport`].
     pub async fn close(&self) -> Result<(), BrokerError> {
-        let Some(connection) = self.inner.close() else {
-            return Ok(());
-        };
+        let connections = self.inner.close();
         let closing = async {
-            connection
-                .close(200, ShortString::from("OK"))
-                .await
+            // Both are closed even when the first fails; the first error is returned.
+            let closed = futures::future::join_all(
+                connections
+                    .iter()
+                    .map(|connection| connection.close(200, ShortString::from("OK"))),
+            )
+            .await;
+            closed
+                .into_iter()
+                .collect::<Result<Vec<()>, _>>()
+                .map(drop)
                 .map_err(|e| BrokerError::transport("connection.close", e))
         };
         self.bounded("connection.close", closing).await
@@ -261,7 +280,7 @@ impl Broker for RabbitMqBroker {
             for destination in &contract.destinations {
                 let declaration = self
                     .inner
-                    .declare(destination, queue_name(destination)?)
+                    .declare(Role::Consuming, destination, queue_name(destination)?)
                     .await?;
                 check_delivery_limit(
                     destination,

@@ -10,7 +10,7 @@ use super::codec::{
     DEAD_LETTER_REASON_HEADER, DELIVERY_COUNT_HEADER, PERSISTENT, message_id_or_none, properties,
     queue_name,
 };
-use super::connection::Inner;
+use super::connection::{Inner, Role};
 use super::declaration::{Declaration, Inequivalent};
 use crate::broker::{BrokerError, Refusal};
 use crate::error_chain::ErrorChain;
@@ -21,9 +21,11 @@ impl Inner {
     /// its own (a refusal closes the channel it came on, not the publishing channel other
     /// messages are waiting on). An existing quorum queue's type and delivery limit are learned
     /// from the server's refusals and declared as they are (see [`Declaration`]); the
-    /// declaration the server took is returned.
+    /// declaration the server took is returned. It goes on the connection of `role`: a
+    /// consumer's on the consuming one, which a resource alarm never blocks.
     pub(super) async fn declare(
         &self,
+        role: Role,
         destination: &str,
         queue: ShortString,
     ) -> Result<Declaration, BrokerError> {
@@ -34,7 +36,7 @@ impl Inner {
         // A refusal names one argument: the queue type, then its limit. More refusals than
         // that mean the queue is being declared otherwise meanwhile.
         for _ in 0..4 {
-            let connection = self.connection().await?;
+            let connection = self.connection(role).await?;
             let channel = connection
                 .create_channel()
                 .await
@@ -89,7 +91,7 @@ impl Inner {
         );
         // A transport failure (the connection dropped before or during the publish) is retried
         // on a new connection until the bound.
-        crate::broker::publish_retrying(
+        let published = crate::broker::publish_retrying(
             operation,
             timeout,
             || self.publish_once(message.clone(), queue.clone(), properties.clone()),
@@ -99,7 +101,14 @@ impl Inner {
                 self.forget_publisher();
             },
         )
-        .await
+        .await;
+        if let Err(error) = &published
+            && self.publishing_blocked()
+        {
+            // The timeout alone would not say why: name the alarm.
+            tracing::error!(destination = %message.destination, message_id = %message.message_id, error = %ErrorChain(error), "RabbitMQ has blocked the publishing connection (a memory or disk alarm): publishes wait until the alarm clears; consumers go on");
+        }
+        published
     }
 
     async fn publish_once(
@@ -148,7 +157,8 @@ impl Inner {
         let mut unroutable = 0;
         let mut refused = 0;
         loop {
-            self.declare(destination, queue.clone()).await?;
+            self.declare(Role::Publishing, destination, queue.clone())
+                .await?;
             let channel = self.publisher().await?;
             let publishing = async {
                 channel
