@@ -378,10 +378,10 @@ async fn answered_after(
                 break;
             }
             seen.extend_from_slice(&buffer[..n]);
-            if String::from_utf8_lossy(&seen).contains("[y/N]") {
-                if let Some(asked) = asked.take() {
-                    let _ = asked.send(());
-                }
+            if String::from_utf8_lossy(&seen).contains("[y/N]")
+                && let Some(asked) = asked.take()
+            {
+                let _ = asked.send(());
             }
         }
         seen
