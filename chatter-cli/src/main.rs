@@ -2,8 +2,8 @@
 //!
 //! ```text
 //! chatter outbox pending       --database shop --container orders [--json]
-//! chatter outbox undeliverable --database shop --container orders [--json]
-//! chatter outbox requeue --database shop --container orders (--id ID... | --destination D | --violation TEXT) [--force] [--yes | --dry-run]
+//! chatter outbox undeliverable --database shop --container orders [--body-resolver] [--json]
+//! chatter outbox requeue --database shop --container orders (--id ID... | --destination D | --violation TEXT) [--force | --body-resolver] [--yes | --dry-run]
 //! chatter outbox give-up --database shop --container orders (--id ID... | --destination D) --reason TEXT [--yes | --dry-run]
 //! chatter leases --database shop --container orders-leases [--expiry-seconds 30] [--json]
 //! chatter relay --config relay.toml
@@ -35,8 +35,8 @@ use std::process::ExitCode;
 
 use chatter_runtime::cosmos::{CosmosConnection, CosmosStoreError, ENDPOINT_ENV};
 use chatter_runtime::operator::{
-    LeaseServed, OutboxSurvey, Selection, estimate_backlog, plan_give_up, plan_requeue,
-    survey_leases, survey_outbox,
+    LeaseServed, MessageSource, OutboxSurvey, Selection, estimate_backlog, plan_give_up,
+    plan_requeue, survey_leases, survey_outbox,
 };
 use clap::{Args, Parser, Subcommand};
 
@@ -111,7 +111,7 @@ enum Outbox {
     Pending(Container),
     /// The documents stamped `undeliverable`, each with the contract violations found in it
     /// (exit code 1 when there is any).
-    Undeliverable(Container),
+    Undeliverable(Undeliverable),
     /// Puts `undeliverable` documents back to `pending` once their cause is fixed; the relay
     /// publishes them. One that still violates the contract is refused unless `--force`.
     Requeue(Requeue),
@@ -121,15 +121,45 @@ enum Outbox {
 }
 
 #[derive(Debug, Args)]
+struct Undeliverable {
+    #[command(flatten)]
+    at: Container,
+    #[command(flatten)]
+    source: Source,
+}
+
+/// Which relay serves the container: nothing in the container tells.
+#[derive(Debug, Args)]
+struct Source {
+    /// The container's relay has a body resolver (thin triggers): it does not check the Outbox
+    /// Document Contract, so neither does this command.
+    #[arg(long)]
+    body_resolver: bool,
+}
+
+impl Source {
+    fn message_source(&self) -> MessageSource {
+        if self.body_resolver {
+            MessageSource::BodyResolver
+        } else {
+            MessageSource::Document
+        }
+    }
+}
+
+#[derive(Debug, Args)]
 struct Requeue {
     #[command(flatten)]
     at: Container,
     #[command(flatten)]
     select: RequeueSelection,
-    /// Requeue documents that still violate the contract too (the relay checks them again and
-    /// stamps them `undeliverable` again unless the violation no longer applies).
-    #[arg(long)]
+    /// Requeue documents that still violate the contract too (a relay that publishes each
+    /// document as its message checks them again and stamps them `undeliverable` again unless
+    /// the violation no longer applies).
+    #[arg(long, conflicts_with = "body_resolver")]
     force: bool,
+    #[command(flatten)]
+    source: Source,
     #[command(flatten)]
     confirm: Confirm,
 }
@@ -145,7 +175,7 @@ struct RequeueSelection {
     destination: Option<String>,
     /// Every undeliverable document with a violation containing this text (needs `--force`:
     /// they still violate it).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "body_resolver")]
     violation: Option<String>,
 }
 
@@ -251,12 +281,12 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
     let cosmos = connect_store(cli.endpoint.as_deref(), cli.key_file.as_deref()).await?;
     match &cli.command {
         Command::Outbox(Outbox::Pending(at)) => {
-            let survey = survey(&cosmos, at).await?;
+            let survey = survey(&cosmos, at, MessageSource::Document).await?;
             print(cli.json, &survey, pending_table);
             Ok(0)
         }
-        Command::Outbox(Outbox::Undeliverable(at)) => {
-            let survey = survey(&cosmos, at).await?;
+        Command::Outbox(Outbox::Undeliverable(Undeliverable { at, source })) => {
+            let survey = survey(&cosmos, at, source.message_source()).await?;
             print(cli.json, &survey, undeliverable_table);
             Ok(u8::from(!survey.undeliverable.is_empty()))
         }
@@ -277,6 +307,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                 &at.database,
                 &at.container,
                 &selection,
+                requeue.source.message_source(),
                 requeue.force,
             )
             .await
@@ -394,8 +425,12 @@ async fn connect_store(
     })
 }
 
-async fn survey(cosmos: &CosmosConnection, at: &Container) -> Result<OutboxSurvey, Failure> {
-    survey_outbox(cosmos, &at.database, &at.container)
+async fn survey(
+    cosmos: &CosmosConnection,
+    at: &Container,
+    source: MessageSource,
+) -> Result<OutboxSurvey, Failure> {
+    survey_outbox(cosmos, &at.database, &at.container, source)
         .await
         .map_err(|error| read_failed("the outbox", at, &error))
 }

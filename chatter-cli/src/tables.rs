@@ -2,7 +2,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use chatter_runtime::operator::{LeaseServed, LeaseView, OutboxSurvey};
+use chatter_runtime::operator::{LeaseServed, LeaseView, MessageSource, OutboxSurvey};
 
 pub(crate) fn print<T: serde::Serialize + ?Sized>(json: bool, survey: &T, table: fn(&T) -> String) {
     if json {
@@ -95,6 +95,8 @@ pub(crate) fn undeliverable_table(survey: &OutboxSurvey) -> String {
                 .map_or_else(|| "?".to_owned(), |at| when(at, now)),
             if let Some(reason) = &doc.operator_reason {
                 format!("given up by an operator: {reason}")
+            } else if survey.message_source == MessageSource::BodyResolver {
+                "not checked (a body resolver builds its message)".to_owned()
             } else if doc.violations.is_empty() {
                 "none now (it passes the contract)".to_owned()
             } else {

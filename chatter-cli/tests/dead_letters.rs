@@ -347,3 +347,112 @@ async fn a_broker_url_without_slashes_is_never_printed_with_its_password() {
         assert!(!text.contains("s3cret"), "{url}: {text}");
     }
 }
+
+/// Runs `chatter` with `args` against `broker_url`; once it asks its question, calls `cut` and
+/// answers `y`. Its output, or `None` when it had not ended `bound` after the answer (then it is
+/// killed).
+async fn answered_after(
+    broker_url: &str,
+    args: &[&str],
+    cut: impl FnOnce(),
+    bound: Duration,
+) -> Option<std::process::Output> {
+    use std::io::{Read, Write};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_chatter"))
+        .args(args)
+        .env("CHATTER_BROKER_URL", broker_url)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let (asked, question) = tokio::sync::oneshot::channel();
+    let reader = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut asked = Some(asked);
+        let mut buffer = [0u8; 256];
+        while let Ok(n) = stderr.read(&mut buffer) {
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&buffer[..n]);
+            if String::from_utf8_lossy(&seen).contains("[y/N]")
+                && let Some(asked) = asked.take()
+            {
+                let _ = asked.send(());
+            }
+        }
+        seen
+    });
+    question
+        .await
+        .expect("chatter asks before it changes anything");
+    cut();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"y\n").unwrap();
+    drop(stdin);
+    let waited = tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        loop {
+            if child.try_wait().unwrap().is_some() {
+                return Some(child);
+            }
+            if started.elapsed() > bound {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+    .await
+    .unwrap()?;
+    let mut output = waited.wait_with_output().unwrap();
+    output.stderr = reader.join().unwrap();
+    Some(output)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_whose_broker_stops_answering_ends_with_exit_code_3_and_loses_nothing() {
+    use chatter_tests::proxy::TcpProxy;
+    use chatter_tests::rabbitmq;
+
+    let broker = RabbitMqBroker::connect(RABBITMQ).await.unwrap();
+    let destination = format!("chatter-test-dl-{}", uuid::Uuid::new_v4().simple());
+    let d = destination.as_str();
+    broker
+        .publish(letter("d-1", d, "the directory is read-only"))
+        .await
+        .unwrap();
+    let proxy = TcpProxy::start(rabbitmq::server_addr()).await;
+
+    // A generous bound, far above the broker's own timeouts: the test fails on a hang only.
+    // Heartbeats off: nothing but chatter's own bounds notices a silent connection.
+    let output = answered_after(
+        &format!("{}?heartbeat=0", rabbitmq::uri_through(&proxy)),
+        &args("replay", "rabbitmq", d, &["--id", "d-1"]),
+        // Its connection goes silent, never closed.
+        || proxy.freeze(),
+        Duration::from_secs(180),
+    )
+    .await
+    .expect("the replay ends by itself when the broker stops answering");
+    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+    let said = stderr(&output);
+    assert!(said.contains("broker"), "{said}");
+    assert!(!said.contains("guest:guest"), "no password printed: {said}");
+
+    // Nothing was lost: the dead letter is still there.
+    let listed = chatter_on_broker(RABBITMQ, &args("list", "rabbitmq", d, &[]), None).await;
+    assert_eq!(listed.status.code(), Some(1), "{}", stderr(&listed));
+    assert!(stdout(&listed).contains("d-1"), "{}", stdout(&listed));
+    let discarded = chatter_on_broker(
+        RABBITMQ,
+        &args("discard", "rabbitmq", d, &["--all", "--yes"]),
+        None,
+    )
+    .await;
+    assert_eq!(discarded.status.code(), Some(0), "{}", stderr(&discarded));
+}

@@ -327,3 +327,85 @@ async fn an_id_that_several_documents_have_is_refused_for_each() {
         "{text}"
     );
 }
+
+/// A thin trigger a body-resolver relay publishes: nothing but its identity and key.
+fn thin_trigger(message_id: &str) -> Value {
+    json!({
+        "id": chatter_runtime::cosmos::outbox_id(message_id).unwrap(),
+        "_chatterType": "outbox",
+        "status": "pending",
+        "MessageId": message_id,
+        "orderId": "o-1",
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thin_trigger_given_up_is_requeued_with_body_resolver_and_its_refusal_names_the_flag() {
+    let (emulator, cosmos) = store().await;
+    let endpoint = Some(emulator.endpoint());
+    let orders = cosmos.container(DB, CONTAINER).await.unwrap();
+    create_item(
+        &orders,
+        partition_key(&[json!("o-1")]).unwrap(),
+        &thin_trigger("m-thin"),
+    )
+    .await
+    .unwrap();
+    let given_up = chatter(
+        endpoint,
+        None,
+        &args(
+            &["outbox", "give-up"],
+            &["--id", "m-thin", "--reason", "resolver down", "--yes"],
+        ),
+    )
+    .await;
+    assert_eq!(given_up.status.code(), Some(0), "{}", stderr(&given_up));
+
+    // Read as a verbatim relay's container, a thin trigger violates the contract: refused, and
+    // the refusal says where the contract is not checked.
+    let refused = chatter(
+        endpoint,
+        None,
+        &args(&["outbox", "requeue"], &["--id", "m-thin", "--yes"]),
+    )
+    .await;
+    assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
+    let text = stdout(&refused);
+    assert!(text.contains("refused m-thin"), "{text}");
+    assert!(text.contains("--body-resolver"), "{text}");
+    assert_eq!(status(&cosmos, "m-thin").await, "undeliverable");
+
+    // Listed for a body-resolver relay's container: no contract violation is claimed.
+    let listed = chatter(
+        endpoint,
+        None,
+        &args(&["outbox", "undeliverable"], &["--body-resolver", "--json"]),
+    )
+    .await;
+    assert_eq!(listed.status.code(), Some(1), "{}", stderr(&listed));
+    let survey: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let thin = survey["undeliverable"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|doc| doc["message_id"] == "m-thin")
+        .unwrap();
+    assert_eq!(thin["violations"], json!([]), "{survey}");
+    assert_eq!(thin["operator_reason"], "resolver down");
+
+    let requeued = chatter(
+        endpoint,
+        None,
+        &args(
+            &["outbox", "requeue"],
+            &["--id", "m-thin", "--body-resolver", "--yes"],
+        ),
+    )
+    .await;
+    assert_eq!(requeued.status.code(), Some(0), "{}", stderr(&requeued));
+    assert!(stdout(&requeued).contains("1 of 1 document changed"));
+    let document = stored(&cosmos, "m-thin").await;
+    assert_eq!(document["status"], "pending");
+    assert!(document.get(OPERATOR_REASON_FIELD).is_none(), "{document}");
+}

@@ -10,7 +10,8 @@ mod repair;
 
 pub use leases::{LeaseServed, LeaseView, estimate_backlog, survey_leases};
 pub use outbox::{
-    IdMismatchedDocument, OutboxSurvey, PendingByDestination, UndeliverableDocument, survey_outbox,
+    IdMismatchedDocument, MessageSource, OutboxSurvey, PendingByDestination, UndeliverableDocument,
+    survey_outbox,
 };
 pub use repair::{
     AppliedChange, OPERATOR_REASON_FIELD, PlannedChange, RefusedChange, RepairPlan, Selection,

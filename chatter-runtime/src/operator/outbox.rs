@@ -33,9 +33,42 @@ pub(crate) fn outbox_query(select: &str, status: &str) -> Result<Query, CosmosSt
     .map_err(|e| CosmosStoreError::codec("query_items", e))
 }
 
+/// Where the relay of a container gets each pending document's message, which says whether the
+/// Outbox Document Contract applies to its documents. Nothing in a container tells: the
+/// operator says it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MessageSource {
+    /// Each document is its message (a runtime's relay, `chatter relay`, a standalone relay
+    /// without a resolver): the relay checks the contract and stamps a document that breaks it
+    /// `undeliverable`.
+    #[default]
+    Document,
+    /// A standalone relay's [`BodyResolver`](crate::BodyResolver) builds each message (thin
+    /// triggers): the contract is not evaluated, a document needs only its identity and key.
+    BodyResolver,
+}
+
+impl MessageSource {
+    /// The Outbox Document Contract's violations of `doc`, as the relay with this source sees
+    /// them: none when a body resolver builds its message.
+    pub(crate) fn violations(self, doc: &Value) -> Vec<String> {
+        match self {
+            Self::BodyResolver => Vec::new(),
+            Self::Document => match outbox_contract::verify(doc) {
+                Ok(_) => Vec::new(),
+                Err(found) => found.violations.iter().map(ToString::to_string).collect(),
+            },
+        }
+    }
+}
+
 /// A container's Outbox Documents that are not delivered.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct OutboxSurvey {
+    /// Where its relay gets each message, as the survey was asked to read it: with
+    /// [`MessageSource::BodyResolver`] no document is checked against the contract.
+    pub message_source: MessageSource,
     /// The pending documents the relay will publish, by destination (a document without a
     /// readable destination is counted under `""`); one that only looks pending (an id chatter
     /// did not mint for its message id) is not counted here, as the relay skips it: it is in
@@ -98,14 +131,18 @@ pub struct UndeliverableDocument {
     pub stamped_at: Option<i64>,
     /// The Outbox Document Contract's violations found in it now (the relay does not persist
     /// its reason: the document keeps the .NET shape). Empty when it passes the contract today,
-    /// e.g. one stamped by an operator or another tool, which can be requeued as it is.
+    /// e.g. one stamped by an operator or another tool, which can be requeued as it is, and
+    /// always for a container whose relay has a body resolver ([`MessageSource::BodyResolver`]:
+    /// the contract does not apply there).
     pub violations: Vec<String>,
     /// The reason an operator gave when giving it up (`chatter outbox give-up`); `None` for one
     /// the relay stamped.
     pub operator_reason: Option<String>,
 }
 
-/// Reads the Outbox Documents of `database`/`container` that are `pending` or `undeliverable`.
+/// Reads the Outbox Documents of `database`/`container` that are `pending` or `undeliverable`,
+/// checking each `undeliverable` one against the contract unless `source` is
+/// [`MessageSource::BodyResolver`].
 ///
 /// # Errors
 ///
@@ -114,9 +151,13 @@ pub async fn survey_outbox(
     cosmos: &CosmosConnection,
     database: &str,
     container: &str,
+    source: MessageSource,
 ) -> Result<OutboxSurvey, CosmosStoreError> {
     let container = cosmos.container(database, container).await?;
-    let mut survey = OutboxSurvey::default();
+    let mut survey = OutboxSurvey {
+        message_source: source,
+        ..OutboxSurvey::default()
+    };
 
     // Counted as the relay's gate sees them: a document that only looks pending is never
     // relayed, so it is no backlog.
@@ -158,10 +199,7 @@ pub async fn survey_outbox(
 
     let undeliverable = outbox_query("*", STATUS_UNDELIVERABLE)?;
     query_each(&container, undeliverable, |doc| {
-        let violations = match outbox_contract::verify(&doc) {
-            Ok(_) => Vec::new(),
-            Err(found) => found.violations.iter().map(ToString::to_string).collect(),
-        };
+        let violations = source.violations(&doc);
         survey.undeliverable.push(UndeliverableDocument {
             id: text(&doc, ID_FIELD),
             message_id: text(&doc, MESSAGE_ID_FIELD),

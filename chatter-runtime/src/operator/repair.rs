@@ -7,14 +7,14 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use super::outbox::outbox_query;
+use super::outbox::{MessageSource, outbox_query};
 use crate::cosmos::store::{PatchOp, patch_item_if_match, query_each, read_container_properties};
 use crate::cosmos::{CosmosConnection, CosmosStoreError};
+use crate::document::is_pending_outbox;
 use crate::document::outbox::{
     DESTINATION_FIELD, ID_FIELD, MESSAGE_ID_FIELD, STATUS_PATH, STATUS_PENDING,
     STATUS_UNDELIVERABLE,
 };
-use crate::document::{is_pending_outbox, outbox_contract};
 use crate::partition_key;
 
 /// The property an operator's give-up leaves its reason in (the relay's own undeliverable stamp
@@ -91,9 +91,11 @@ pub struct AppliedChange {
     pub failed: Option<String>,
 }
 
-/// Plans putting the `undeliverable` documents `selection` takes back to `pending`. One that
-/// still violates the Outbox Document Contract is refused unless `force` (the relay would check
-/// it again and stamp it `undeliverable` again).
+/// Plans putting the `undeliverable` documents `selection` takes back to `pending`. With
+/// [`MessageSource::Document`], one that still violates the Outbox Document Contract is refused
+/// unless `force` (the relay checks it again and would stamp it `undeliverable` again); with
+/// [`MessageSource::BodyResolver`] the contract is not checked (that relay does not evaluate
+/// it) and nothing is refused for it.
 ///
 /// # Errors
 ///
@@ -103,16 +105,19 @@ pub async fn plan_requeue(
     database: &str,
     container: &str,
     selection: &Selection,
+    source: MessageSource,
     force: bool,
 ) -> Result<RepairPlan, CosmosStoreError> {
-    let candidates = candidates(cosmos, database, container, STATUS_UNDELIVERABLE).await?;
+    let candidates = candidates(cosmos, database, container, STATUS_UNDELIVERABLE, source).await?;
     let mut plan = RepairPlan::default();
     for candidate in select(candidates, selection, &mut plan) {
         if !candidate.violations.is_empty() && !force {
             plan.refused.push(RefusedChange {
                 why: format!(
-                    "it still violates the contract ({}); fix the document, or force it (the \
-                     relay checks it again)",
+                    "it still violates the contract ({}); fix the document, or force it (a \
+                     relay that publishes the document as its message checks it again); a \
+                     container whose relay has a body resolver (thin triggers): pass \
+                     --body-resolver, that relay does not check the contract",
                     candidate.violations.join("; ")
                 ),
                 id: candidate.id,
@@ -145,7 +150,15 @@ pub async fn plan_give_up(
     selection: &Selection,
     reason: &str,
 ) -> Result<RepairPlan, CosmosStoreError> {
-    let candidates = candidates(cosmos, database, container, STATUS_PENDING).await?;
+    // Giving up takes no account of the contract.
+    let candidates = candidates(
+        cosmos,
+        database,
+        container,
+        STATUS_PENDING,
+        MessageSource::BodyResolver,
+    )
+    .await?;
     let mut plan = RepairPlan::default();
     for candidate in select(candidates, selection, &mut plan) {
         let operations = vec![
@@ -228,12 +241,14 @@ impl Candidate {
 }
 
 /// Every Outbox Document with `status` (a pending one only when the relay's gate takes it),
-/// whole, with its partition key read back at the container's paths and its ETag.
+/// whole, with its partition key read back at the container's paths, its ETag, and its contract
+/// violations as the relay with `source` sees them.
 async fn candidates(
     cosmos: &CosmosConnection,
     database: &str,
     container: &str,
     status: &str,
+    source: MessageSource,
 ) -> Result<Vec<Candidate>, CosmosStoreError> {
     let container = cosmos.container(database, container).await?;
     let paths = read_container_properties(&container)
@@ -247,10 +262,7 @@ async fn candidates(
         let Some(etag) = doc.get("_etag").and_then(Value::as_str).map(str::to_owned) else {
             return;
         };
-        let violations = match outbox_contract::verify(&doc) {
-            Ok(_) => Vec::new(),
-            Err(found) => found.violations.iter().map(ToString::to_string).collect(),
-        };
+        let violations = source.violations(&doc);
         found.push(Candidate {
             id: text(&doc, ID_FIELD),
             message_id: text(&doc, MESSAGE_ID_FIELD),

@@ -21,6 +21,8 @@ pub struct TcpProxy {
     silent_until: Arc<Mutex<Option<Instant>>>,
     /// Bumped on every cut: each connection task ends when it changes.
     cuts: watch::Sender<u64>,
+    /// Bumped on every freeze: each connection stops forwarding, held open, until the next cut.
+    freezes: watch::Sender<u64>,
     task: JoinHandle<()>,
 }
 
@@ -32,7 +34,9 @@ impl TcpProxy {
         let refuse_until = Arc::new(Mutex::new(None::<Instant>));
         let silent_until = Arc::new(Mutex::new(None::<Instant>));
         let (cuts, _) = watch::channel(0u64);
+        let (freezes, _) = watch::channel(0u64);
         let task = {
+            let freezes = freezes.clone();
             let refuse_until = refuse_until.clone();
             let silent_until = silent_until.clone();
             let cuts = cuts.clone();
@@ -57,6 +61,7 @@ impl TcpProxy {
                         continue;
                     }
                     let mut cut = cuts.subscribe();
+                    let mut freeze = freezes.subscribe();
                     tokio::spawn(async move {
                         let Ok(mut server) = TcpStream::connect(upstream).await else {
                             return;
@@ -65,6 +70,8 @@ impl TcpProxy {
                         tokio::select! {
                             _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
                             _ = cut.changed() => {}
+                            // Both sockets stay open, nothing forwarded: a peer gone silent.
+                            _ = freeze.changed() => { let _ = cut.changed().await; }
                         }
                     });
                 }
@@ -75,6 +82,7 @@ impl TcpProxy {
             refuse_until,
             silent_until,
             cuts,
+            freezes,
             task,
         }
     }
@@ -96,6 +104,15 @@ impl TcpProxy {
     pub fn cut_silently_for(&self, outage: Duration) {
         *self.silent_until.lock().unwrap() = Some(Instant::now() + outage);
         self.cuts.send_modify(|n| *n += 1);
+    }
+}
+
+impl TcpProxy {
+    /// Stops forwarding on every connection through the proxy now, holding both ends open (no
+    /// close reaches either side: a peer that went silent mid-conversation) until the next cut
+    /// or the proxy drops. New connections are forwarded as before.
+    pub fn freeze(&self) {
+        self.freezes.send_modify(|n| *n += 1);
     }
 }
 

@@ -21,30 +21,48 @@ use crate::error_chain::ErrorChain;
 impl RabbitMqBroker {
     /// A channel of its own on which `destination`'s dead-letter queue is browsed: everything
     /// taken from it and not acked goes back to the queue when it closes ([`close`]).
+    /// Bounded by the connect timeout: a broker that stops answering (even a connection that
+    /// went silent, heartbeats off) ends an operator's run with an error, never a hang.
     async fn browsing(&self) -> Result<Channel, BrokerError> {
-        let connection = self.inner.connection(Role::Consuming).await?;
-        connection
-            .create_channel()
-            .await
-            .map_err(|e| BrokerError::transport("channel.open", e))
+        let opening = async {
+            let connection = self.inner.connection(Role::Consuming).await?;
+            connection
+                .create_channel()
+                .await
+                .map_err(|e| BrokerError::transport("channel.open", e))
+        };
+        crate::broker::bounded(
+            || "channel.open (dead letters)".to_owned(),
+            self.inner.connect_timeout(),
+            opening,
+        )
+        .await
     }
 }
 
 /// The next message of `queue` on `channel`, unacked; `None` when it is empty (or was never
 /// declared).
-async fn next(channel: &Channel, queue: &ShortString) -> Result<Option<Delivery>, BrokerError> {
-    match channel
-        .basic_get(queue.clone(), BasicGetOptions { no_ack: false })
-        .await
-    {
-        Ok(Some(message)) => Ok(Some(message.delivery)),
-        Ok(None) => Ok(None),
-        Err(error) if is_not_found(&error) => Ok(None),
-        Err(error) => Err(BrokerError::transport(
-            format!("basic.get `{queue}`"),
-            error,
-        )),
-    }
+/// Bounded by `bound`: a broker that stops answering fails the run.
+async fn next(
+    channel: &Channel,
+    queue: &ShortString,
+    bound: std::time::Duration,
+) -> Result<Option<Delivery>, BrokerError> {
+    let getting = async {
+        match channel
+            .basic_get(queue.clone(), BasicGetOptions { no_ack: false })
+            .await
+        {
+            Ok(Some(message)) => Ok(Some(message.delivery)),
+            Ok(None) => Ok(None),
+            Err(error) if is_not_found(&error) => Ok(None),
+            Err(error) => Err(BrokerError::transport(
+                format!("basic.get `{queue}`"),
+                error,
+            )),
+        }
+    };
+    crate::broker::bounded(|| format!("basic.get `{queue}`"), bound, getting).await
 }
 
 /// `delivery`, found at `position` of `dead_letters`, as an operator sees it.
@@ -64,10 +82,15 @@ fn described(dead_letters: &str, position: u64, delivery: &Delivery) -> DeadLett
     }
 }
 
-/// Closes a browsing channel: its unacked messages go back to their queue.
+/// Closes a browsing channel: its unacked messages go back to their queue (bounded: a silent
+/// broker puts them back when the connection drops).
 async fn close(channel: &Channel) {
     if channel.status().connected() {
-        let _ = channel.close(200, ShortString::from("OK")).await;
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            channel.close(200, ShortString::from("OK")),
+        )
+        .await;
     }
 }
 
@@ -102,7 +125,9 @@ impl DeadLetters for RabbitMqBroker {
             let mut letters = Vec::new();
             let listed = async {
                 while letters.len() < limit {
-                    let Some(delivery) = next(&channel, &queue).await? else {
+                    let Some(delivery) =
+                        next(&channel, &queue, self.inner.publish_timeout()).await?
+                    else {
                         break;
                     };
                     letters.push(described(&dead_letters, letters.len() as u64, &delivery));
@@ -132,7 +157,7 @@ impl DeadLetters for RabbitMqBroker {
             let last = chosen.iter().map(|letter| letter.position).max();
             let mut position = 0;
             while last.is_some_and(|last| position <= last) {
-                let delivery = match next(&channel, &queue).await {
+                let delivery = match next(&channel, &queue, self.inner.publish_timeout()).await {
                     Ok(Some(delivery)) => delivery,
                     Ok(None) => break,
                     Err(error) => {
@@ -199,11 +224,18 @@ impl RabbitMqBroker {
             };
             self.inner.publish(replayed(message, destination)).await?;
         }
-        delivery
-            .acker
-            .ack(BasicAckOptions::default())
-            .await
-            .map_err(|e| BrokerError::transport("basic.ack", e))?;
+        crate::broker::bounded(
+            || "basic.ack (dead letter)".to_owned(),
+            self.inner.publish_timeout(),
+            async {
+                delivery
+                    .acker
+                    .ack(BasicAckOptions::default())
+                    .await
+                    .map_err(|e| BrokerError::transport("basic.ack", e))
+            },
+        )
+        .await?;
         outcome.done.push(shown.message_id);
         Ok(())
     }
