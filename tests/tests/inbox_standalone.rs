@@ -596,3 +596,30 @@ async fn a_time_to_live_that_could_delete_a_live_claim_is_refused() {
     .await
     .unwrap();
 }
+
+// A completion only lands on this attempt's own claim: when the marker changed under the
+// handler (another attempt took the claim over after it ran out), the completion is refused
+// and the marker is left to the attempt that holds it, never marked completed under it.
+#[tokio::test]
+async fn a_completion_never_marks_completed_a_claim_another_attempt_took_over() {
+    let (cosmos, inbox) = embedded_inbox().await;
+    let taker = cosmos.clone();
+    let error = inbox
+        .receive("evt-overtaken", || async move {
+            let mut theirs = dotnet_marker("evt-overtaken", false);
+            theirs["ClaimSeconds"] = json!(300);
+            seed(&taker, "evt-overtaken", theirs).await;
+            Ok::<(), std::io::Error>(())
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, InboxError::CompletionRefused { status: 412, .. }),
+        "{error:?}"
+    );
+    assert_eq!(
+        marker(&cosmos, "evt-overtaken").await.unwrap()["Completed"],
+        false,
+        "the other attempt's claim is not marked completed"
+    );
+}

@@ -203,6 +203,21 @@ fn inbox_command(cx: &Ctxt, cmd: &Command, inbox: &Attr<InboxArgs>) -> Option<Ch
         }
     };
     let path = inbox_path(cx, inbox.args.partition_key.as_ref(), ttl.flatten());
+    // With a lease, the container holds Outbox Documents too, stamped at the same path.
+    if let (Some(declared), Some(_)) = (&inbox.args.partition_key, &inbox.args.lease) {
+        let root = declared
+            .split('/')
+            .find(|s| !s.is_empty())
+            .unwrap_or_default();
+        if RESERVED_ROOTS.contains(&root) && !INBOX_RESERVED_ROOTS.contains(&root) {
+            cx.error(
+                declared.span(),
+                format!(
+                    "`/{root}` is a field of the Outbox Documents this command's sent messages become (it names a `lease`): the partition-value stamp would overwrite it; use another path (default \"/idempotencyKey\")"
+                ),
+            );
+        }
+    }
     let Routing {
         command_name,
         destination,

@@ -26,6 +26,7 @@ mod options;
 
 pub use options::{
     DEFAULT_CLOCK_MARGIN, DEFAULT_IDEMPOTENCY_KEY_PATH, InboxOptions, InboxOptionsError,
+    MAX_CLAIM_TIMEOUT,
 };
 
 use std::future::Future;
@@ -139,9 +140,10 @@ pub enum InboxError {
         /// The claim timeout.
         after: Duration,
     },
-    /// The handler ran, but the batch that completes its marker and commits its sent messages
-    /// did not commit (e.g. 412: its claim ran out and another attempt took it over); nothing
-    /// of it committed, and the next delivery runs the handler again.
+    /// The handler ran, but its completion (the patch, or the batch that also commits its sent
+    /// messages) was refused (e.g. 412: its claim ran out and another attempt took it over);
+    /// nothing of it committed, and the attempt that holds the claim now runs the handler
+    /// again.
     #[error(
         "the handler of message '{message_id}' ran but the batch completing its inbox marker did not commit (batch status {status}, per-operation status codes {operation_statuses:?}); the next delivery runs it again"
     )]
@@ -151,6 +153,19 @@ pub enum InboxError {
         /// The batch's HTTP status.
         status: u16,
         /// Per-operation status codes, the marker's first.
+        operation_statuses: Vec<u16>,
+    },
+    /// Replacing a claim that was over with this attempt's failed (e.g. throttled); the handler
+    /// did not run.
+    #[error(
+        "the claim of message '{message_id}' was over but could not be taken over (batch status {status}, per-operation status codes {operation_statuses:?}); the handler did not run"
+    )]
+    TakeOverRefused {
+        /// The message id.
+        message_id: String,
+        /// The batch's HTTP status.
+        status: u16,
+        /// Per-operation status codes.
         operation_statuses: Vec<u16>,
     },
     /// The runtime has no gate for this command (it was not started with it).
@@ -413,15 +428,46 @@ impl StandaloneInbox {
             source: Box::new(source),
         };
         if documents.is_empty() {
-            let completed = [(&*format!("/{COMPLETED_FIELD}"), Value::Bool(true))];
-            store::bounded(
-                "patch_item",
-                self.options.store_timeout,
-                store::patch_item(&self.container, key, marker_id, &completed),
-            )
-            .await
-            .map_err(failed)?;
-            return Ok(());
+            // Only while the marker is still this attempt's claim: a late completion must not
+            // mark completed a claim another attempt took over and is running under.
+            let patched = match claim_etag.as_deref() {
+                Some(etag) => {
+                    let completed = [PatchOp::Set(
+                        format!("/{COMPLETED_FIELD}"),
+                        Value::Bool(true),
+                    )];
+                    store::bounded(
+                        "patch_item",
+                        self.options.store_timeout,
+                        store::patch_item_if_match(
+                            &self.container,
+                            key,
+                            marker_id,
+                            &completed,
+                            etag,
+                        ),
+                    )
+                    .await
+                }
+                None => {
+                    let completed = [(&*format!("/{COMPLETED_FIELD}"), Value::Bool(true))];
+                    store::bounded(
+                        "patch_item",
+                        self.options.store_timeout,
+                        store::patch_item(&self.container, key, marker_id, &completed),
+                    )
+                    .await
+                }
+            };
+            return match patched {
+                Ok(_) => Ok(()),
+                Err(error) if error.is_status(412) => Err(InboxError::CompletionRefused {
+                    message_id: message_id.to_owned(),
+                    status: 412,
+                    operation_statuses: vec![412],
+                }),
+                Err(error) => Err(failed(error)),
+            };
         }
         marker[COMPLETED_FIELD] = Value::Bool(true);
         let operations = std::iter::once(BatchOperation::Replace {
@@ -580,7 +626,7 @@ impl StandaloneInbox {
             // 412: another attempt took it over or completed it first; read again. 404: it
             // expired meanwhile; reading again finds nothing and fails loudly below.
             if !matches!(outcome.status_codes().first(), Some(412 | 404)) {
-                return Err(InboxError::CompletionRefused {
+                return Err(InboxError::TakeOverRefused {
                     message_id: message_id.to_owned(),
                     status: outcome.status,
                     operation_statuses: outcome.status_codes(),

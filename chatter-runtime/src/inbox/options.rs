@@ -39,6 +39,9 @@ pub struct InboxOptions {
     pub clock_margin: Duration,
 }
 
+/// The longest [`InboxOptions::claim_timeout`] accepted: a day.
+pub const MAX_CLAIM_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
 /// The default of [`InboxOptions::clock_margin`].
 pub const DEFAULT_CLOCK_MARGIN: Duration = Duration::from_secs(10);
 
@@ -136,7 +139,7 @@ impl InboxOptions {
         if self.marker_ttl_seconds.is_some_and(|ttl| ttl > 0) && root == TTL_FIELD {
             return Err(InboxOptionsError::TtlPath);
         }
-        if self.claim_timeout < Duration::from_secs(1) {
+        if self.claim_timeout < Duration::from_secs(1) || self.claim_timeout > MAX_CLAIM_TIMEOUT {
             return Err(InboxOptionsError::ClaimTimeout {
                 timeout: self.claim_timeout,
             });
@@ -201,9 +204,9 @@ pub enum InboxOptionsError {
         "A positive MarkerTimeToLive stamps the Cosmos-reserved 'ttl' field, which collides with a partition-key path rooted at '/ttl' (the partition-value stamp would overwrite the numeric TTL). Use a non-'/ttl' partition-key path (default '/idempotencyKey') or leave MarkerTimeToLive unset."
     )]
     TtlPath,
-    /// The claim timeout is under a second.
+    /// The claim timeout is under a second or over a day.
     #[error(
-        "the standalone inbox's claim timeout ({timeout:?}) must be at least one second: a claim is kept in whole seconds"
+        "the standalone inbox's claim timeout ({timeout:?}, a runtime's delivery timeout) must be between one second (a claim is kept in whole seconds) and a day (a crashed attempt's claim is taken over only once it ran out: a longer one would hold its message id that long)"
     )]
     ClaimTimeout {
         /// The claim timeout.
@@ -211,7 +214,7 @@ pub enum InboxOptionsError {
     },
     /// A time-to-live would delete a pending marker while its claim may still be live.
     #[error(
-        "{what} ({ttl_seconds} s) could delete a pending inbox marker while its handler may still run (a claim lasts {claim_seconds} s: the delivery timeout or claim timeout, plus the second Cosmos's `_ts` truncates and the clock margin: {shortest} s in all); a copy of the message arriving then would claim it afresh and run the handler beside the live one. Set a time-to-live above {shortest} s (a day or a week is usual), or shorten the delivery timeout"
+        "{what} ({ttl_seconds} s) could delete a pending inbox marker while its handler may still run (a claim lasts {claim_seconds} s: the delivery timeout or claim timeout, plus the second Cosmos's `_ts` truncates and the clock margin: {shortest} s in all); a copy of the message arriving then would claim it afresh and run the handler beside the live one. Set a time-to-live above {shortest} s (a day or a week is usual; with a `lease` the container's default must stay unset or -1, so set `marker_ttl`), or shorten the delivery timeout"
     )]
     MarkerOutlivedByClaim {
         /// Which time-to-live: the marker ttl or the container's default.

@@ -498,7 +498,7 @@ impl Consumer {
             // as handled; delivered again once that claim may have ended.
             Err(error) if error.claim_held().is_some() => {
                 let for_at_most = error.claim_held().unwrap_or_default();
-                tracing::info!(command = name, message_id, attempt, error = %ErrorChain(&error), "chatter delivery waits for another attempt of the same message id; it is delivered again later, uncounted");
+                tracing::info!(command = name, message_id, attempt, error = %ErrorChain(&error), "chatter delivery waits for another attempt of the same message id; it is delivered again later (uncounted on RabbitMQ; on JetStream the wait is one delivery)");
                 self.retry_after_claim(delivery, attempt, for_at_most).await;
             }
             Err(error) if error.is_permanent() => {
@@ -567,9 +567,11 @@ impl Consumer {
 
     /// Delivers `delivery` again, its attempt not counted, after another attempt's claim of its
     /// message id was found live for at most `for_at_most`. On RabbitMQ a copy goes to the back
-    /// of the queue after the redelivery delay (at least a second), so a claim that completes
-    /// or is released soon is seen soon. A broker that counts deliveries itself (JetStream)
-    /// would count each look, so it is asked once, when the claim has surely ended.
+    /// of the queue after a tenth of that (between the redelivery delay, at least a second, and
+    /// 10 s), so a claim that completes or is released soon is seen soon, and one that must run
+    /// out (its attempt crashed) costs a few dozen looks, not hundreds. A broker that counts
+    /// deliveries itself (JetStream) counts each look as an attempt, so it is asked once, when
+    /// the claim has surely ended.
     async fn retry_after_claim(&self, delivery: Delivery, attempt: u32, for_at_most: Duration) {
         if delivery.delivery_count().is_some() {
             let message_id = delivery.message.message_id.clone();
@@ -581,9 +583,12 @@ impl Consumer {
             }
             return;
         }
-        let delay = self
-            .redelivery_delay
-            .max(Duration::from_secs(1))
+        let shortest = self.redelivery_delay.max(Duration::from_secs(1));
+        let delay = (for_at_most / 10)
+            .clamp(
+                shortest.min(Duration::from_secs(10)),
+                Duration::from_secs(10),
+            )
             .min(for_at_most)
             .max(Duration::from_millis(100));
         tokio::select! {

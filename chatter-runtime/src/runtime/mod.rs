@@ -514,8 +514,9 @@ async fn check_command_containers(
 }
 
 /// The Standalone Inbox Gate of a standalone-inbox command, its idempotency container
-/// checked. Its claims last the delivery timeout, which already bounds each attempt (at least
-/// the second a claim is counted in).
+/// checked. Its claims last the delivery timeout less the store timeout (at least the second a
+/// claim is counted in): the gate stops the handler then, so the completion (or the release)
+/// still has its store timeout before the consumer's delivery timeout stops the whole attempt.
 async fn start_inbox(
     command: &crate::registry::RegisteredCommand,
     declared: crate::registry::InboxDeclaration,
@@ -526,7 +527,11 @@ async fn start_inbox(
     let r = command.registration;
     let mut options = crate::inbox::InboxOptions::new(r.database, r.container)
         .partition_key_path(declared.partition_key_path)
-        .claim_timeout(delivery_timeout.max(Duration::from_secs(1)));
+        .claim_timeout(
+            delivery_timeout
+                .saturating_sub(store_timeout)
+                .max(Duration::from_secs(1)),
+        );
     options.marker_ttl_seconds = declared.marker_ttl_seconds;
     options.store_timeout = store_timeout;
     let inbox = crate::inbox::StandaloneInbox::new(cosmos, options)
