@@ -45,7 +45,9 @@
 //!   queued behind it may run first. A stale one is let go, and the queue's last delivery is
 //!   handled at once instead (dead-lettered unless it committed), as a return would drop it.
 //! - **Shutdown.** Deliveries in progress finish and are settled; deliveries waiting behind
-//!   their key are returned to the broker unsettled, which delivers them again.
+//!   their key are returned to the broker unsettled, which delivers them again. The queue's
+//!   last delivery among them is handled instead (dead-lettered unless it committed), as a
+//!   return would have the queue drop it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -295,16 +297,38 @@ impl Consumer {
             // what keeps it from being lost or handled twice.
             self.handle(delivery, body).await;
             drop(permit);
-            // Deliveries still waiting are not started once shutdown is requested: dropping
-            // them unsettled (when `lane` drops) has the broker deliver them again, so nothing
-            // is lost and shutdown waits for one delivery per key, not for a whole queue.
+            // Deliveries still waiting are not started once shutdown is requested: returning
+            // them has the broker deliver them again, so nothing is lost and shutdown waits for
+            // one delivery per key, not for a whole queue.
             if self.cancel.is_cancelled() {
+                self.return_waiting(lane).await;
                 return;
             }
             match lane.pop() {
                 Some(pending) => next = pending,
                 None => return,
             }
+        }
+    }
+
+    /// Returns the deliveries still waiting on `lane` at shutdown, except the queue's last
+    /// deliveries: returned, the queue would drop them, so they are handled (dead-lettered
+    /// unless they committed) first.
+    async fn return_waiting(&self, lane: Lane) {
+        for Pending {
+            delivery,
+            body,
+            permit,
+            ..
+        } in lane.take_waiting()
+        {
+            if delivery.is_last_delivery() {
+                self.handle(delivery, body).await;
+            } else {
+                // Dropped unsettled: nacked, the broker delivers it again.
+                drop(delivery);
+            }
+            drop(permit);
         }
     }
 
@@ -757,6 +781,19 @@ impl Lane {
             self.drained = true;
         }
         next
+    }
+}
+
+impl Lane {
+    /// Takes every delivery still waiting and removes the lane.
+    fn take_waiting(mut self) -> VecDeque<Pending> {
+        let waiting = self
+            .lanes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.key);
+        self.drained = true;
+        waiting.unwrap_or_default()
     }
 }
 

@@ -853,7 +853,8 @@ impl Runtime {
     ///
     /// Deliveries a consumer holds that have not started (waiting behind another delivery of
     /// their partition-key value) are returned to the broker unsettled, which delivers them
-    /// again.
+    /// again; a RabbitMQ quorum queue's last delivery among them, which the queue would drop,
+    /// is dead-lettered instead (or acked, if it had committed).
     pub async fn shutdown(self) {
         self.inner.cancel.cancel();
         self.inner.tracker.close();

@@ -1,0 +1,251 @@
+//! A RabbitMQ quorum queue drops a message whose delivery count passes its `x-delivery-limit`
+//! when it is returned: the queue's last delivery of a message, held in a key lane behind a
+//! slow delivery of the same key, is dead-lettered (not returned) at a shutdown and after a
+//! channel loss, so it never vanishes.
+#![cfg(feature = "rabbitmq")]
+
+use std::time::Duration;
+
+use chatter_runtime::broker::{Broker, RabbitMqBroker};
+use chatter_runtime::testing::Registry;
+use chatter_runtime::{
+    BoxError, BrokeredMessage, DEAD_LETTER_REASON_CONTEXT_KEY, DocumentReliable, HandlerContext, Runtime, dead_letter_destination, handler,
+};
+use chatter_tests::broker::acked;
+use chatter_tests::rabbitmq;
+use chatter_tests::store::{embedded, provisioned};
+use chatter_tests::wait::eventually;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::Notify;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The queues' delivery limit: above the commands' single attempt, as the start requires.
+const DELIVERY_LIMIT: i32 = 2;
+
+/// Signals of one test's slow delivery: it started, and it may finish.
+struct Slow {
+    started: Notify,
+    release: Notify,
+}
+
+impl Slow {
+    const fn new() -> Self {
+        Self {
+            started: Notify::const_new(),
+            release: Notify::const_new(),
+        }
+    }
+
+    /// Runs the slow delivery: says it started, then waits to be released.
+    async fn run(&self) {
+        self.started.notify_one();
+        self.release.notified().await;
+    }
+}
+
+static AT_SHUTDOWN: Slow = Slow::new();
+
+/// Packs an order; the step "slow" holds its key until the test releases it.
+#[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "accounts", container = "users", lease = "users-leases")]
+#[partition_key(path = "/userId")]
+#[chatter(destination = "chatter-test-quorum-last-shutdown", max_delivery_attempts = 1)]
+#[serde(rename_all = "camelCase")]
+pub struct PackOrder {
+    pub user_id: String,
+    pub step: String,
+}
+
+#[handler]
+async fn pack_order(command: PackOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    if command.step == "slow" {
+        AT_SHUTDOWN.run().await;
+    }
+    let id = format!("{}-{}", command.user_id, command.step);
+    ctx.upsert(json!({ "id": id, "userId": command.user_id }))?;
+    Ok(())
+}
+
+/// The registry of this binary holding only `command`.
+fn only(command: &str) -> Registry {
+    use chatter_runtime::__private::{CommandRegistration, HandlerRegistration, inventory};
+    Registry::build(
+        inventory::iter::<CommandRegistration>
+            .into_iter()
+            .filter(|c| c.command_name == command),
+        inventory::iter::<HandlerRegistration>
+            .into_iter()
+            .filter(|h| (h.command)().command_name == command),
+    )
+    .unwrap()
+}
+
+/// Declares `queue` afresh as a quorum queue with [`DELIVERY_LIMIT`], and empties its
+/// dead-letter queue.
+async fn declare_quorum(direct: &RabbitMqBroker, queue: &str) {
+    use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+    use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+
+    rabbitmq::delete_queue(direct, &dead_letter_destination(queue), WAIT).await;
+    let foreign = rabbitmq::foreign_channel(WAIT).await;
+    foreign
+        .queue_delete(ShortString::from(queue), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        ShortString::from("x-queue-type"),
+        AMQPValue::LongString(LongString::from("quorum")),
+    );
+    arguments.insert(
+        ShortString::from("x-delivery-limit"),
+        AMQPValue::LongInt(DELIVERY_LIMIT),
+    );
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    foreign
+        .queue_declare(ShortString::from(queue), durable, arguments)
+        .await
+        .unwrap();
+}
+
+/// A consumer of `queue` that takes one message before the runtime's (a higher priority,
+/// prefetch 1), on a channel of its own.
+async fn priority_consumer(queue: &str) -> (lapin::Channel, lapin::Consumer) {
+    use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+    use lapin::types::{AMQPValue, FieldTable, ShortString};
+
+    let channel = rabbitmq::foreign_channel(WAIT).await;
+    channel
+        .basic_qos(1, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut arguments = FieldTable::default();
+    arguments.insert(ShortString::from("x-priority"), AMQPValue::LongInt(10));
+    let consumer = channel
+        .basic_consume(
+            ShortString::from(queue),
+            ShortString::from("crashing"),
+            BasicConsumeOptions::default(),
+            arguments,
+        )
+        .await
+        .unwrap();
+    (channel, consumer)
+}
+
+/// Publishes `message` while the runtime consumes its queue, and has it reach the runtime as
+/// the queue's last delivery: higher-priority consumers take it first and crash holding it
+/// ([`DELIVERY_LIMIT`] times, each next one subscribed before the last crashes, so the runtime
+/// never sees it in between).
+async fn publish_as_last(direct: &RabbitMqBroker, message: BrokeredMessage) {
+    use futures::StreamExt;
+    use lapin::types::ShortString;
+
+    let queue = message.destination.clone();
+    let mut holding = priority_consumer(&queue).await;
+    direct.publish(message).await.unwrap();
+    for crash in 0..DELIVERY_LIMIT {
+        let got = tokio::time::timeout(WAIT, holding.1.next())
+            .await
+            .expect("the crashing consumer gets the message")
+            .expect("a delivery")
+            .expect("no error");
+        drop(got);
+        let next = (crash + 1 < DELIVERY_LIMIT).then_some(());
+        let after = match next {
+            Some(()) => Some(priority_consumer(&queue).await),
+            None => None,
+        };
+        holding
+            .0
+            .close(200, ShortString::from("crash"))
+            .await
+            .unwrap();
+        match after {
+            Some(consumer) => holding = consumer,
+            None => break,
+        }
+    }
+}
+
+/// `queue`'s messages delivered and not settled, as the server counts them.
+fn unsettled(queue: &str) -> Option<u64> {
+    let program = if std::path::Path::new("/usr/sbin/rabbitmqctl").exists() {
+        "/usr/sbin/rabbitmqctl"
+    } else {
+        "rabbitmqctl"
+    };
+    let output = std::process::Command::new(program)
+        .args(["-q", "list_queues", "name", "messages_unacknowledged"])
+        .output()
+        .expect("rabbitmqctl runs");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| line.split_once('\t'))
+        .find(|(name, _)| *name == queue)
+        .and_then(|(_, count)| count.trim().parse().ok())
+}
+
+fn command(queue: &str, id: &str, step: &str) -> BrokeredMessage {
+    BrokeredMessage::json(
+        id,
+        queue,
+        json!({ "userId": "u-last", "step": step }).to_string(),
+    )
+}
+
+// A slow delivery holds its key; the queue's last delivery of another message of the same key
+// waits behind it when the runtime shuts down. Returned, the queue would drop it (its count
+// would pass the limit): it is dead-lettered instead.
+#[tokio::test]
+async fn a_last_delivery_waiting_behind_its_key_at_shutdown_is_dead_lettered_not_returned() {
+    let cosmos = embedded().await;
+    provisioned(&cosmos, "accounts", "users", &["/userId"]).await;
+    let queue = PackOrder::DOCUMENT_RELIABILITY.destination;
+    let dead_letters = dead_letter_destination(queue);
+    let direct = rabbitmq::connect(WAIT).await;
+    declare_quorum(&direct, queue).await;
+    let runtime = Runtime::builder()
+        .registry(only("PackOrder"))
+        .cosmos(cosmos)
+        .broker(direct.clone())
+        .without_relay()
+        .start()
+        .await
+        .unwrap();
+    direct.publish(command(queue, "slow", "slow")).await.unwrap();
+    AT_SHUTDOWN.started.notified().await;
+    publish_as_last(&direct, command(queue, "last", "last")).await;
+    eventually(
+        WAIT,
+        Duration::from_millis(50),
+        "the runtime holds both",
+        || async { unsettled(queue) == Some(2) },
+    )
+    .await;
+
+    // Shutdown is requested (the spawned task cancels at its first poll, on this test's single
+    // thread) before the slow delivery ends, so the last one is still waiting then.
+    let stopping = tokio::spawn(runtime.shutdown());
+    tokio::task::yield_now().await;
+    AT_SHUTDOWN.release.notify_one();
+    stopping.await.unwrap();
+
+    let mut letters = rabbitmq::subscribe(&direct, &dead_letters, WAIT).await;
+    let found = acked(&mut letters, 1, WAIT).await;
+    assert_eq!(found[0].message_id, "last");
+    assert!(
+        found[0].context[DEAD_LETTER_REASON_CONTEXT_KEY]
+            .as_str()
+            .is_some_and(|why| why.contains("drops it unless this delivery settles it")),
+        "{:?}",
+        found[0].context
+    );
+    drop(letters);
+    rabbitmq::delete_emptied(&direct, &[queue, dead_letters.as_str()], WAIT).await;
+}
