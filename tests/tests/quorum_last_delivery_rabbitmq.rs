@@ -9,9 +9,11 @@ use std::time::Duration;
 use chatter_runtime::broker::{Broker, RabbitMqBroker};
 use chatter_runtime::testing::Registry;
 use chatter_runtime::{
-    BoxError, BrokeredMessage, DEAD_LETTER_REASON_CONTEXT_KEY, DocumentReliable, HandlerContext, Runtime, dead_letter_destination, handler,
+    BoxError, BrokeredMessage, DEAD_LETTER_REASON_CONTEXT_KEY, DocumentReliable, HandlerContext,
+    Runtime, dead_letter_destination, handler,
 };
 use chatter_tests::broker::acked;
+use chatter_tests::proxy::TcpProxy;
 use chatter_tests::rabbitmq;
 use chatter_tests::store::{embedded, provisioned};
 use chatter_tests::wait::eventually;
@@ -46,12 +48,16 @@ impl Slow {
 }
 
 static AT_SHUTDOWN: Slow = Slow::new();
+static AT_CHANNEL_LOSS: Slow = Slow::new();
 
 /// Packs an order; the step "slow" holds its key until the test releases it.
 #[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
 #[cosmos(database = "accounts", container = "users", lease = "users-leases")]
 #[partition_key(path = "/userId")]
-#[chatter(destination = "chatter-test-quorum-last-shutdown", max_delivery_attempts = 1)]
+#[chatter(
+    destination = "chatter-test-quorum-last-shutdown",
+    max_delivery_attempts = 1
+)]
 #[serde(rename_all = "camelCase")]
 pub struct PackOrder {
     pub user_id: String,
@@ -62,6 +68,30 @@ pub struct PackOrder {
 async fn pack_order(command: PackOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
     if command.step == "slow" {
         AT_SHUTDOWN.run().await;
+    }
+    let id = format!("{}-{}", command.user_id, command.step);
+    ctx.upsert(json!({ "id": id, "userId": command.user_id }))?;
+    Ok(())
+}
+
+/// Labels an order; the step "slow" holds its key until the test releases it.
+#[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "accounts", container = "users", lease = "users-leases")]
+#[partition_key(path = "/userId")]
+#[chatter(
+    destination = "chatter-test-quorum-last-loss",
+    max_delivery_attempts = 1
+)]
+#[serde(rename_all = "camelCase")]
+pub struct LabelOrder {
+    pub user_id: String,
+    pub step: String,
+}
+
+#[handler]
+async fn label_order(command: LabelOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    if command.step == "slow" {
+        AT_CHANNEL_LOSS.run().await;
     }
     let id = format!("{}-{}", command.user_id, command.step);
     ctx.upsert(json!({ "id": id, "userId": command.user_id }))?;
@@ -218,7 +248,10 @@ async fn a_last_delivery_waiting_behind_its_key_at_shutdown_is_dead_lettered_not
         .start()
         .await
         .unwrap();
-    direct.publish(command(queue, "slow", "slow")).await.unwrap();
+    direct
+        .publish(command(queue, "slow", "slow"))
+        .await
+        .unwrap();
     AT_SHUTDOWN.started.notified().await;
     publish_as_last(&direct, command(queue, "last", "last")).await;
     eventually(
@@ -246,6 +279,71 @@ async fn a_last_delivery_waiting_behind_its_key_at_shutdown_is_dead_lettered_not
         "{:?}",
         found[0].context
     );
+    drop(letters);
+    rabbitmq::delete_emptied(&direct, &[queue, dead_letters.as_str()], WAIT).await;
+}
+
+// The runtime's connection is cut while a slow delivery holds its key and the queue's last
+// delivery of another message of the same key waits behind it. The server requeues both, and
+// the last one's count passes the limit: RabbitMQ 3.10 drops it (the queue shows only the slow
+// one). The runtime's copy is all that remains, so it is dead-lettered, not discarded.
+#[tokio::test]
+async fn a_last_delivery_waiting_behind_its_key_at_a_channel_loss_is_dead_lettered_not_discarded() {
+    let cosmos = embedded().await;
+    provisioned(&cosmos, "accounts", "users", &["/userId"]).await;
+    let queue = LabelOrder::DOCUMENT_RELIABILITY.destination;
+    let dead_letters = dead_letter_destination(queue);
+    let direct = rabbitmq::connect(WAIT).await;
+    declare_quorum(&direct, queue).await;
+    let proxy = TcpProxy::start(rabbitmq::server_addr()).await;
+    let through = RabbitMqBroker::connect(&rabbitmq::uri_through(&proxy))
+        .await
+        .unwrap();
+    let runtime = Runtime::builder()
+        .registry(only("LabelOrder"))
+        .cosmos(cosmos)
+        .broker(through)
+        .without_relay()
+        .start()
+        .await
+        .unwrap();
+    direct
+        .publish(command(queue, "slow", "slow"))
+        .await
+        .unwrap();
+    AT_CHANNEL_LOSS.started.notified().await;
+    publish_as_last(&direct, command(queue, "last", "last")).await;
+    eventually(
+        WAIT,
+        Duration::from_millis(50),
+        "the runtime holds both",
+        || async { unsettled(queue) == Some(2) },
+    )
+    .await;
+
+    proxy.cut_for(Duration::from_millis(200));
+    eventually(
+        WAIT,
+        Duration::from_millis(50),
+        "the queue requeued the slow delivery and dropped the last one",
+        || async { rabbitmq::messages(queue) == Some(1) && unsettled(queue) != Some(2) },
+    )
+    .await;
+    AT_CHANNEL_LOSS.release.notify_one();
+
+    let mut letters = rabbitmq::subscribe(&direct, &dead_letters, WAIT).await;
+    let found = acked(&mut letters, 1, WAIT).await;
+    assert_eq!(found[0].message_id, "last");
+    // The slow one's redelivery (not the last: its count is 1) holds its key again.
+    AT_CHANNEL_LOSS.release.notify_one();
+    eventually(
+        WAIT,
+        Duration::from_millis(100),
+        "the slow one, delivered again, is settled",
+        || async { rabbitmq::messages(queue) == Some(0) },
+    )
+    .await;
+    runtime.shutdown().await;
     drop(letters);
     rabbitmq::delete_emptied(&direct, &[queue, dead_letters.as_str()], WAIT).await;
 }

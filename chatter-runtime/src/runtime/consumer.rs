@@ -31,9 +31,10 @@
 //!   `<destination>.dead-letter` on the same broker, logged at Error; the original is then
 //!   acked (`term`ed on JetStream).
 //! - **Channel losses.** A retry copy or a dead letter is published only if its delivery's
-//!   channel is still open then (after the redelivery delay): a channel closed meanwhile has
-//!   the broker deliver the original again. The broker's last delivery is the exception, as the
-//!   queue drops it instead.
+//!   channel is still open then (after the redelivery delay), and a delivery waiting in a key
+//!   lane whose channel closed is let go: a channel closed meanwhile has the broker deliver the
+//!   original again. The broker's last delivery is the exception, as the queue drops it
+//!   instead: it is dead-lettered (unless it committed) all the same.
 //! - **Subscriptions.** A subscription the broker ends is made again with backoff, logged at
 //!   Error when it ends and at Info when it is back; the consumer never ends on its own.
 //! - **Bounded wait behind a key.** A delivery that has waited
@@ -398,8 +399,11 @@ impl Consumer {
     /// retries it with its attempt count, or dead-letters it.
     async fn handle(&self, delivery: Delivery, body: Result<Value, serde_json::Error>) {
         // Prefetched before a channel loss and waiting in a key lane since: the server already
-        // requeued it and delivers it again, so this copy is neither handled nor retried.
-        if delivery.is_stale() {
+        // requeued it and delivers it again, so this copy is neither handled nor retried. The
+        // queue's last delivery is the exception: that requeue passed its delivery limit and
+        // the queue dropped it (RabbitMQ 3.10, seen in the tests), so this copy is all that
+        // remains and is handled below.
+        if delivery.is_stale() && !delivery.is_last_delivery() {
             tracing::debug!(command = self.command.registration.command_name, message_id = %delivery.message.message_id, "chatter consumer: dropped a delivery whose channel closed; the broker delivers it again");
             delivery.discard();
             return;
