@@ -8,7 +8,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::NatsBroker;
-use super::codec::{DEAD_LETTER_REASON_HEADER, NATS_MSG_ID, decode, headers};
+use super::codec::{DEAD_LETTER_REASON_HEADER, NATS_MSG_ID, decode, headers, qualified_id};
 use crate::broker::dead_letters::{
     DeadLetter, DeadLetterAction, DeadLetterOutcome, DeadLetters, replayed,
 };
@@ -174,8 +174,8 @@ impl NatsBroker {
             replay_headers.insert(
                 NATS_MSG_ID,
                 format!(
-                    "{destination}/{}:replay:{}:{}",
-                    message.message_id,
+                    "{}:replay:{}:{}",
+                    qualified_id(destination, &message.message_id),
                     stored.sequence,
                     stored.time.unix_timestamp_nanos()
                 )
