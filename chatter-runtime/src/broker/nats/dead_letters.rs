@@ -14,6 +14,7 @@ use crate::broker::dead_letters::{
 };
 use crate::broker::{BrokerError, Refusal, dead_letter_destination};
 use crate::error_chain::ErrorChain;
+use crate::message::BrokeredMessage;
 
 impl NatsBroker {
     /// The stream storing `destination`'s dead letters; `None` when no stream does (so there
@@ -65,15 +66,26 @@ impl NatsBroker {
     }
 }
 
+/// The stored dead letter as the Brokered Message it carries; `None` for a foreign message's
+/// (it carries a `Chatter-Dead-Letter-Reason` header), even one whose `Nats-Msg-Id`, which
+/// chatter gave it when it dead-lettered it, would decode as a message id.
+fn brokered(subject: &str, message: &StreamMessage) -> Option<BrokeredMessage> {
+    if message.headers.get(DEAD_LETTER_REASON_HEADER).is_some() {
+        return None;
+    }
+    decode(subject, Some(&message.headers), &message.payload).ok()
+}
+
 fn letter(destination: &str, message: &StreamMessage) -> DeadLetter {
-    match decode(destination, Some(&message.headers), &message.payload) {
-        Ok(decoded) => DeadLetter::of(message.sequence, &decoded),
-        Err(_) => DeadLetter::raw(
+    match brokered(destination, message) {
+        Some(decoded) => DeadLetter::of(message.sequence, &decoded),
+        None => DeadLetter::raw(
             message.sequence,
             message
                 .headers
                 .get(NATS_MSG_ID)
-                .map(|v| v.as_str().to_owned()),
+                .map(|v| foreign_message_id(v.as_str()))
+                .filter(|id| id != "<none>"),
             message
                 .headers
                 .get(DEAD_LETTER_REASON_HEADER)
@@ -81,6 +93,15 @@ fn letter(destination: &str, message: &StreamMessage) -> DeadLetter {
             &message.payload,
         ),
     }
+}
+
+/// A foreign message's id as it came, without the `:dead-letter:<uuid>` suffix its dead
+/// letter's `Nats-Msg-Id` got.
+fn foreign_message_id(nats_msg_id: &str) -> String {
+    nats_msg_id
+        .rsplit_once(":dead-letter:")
+        .map_or(nats_msg_id, |(id, _)| id)
+        .to_owned()
 }
 
 impl DeadLetters for NatsBroker {
@@ -161,7 +182,7 @@ impl NatsBroker {
             return Ok(Settled::Refused("it is no longer there: list again"));
         }
         if action == DeadLetterAction::Replay {
-            let Ok(message) = decode(&subject, Some(&stored.headers), &stored.payload) else {
+            let Some(message) = brokered(&subject, &stored) else {
                 return Ok(Settled::Refused("it is no Brokered Message: discard it"));
             };
             let message = replayed(message, destination);
