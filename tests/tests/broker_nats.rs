@@ -137,6 +137,22 @@ async fn a_subject_without_a_stream_and_an_oversized_message_are_refused_not_und
     stream.delete(&broker).await;
 }
 
+// While JetStream recovers after a server restart it does not answer a publish ("no
+// responders"), which the client reports as a subject no stream stores. A server without
+// JetStream answers the same, for as long as the test needs: the publish is retried as the
+// transport failure it is, never refused as a missing stream (which would block a lease and
+// send an operator looking for a stream that is there).
+#[tokio::test]
+async fn a_publish_jetstream_does_not_answer_is_retried_not_refused_as_a_missing_stream() {
+    let server = NatsServer::without_jetstream().await;
+    let broker = nats::connect(&server.url())
+        .await
+        .with_publish_timeout(Duration::from_secs(2));
+    let error = broker.publish(message("m-1", "orders")).await.unwrap_err();
+    assert_eq!(error.refusal(), None, "{error}");
+    assert!(!error.is_permanent(), "{error}");
+}
+
 // A foreign client's message without a message id is no Brokered Message: it is moved as it is
 // to `<subject>.dead-letter` with its reason, and not delivered again.
 #[tokio::test]
