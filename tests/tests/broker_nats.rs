@@ -10,7 +10,8 @@ use std::time::Duration;
 use async_nats::jetstream::stream::Config;
 use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{
-    Broker, BrokerContract, BrokerError, NATS_DEAD_LETTER_REASON_HEADER, Refusal,
+    Broker, BrokerContract, BrokerError, DeadLetterAction, DeadLetters,
+    NATS_DEAD_LETTER_REASON_HEADER, Refusal,
 };
 use chatter_runtime::dead_letter_destination;
 use chatter_tests::broker::{assert_quiet_for, next_delivery};
@@ -136,6 +137,22 @@ async fn a_subject_without_a_stream_and_an_oversized_message_are_refused_not_und
     stream.delete(&broker).await;
 }
 
+// While JetStream recovers after a server restart it does not answer a publish ("no
+// responders"), which the client reports as a subject no stream stores. A server without
+// JetStream answers the same, for as long as the test needs: the publish is retried as the
+// transport failure it is, never refused as a missing stream (which would block a lease and
+// send an operator looking for a stream that is there).
+#[tokio::test]
+async fn a_publish_jetstream_does_not_answer_is_retried_not_refused_as_a_missing_stream() {
+    let server = NatsServer::without_jetstream().await;
+    let broker = nats::connect(&server.url())
+        .await
+        .with_publish_timeout(Duration::from_secs(2));
+    let error = broker.publish(message("m-1", "orders")).await.unwrap_err();
+    assert_eq!(error.refusal(), None, "{error}");
+    assert!(!error.is_permanent(), "{error}");
+}
+
 // A foreign client's message without a message id is no Brokered Message: it is moved as it is
 // to `<subject>.dead-letter` with its reason, and not delivered again.
 #[tokio::test]
@@ -181,6 +198,50 @@ async fn a_message_that_is_no_brokered_message_is_dead_lettered_verbatim() {
         .to_owned();
     assert!(reason.contains("Nats-Msg-Id"), "{reason}");
     assert_quiet_for(&mut subscription, Duration::from_secs(1)).await;
+    stream.delete(&broker).await;
+}
+
+// The dead letter of a foreign message (no message id) carries the `Nats-Msg-Id` chatter gave
+// it: it still lists as no Brokered Message, and a replay refuses it (discard is all it takes).
+#[tokio::test]
+async fn a_foreign_message_s_dead_letter_can_only_be_discarded() {
+    let broker = nats::connect(nats::URL).await;
+    let stream = TestStream::create(&broker, WINDOW).await;
+    let orders = stream.subject("orders");
+    let mut subscription = nats::subscribe(&broker, &orders).await;
+    broker
+        .jetstream()
+        .publish(orders.clone(), "foreign".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let item = tokio::time::timeout(WAIT, subscription.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(item, Err(BrokerError::Undecodable { .. })),
+        "{item:?}"
+    );
+
+    let letters = broker.list(&orders, 10).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert!(!letters[0].replayable, "{:?}", letters[0]);
+    assert_eq!(letters[0].message_id, "<none>", "the id it came with");
+    let outcome = broker
+        .settle(&orders, &letters, DeadLetterAction::Replay)
+        .await
+        .unwrap();
+    assert!(outcome.done.is_empty(), "{outcome:?}");
+    assert_eq!(outcome.refused.len(), 1, "{outcome:?}");
+    assert_quiet_for(&mut subscription, Duration::from_secs(1)).await;
+    let outcome = broker
+        .settle(&orders, &letters, DeadLetterAction::Discard)
+        .await
+        .unwrap();
+    assert_eq!(outcome.done.len(), 1, "{outcome:?}");
+    assert!(broker.list(&orders, 10).await.unwrap().is_empty());
     stream.delete(&broker).await;
 }
 

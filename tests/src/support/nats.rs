@@ -94,6 +94,16 @@ impl NatsServer {
 
     /// [`start`](Self::start) with another `max_payload` (e.g. the server default, `1MB`).
     pub async fn with_max_payload(max_payload: &str) -> Self {
+        Self::configured(max_payload, true).await
+    }
+
+    /// A server whose JetStream never answers (it is not enabled): what a client sees of one
+    /// whose JetStream is still recovering after a restart, for as long as the test needs.
+    pub async fn without_jetstream() -> Self {
+        Self::configured("2MB", false).await
+    }
+
+    async fn configured(max_payload: &str, jetstream: bool) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .expect("a free port")
@@ -104,8 +114,15 @@ impl NatsServer {
         std::fs::write(
             &config,
             format!(
-                "host: 127.0.0.1\nport: {port}\nmax_payload: {max_payload}\njetstream {{ store_dir: \"{}\" }}\n",
-                dir.join("store").display()
+                "host: 127.0.0.1\nport: {port}\nmax_payload: {max_payload}\n{}",
+                if jetstream {
+                    format!(
+                        "jetstream {{ store_dir: \"{}\" }}\n",
+                        dir.join("store").display()
+                    )
+                } else {
+                    String::new()
+                }
             ),
         )
         .expect("a server configuration");

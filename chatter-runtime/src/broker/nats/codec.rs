@@ -56,15 +56,32 @@ pub(super) fn subject(destination: &str) -> Result<(), BrokerError> {
 /// (`<destination>/<message id>`), so a republish by the relay (a page published again after a
 /// crash, a lease taken over) is dropped within the stream's duplicate window, while a message
 /// of the same id for another subject of the same stream (JetStream deduplicates per stream,
-/// across its subjects) is stored. A dead letter (its context carries
-/// `Chatter.DeadLetter.Reason`) gets a random suffix besides: a message dead-lettered again
-/// after a replay must be stored again (at worst a dead letter is stored twice, never lost).
+/// across its subjects) is stored. The destination is escaped ([`escaped_subject`]) so the
+/// first `/` always ends it: `a/b` + `c` and `a` + `b/c` are two ids. A dead letter (its
+/// context carries `Chatter.DeadLetter.Reason`) gets a random suffix besides: a message
+/// dead-lettered again after a replay must be stored again (at worst a dead letter is stored
+/// twice, never lost).
 pub(super) fn nats_message_id(message: &BrokeredMessage) -> String {
-    let id = format!("{}/{}", message.destination, message.message_id);
+    let id = qualified_id(&message.destination, &message.message_id);
     if message.context.contains_key(DEAD_LETTER_REASON_CONTEXT_KEY) {
         format!("{id}:dead-letter:{}", uuid::Uuid::new_v4())
     } else {
         id
+    }
+}
+
+/// `<escaped destination>/<message id>`: one `Nats-Msg-Id` per (destination, message id).
+pub(super) fn qualified_id(destination: &str, message_id: &str) -> String {
+    format!("{}/{message_id}", escaped_subject(destination))
+}
+
+/// `destination` with `%` as `%25` and `/` as `%2F`: holds no `/`, and is `destination` itself
+/// for every subject without those two characters (so ids made before stay the same).
+fn escaped_subject(destination: &str) -> std::borrow::Cow<'_, str> {
+    if destination.contains(['%', '/']) {
+        destination.replace('%', "%25").replace('/', "%2F").into()
+    } else {
+        destination.into()
     }
 }
 
@@ -171,6 +188,18 @@ mod tests {
         );
         assert_ne!(first, second);
         assert_eq!(nats_message_id(&message()), "orders.placed/m-1");
+    }
+
+    #[test]
+    fn two_different_messages_never_share_a_nats_msg_id() {
+        let id = |destination: &str, message_id: &str| {
+            nats_message_id(&BrokeredMessage::json(message_id, destination, "{}"))
+        };
+        assert_ne!(id("a/b", "c"), id("a", "b/c"));
+        assert_ne!(id("a%2Fb", "c"), id("a/b", "c"));
+        // An id without ambiguity keeps the form it had, so a publish retried across an upgrade
+        // is still deduplicated.
+        assert_eq!(id("orders.placed", "m/1"), "orders.placed/m/1");
     }
 
     #[test]

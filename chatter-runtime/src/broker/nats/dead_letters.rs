@@ -8,12 +8,13 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::NatsBroker;
-use super::codec::{DEAD_LETTER_REASON_HEADER, NATS_MSG_ID, decode, headers};
+use super::codec::{DEAD_LETTER_REASON_HEADER, NATS_MSG_ID, decode, headers, qualified_id};
 use crate::broker::dead_letters::{
     DeadLetter, DeadLetterAction, DeadLetterOutcome, DeadLetters, replayed,
 };
 use crate::broker::{BrokerError, Refusal, dead_letter_destination};
 use crate::error_chain::ErrorChain;
+use crate::message::BrokeredMessage;
 
 impl NatsBroker {
     /// The stream storing `destination`'s dead letters; `None` when no stream does (so there
@@ -65,15 +66,26 @@ impl NatsBroker {
     }
 }
 
+/// The stored dead letter as the Brokered Message it carries; `None` for a foreign message's
+/// (it carries a `Chatter-Dead-Letter-Reason` header), even one whose `Nats-Msg-Id`, which
+/// chatter gave it when it dead-lettered it, would decode as a message id.
+fn brokered(subject: &str, message: &StreamMessage) -> Option<BrokeredMessage> {
+    if message.headers.get(DEAD_LETTER_REASON_HEADER).is_some() {
+        return None;
+    }
+    decode(subject, Some(&message.headers), &message.payload).ok()
+}
+
 fn letter(destination: &str, message: &StreamMessage) -> DeadLetter {
-    match decode(destination, Some(&message.headers), &message.payload) {
-        Ok(decoded) => DeadLetter::of(message.sequence, &decoded),
-        Err(_) => DeadLetter::raw(
+    match brokered(destination, message) {
+        Some(decoded) => DeadLetter::of(message.sequence, &decoded),
+        None => DeadLetter::raw(
             message.sequence,
             message
                 .headers
                 .get(NATS_MSG_ID)
-                .map(|v| v.as_str().to_owned()),
+                .map(|v| foreign_message_id(v.as_str()))
+                .filter(|id| id != "<none>"),
             message
                 .headers
                 .get(DEAD_LETTER_REASON_HEADER)
@@ -81,6 +93,15 @@ fn letter(destination: &str, message: &StreamMessage) -> DeadLetter {
             &message.payload,
         ),
     }
+}
+
+/// A foreign message's id as it came, without the `:dead-letter:<uuid>` suffix its dead
+/// letter's `Nats-Msg-Id` got.
+fn foreign_message_id(nats_msg_id: &str) -> String {
+    nats_msg_id
+        .rsplit_once(":dead-letter:")
+        .map_or(nats_msg_id, |(id, _)| id)
+        .to_owned()
 }
 
 impl DeadLetters for NatsBroker {
@@ -161,7 +182,7 @@ impl NatsBroker {
             return Ok(Settled::Refused("it is no longer there: list again"));
         }
         if action == DeadLetterAction::Replay {
-            let Ok(message) = decode(&subject, Some(&stored.headers), &stored.payload) else {
+            let Some(message) = brokered(&subject, &stored) else {
                 return Ok(Settled::Refused("it is no Brokered Message: discard it"));
             };
             let message = replayed(message, destination);
@@ -174,8 +195,8 @@ impl NatsBroker {
             replay_headers.insert(
                 NATS_MSG_ID,
                 format!(
-                    "{destination}/{}:replay:{}:{}",
-                    message.message_id,
+                    "{}:replay:{}:{}",
+                    qualified_id(destination, &message.message_id),
                     stored.sequence,
                     stored.time.unix_timestamp_nanos()
                 )

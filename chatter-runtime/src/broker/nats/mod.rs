@@ -5,7 +5,7 @@
 //! | Brokered Message | NATS |
 //! | --- | --- |
 //! | `destination` | the subject, stored by whichever stream's subjects cover it (chatter never creates streams) |
-//! | `message_id` | the [`MESSAGE_ID_HEADER`] header, and in `Nats-Msg-Id` as `<destination>/<message id>` (JetStream deduplicates per stream; a dead letter's gets a random suffix) |
+//! | `message_id` | the [`MESSAGE_ID_HEADER`] header, and in `Nats-Msg-Id` as `<destination>/<message id>`, `%` and `/` in the destination escaped as `%25` and `%2F` (JetStream deduplicates per stream; a dead letter's gets a random suffix) |
 //! | `content_type` | the `Content-Type` header (left out when empty) |
 //! | `body` | the payload, UTF-8 |
 //! | `context` | the [`CONTEXT_HEADER`] header: the context as one JSON object |
@@ -63,7 +63,7 @@ pub const MIN_MAX_PAYLOAD: usize = 2 * 1024 * 1024;
 /// consumers with explicit ack.
 ///
 /// - [`publish`](Broker::publish) publishes to the destination's subject with `Nats-Msg-Id` set
-///   to `<destination>/<message id>` and waits for the stream's ack, so a republish of a message the stream
+///   to `<destination>/<message id>` (`%` and `/` in the destination escaped) and waits for the stream's ack, so a republish of a message the stream
 ///   already holds (within its duplicate window) is taken without storing it twice. A subject
 ///   no stream stores is [`BrokerError::Refused`] with
 ///   [`Refusal::NoStream`](super::Refusal::NoStream), a message over the server's

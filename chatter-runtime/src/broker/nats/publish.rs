@@ -54,7 +54,43 @@ impl Inner {
                 self.check_window_once(&ack.stream);
                 Ok(())
             }
+            Err(error) if error.kind() == PublishErrorKind::StreamNotFound => {
+                Err(self.no_responders(message_id, destination, error).await)
+            }
             Err(error) => Err(publish_error(message_id, destination, error)),
+        }
+    }
+
+    /// A publish nothing answered ("no responders", which the client reports as no stream):
+    /// a missing stream only when JetStream says no stream stores `destination`. While
+    /// JetStream recovers after a restart (or elects a stream's leader) nothing answers either:
+    /// that is a transport failure, retried, not a refusal an operator would look for a stream
+    /// for.
+    async fn no_responders(
+        &self,
+        message_id: &str,
+        destination: &str,
+        error: PublishError,
+    ) -> BrokerError {
+        match self.stream_of(destination).await {
+            Err(missing) if missing.refusal() == Some(Refusal::NoStream) => {
+                publish_error(message_id, destination, error)
+            }
+            Ok(stream) => BrokerError::transport(
+                format!("publish `{message_id}`"),
+                format!(
+                    "stream `{stream}` stores `{destination}` but did not answer (JetStream \
+                     recovering after a restart, or electing the stream's leader)"
+                ),
+            ),
+            Err(lookup) => BrokerError::transport(
+                format!("publish `{message_id}`"),
+                format!(
+                    "JetStream did not answer (not enabled, or recovering after a restart); \
+                     looking up the stream of `{destination}`: {}",
+                    ErrorChain(&lookup)
+                ),
+            ),
         }
     }
 }
