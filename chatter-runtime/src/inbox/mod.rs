@@ -430,35 +430,21 @@ impl StandaloneInbox {
         if documents.is_empty() {
             // Only while the marker is still this attempt's claim: a late completion must not
             // mark completed a claim another attempt took over and is running under.
-            let patched = match claim_etag.as_deref() {
-                Some(etag) => {
-                    let completed = [PatchOp::Set(
-                        format!("/{COMPLETED_FIELD}"),
-                        Value::Bool(true),
-                    )];
-                    store::bounded(
-                        "patch_item",
-                        self.options.store_timeout,
-                        store::patch_item_if_match(
-                            &self.container,
-                            key,
-                            marker_id,
-                            &completed,
-                            etag,
-                        ),
-                    )
-                    .await
-                }
-                None => {
-                    let completed = [(&*format!("/{COMPLETED_FIELD}"), Value::Bool(true))];
-                    store::bounded(
-                        "patch_item",
-                        self.options.store_timeout,
-                        store::patch_item(&self.container, key, marker_id, &completed),
-                    )
-                    .await
+            let completed = format!("/{COMPLETED_FIELD}");
+            let patching = async {
+                match claim_etag.as_deref() {
+                    Some(etag) => {
+                        let set = [PatchOp::Set(completed.clone(), Value::Bool(true))];
+                        store::patch_item_if_match(&self.container, key, marker_id, &set, etag)
+                            .await
+                    }
+                    None => {
+                        let set = [(completed.as_str(), Value::Bool(true))];
+                        store::patch_item(&self.container, key, marker_id, &set).await
+                    }
                 }
             };
+            let patched = store::bounded("patch_item", self.options.store_timeout, patching).await;
             return match patched {
                 Ok(_) => Ok(()),
                 Err(error) if error.is_status(412) => Err(InboxError::CompletionRefused {
