@@ -73,7 +73,6 @@ async fn a_last_attempt_whose_completion_landed_unheard_is_acknowledged_not_dead
 /// Sends a text and tells someone: a standalone-inbox command without a lease container.
 #[derive(Debug, Serialize, Deserialize, DocumentReliable)]
 #[inbox(database = "sms", container = "idempotency-announced")]
-#[chatter(max_delivery_attempts = 1)]
 pub struct SendAnnouncedText {
     pub to: String,
 }
@@ -92,8 +91,9 @@ async fn send_announced_text(
 }
 
 // A standalone-inbox command that names no lease container cannot send: its sent messages
-// commit as Outbox Documents that only a relay publishes. The send is refused with the fix, and
-// nothing is published.
+// commit as Outbox Documents that only a relay publishes. The send is refused with the fix,
+// nothing is published, and the delivery is dead-lettered at once (a retry would only repeat
+// the handler's side effect).
 #[tokio::test]
 async fn a_send_from_an_inbox_command_without_a_lease_is_refused_with_the_fix() {
     let (_emulator, cosmos) = emulator_server().await;
@@ -126,6 +126,11 @@ async fn a_send_from_an_inbox_command_without_a_lease_is_refused_with_the_fix() 
         .to_owned();
     assert!(reason.contains("names no lease container"), "{reason}");
     assert!(reason.contains("lease = \"...\""), "{reason}");
+    assert_eq!(
+        letter.message.context.get("Chatter.Delivery.Attempts"),
+        Some(&json!(1)),
+        "dead-lettered on its first attempt"
+    );
     assert_eq!(broker.published_count("texts-sent"), 0);
     runtime.shutdown().await;
 }

@@ -211,9 +211,20 @@ impl PipelineError {
 
     /// Whether this delivery can never succeed, however often it is tried: its body does not
     /// decode into the command (or is not JSON), it has no message id, no inbox marker can be
-    /// built for its message id, or its handler rejected it. The consumer dead-letters such a
+    /// built for its message id, its handler rejected it, or it sent a message from a
+    /// standalone-inbox command that names no lease. The consumer dead-letters such a
     /// delivery at once; every other failure is tried again.
     pub fn is_permanent(&self) -> bool {
+        // A standalone-inbox command without a lease can never send: retrying would only
+        // repeat the side effect its handler did before the send.
+        if let Self::Handler { source, .. } = self
+            && matches!(
+                source.downcast_ref::<crate::StageError>(),
+                Some(crate::StageError::InboxWithoutLease { .. })
+            )
+        {
+            return true;
+        }
         matches!(
             self,
             Self::MissingMessageId { .. }
