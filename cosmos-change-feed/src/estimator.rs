@@ -95,6 +95,10 @@ pub struct LeaseBacklog {
     /// The Request Units billed for reading this lease's feed (also the pages read before a
     /// failure; 0 when nothing was read).
     pub request_charge: f64,
+    /// Whether the read surely reached the end of the lease's range: false when the container's
+    /// feed ranges could not be read, so a range that split was read whole, and an empty page
+    /// from one partition may have ended it early (a document not read may still be ahead).
+    pub complete: bool,
 }
 
 impl ChangeFeedEstimator {
@@ -226,6 +230,7 @@ impl ChangeFeedEstimator {
             owner: lease.owner.clone().filter(|owner| !owner.is_empty()),
             pending: Ok(0),
             request_charge: 0.0,
+            complete: current.is_some(),
         };
         if lease.continuation_token.is_none() && self.options.start_from == StartFrom::Now {
             // Its first read will start from that moment: nothing is behind it.

@@ -300,12 +300,13 @@ impl Sweeper {
         };
         let seen = seen.into_inner().unwrap_or_else(PoisonError::into_inner);
         for lease in swept.iter_mut() {
-            // Only a lease whose feed was read to its end is judged: otherwise a document
-            // missing from the read may simply not have been reached.
+            // Only a lease whose feed was surely read to its end is judged: otherwise a
+            // document missing from the read may simply not have been reached (and rewriting
+            // it would put it behind later documents of its key).
             let read = backlogs
                 .iter()
                 .find(|b| b.lease_token == lease.lease_token)
-                .is_some_and(|b| b.pending.is_ok());
+                .is_some_and(|b| b.pending.is_ok() && b.complete);
             if !read {
                 continue;
             }

@@ -39,8 +39,9 @@
 //!   Error when it ends and at Info when it is back; the consumer never ends on its own.
 //! - **Bounded wait behind a key.** A delivery that has waited
 //!   [`lane_wait_limit`](super::RuntimeBuilder::lane_wait_limit) (default
-//!   [`DEFAULT_LANE_WAIT_LIMIT`], 25 minutes) behind its key's delivery in progress is returned
-//!   to the broker (nacked, logged at warn), which delivers it again: held past the broker's
+//!   [`DEFAULT_LANE_WAIT_LIMIT`], 25 minutes) behind its key's delivery in progress is published
+//!   again as an uncounted copy at the back of its queue and acked (logged at warn; a quorum
+//!   queue would count a nack; JetStream, which has no such timeout, lets it wait): held past the broker's
 //!   consumer timeout (RabbitMQ's 30 minutes by default) the channel would close and every
 //!   delivery on it be requeued. Its key's order is then no longer kept for it: the deliveries
 //!   queued behind it may run first. A stale one is let go, and the queue's last delivery is
@@ -118,6 +119,9 @@ pub(super) struct Consumer {
 struct Pending {
     /// Tells it apart in its lane, to return it once it waited too long.
     id: u64,
+    /// Ends the lane-wait timer of this delivery once it leaves its lane (dropped with it), so
+    /// no timer outlives the wait it bounds.
+    _waiting: Option<tokio_util::sync::DropGuard>,
     delivery: Delivery,
     body: Result<Value, serde_json::Error>,
     permit: OwnedSemaphorePermit,
@@ -237,8 +241,10 @@ impl Consumer {
                 .map(|values| partition_key::ordering_key(&values))
         };
         let id = executor.next_id.fetch_add(1, Ordering::Relaxed);
-        let pending = Pending {
+        let waiting = self.cancel.child_token();
+        let mut pending = Pending {
             id,
+            _waiting: None,
             delivery,
             body,
             permit,
@@ -263,11 +269,16 @@ impl Consumer {
                 .lanes
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            if let Some(waiting) = lanes.get_mut(&key) {
-                waiting.push_back(pending);
+            if let Some(queue) = lanes.get_mut(&key) {
+                pending._waiting = Some(waiting.clone().drop_guard());
+                queue.push_back(pending);
                 drop(lanes);
-                let returning =
-                    Arc::clone(self).return_if_still_waiting(Arc::clone(&executor.lanes), key, id);
+                let returning = Arc::clone(self).return_if_still_waiting(
+                    Arc::clone(&executor.lanes),
+                    key,
+                    id,
+                    waiting,
+                );
                 executor.workers.spawn(returning);
                 return;
             }
@@ -335,17 +346,36 @@ impl Consumer {
 
     /// Once the lane wait limit has passed, takes the delivery `id` out of `key`'s lane if it
     /// still waits there and returns it to the broker, before the broker's consumer timeout
-    /// closes the channel and requeues everything on it. Ends early on shutdown (which returns
-    /// the waiting deliveries itself).
-    async fn return_if_still_waiting(self: Arc<Self>, lanes: Lanes, key: String, id: u64) {
+    /// closes the channel and requeues everything on it. Ends early once the delivery left its
+    /// lane (`waiting` is cancelled then) and on shutdown (which returns the waiting deliveries
+    /// itself).
+    async fn return_if_still_waiting(
+        self: Arc<Self>,
+        lanes: Lanes,
+        key: String,
+        id: u64,
+        waiting: CancellationToken,
+    ) {
         tokio::select! {
-            _ = self.cancel.cancelled() => return,
+            _ = waiting.cancelled() => return,
             () = tokio::time::sleep(self.lane_wait_limit) => {}
         }
+        // A broker that counts deliveries itself (JetStream) keeps a delivery in progress
+        // without a timeout of this kind, and a return would cost it an attempt.
         let waited = {
             let mut lanes = lanes.lock().unwrap_or_else(PoisonError::into_inner);
             lanes.get_mut(&key).and_then(|queue| {
                 let position = queue.iter().position(|pending| pending.id == id)?;
+                let pending = &queue[position];
+                if pending.delivery.delivery_count().is_some() {
+                    return None;
+                }
+                // A standalone-inbox lane holds one message id: the delivery ahead is the same
+                // message, so its last delivery waits for it (bounded by the delivery
+                // timeout) rather than be dead-lettered while it may commit.
+                if key.starts_with("inbox:") && pending.delivery.is_last_delivery() {
+                    return None;
+                }
                 queue.remove(position)
             })
         };
@@ -365,8 +395,16 @@ impl Consumer {
             self.handle(delivery, body).await;
         } else {
             let name = self.command.registration.command_name;
-            tracing::warn!(command = name, message_id = %delivery.message.message_id, waited = ?self.lane_wait_limit, "chatter consumer: a delivery waited behind its partition-key value's delivery in progress for the lane wait limit; returned to the broker, which delivers it again (its key's order is not kept for it)");
-            self.nack(delivery).await;
+            tracing::warn!(command = name, message_id = %delivery.message.message_id, waited = ?self.lane_wait_limit, "chatter consumer: a delivery waited behind its partition-key value's delivery in progress for the lane wait limit; delivered again as a copy at the back of its queue, its attempt not counted (its key's order is not kept for it)");
+            // A copy with the same attempt count, not a nack: a quorum queue would count a
+            // nack as a delivery, and a message behind a busy key would use up its limit.
+            let attempt = attempt_of(&delivery);
+            self.requeue(
+                delivery,
+                attempt,
+                "chatter consumer: could not requeue a delivery that waited behind its key; returning it to the broker",
+            )
+            .await;
         }
         drop(permit);
     }

@@ -226,8 +226,9 @@ impl RuntimeBuilder {
     }
 
     /// How long a consumer lets a delivery wait behind the delivery of its partition-key value
-    /// in progress (default [`DEFAULT_LANE_WAIT_LIMIT`], 25 minutes) before it returns it to
-    /// the broker, which delivers it again; logged at `warn`. Keep it below the broker's own
+    /// in progress (default [`DEFAULT_LANE_WAIT_LIMIT`], 25 minutes) before it publishes it again
+    /// as a copy at the back of its queue, its attempt not counted, and acks it; logged at
+    /// `warn` (on JetStream, which has no such timeout, it keeps waiting). Keep it below the broker's own
     /// limit on an unsettled delivery (RabbitMQ's `consumer_timeout`, 30 minutes by default),
     /// past which the broker closes the channel and requeues every delivery on it. A returned
     /// delivery loses its place: its key's deliveries queued behind it may be handled first.
