@@ -4,6 +4,16 @@
 
 pub use cosmos_change_feed::ErrorChain;
 
+/// The text a caught panic was raised with (`panic!("..")` carries a `&str` or a `String`), for
+/// the error that reports it: a handler's (the pipeline) or a pending filter's (the relay).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|text| (*text).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

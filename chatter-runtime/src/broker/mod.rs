@@ -115,6 +115,21 @@ mod redact_tests {
         );
         assert_eq!(redact_uri("nats://host:4222"), "nats://host:4222");
     }
+
+    #[test]
+    fn redact_hides_the_password_only() {
+        assert_eq!(
+            redact_uri("amqp://guest:secret@host:5672/%2f"),
+            "amqp://guest:***@host:5672/%2f"
+        );
+        assert_eq!(redact_uri("amqp://host:5672"), "amqp://host:5672");
+        assert_eq!(
+            redact_uri("nats://s3cr3t-token@host:4222"),
+            "nats://***@host:4222"
+        );
+        // Without `//` whatever stands before the last `@` may be a password: all of it goes.
+        assert_eq!(redact_uri("not a uri @ all"), "***@ all");
+    }
 }
 
 /// `connect()`, retried with backoff while the broker at `url` is unreachable, for up to

@@ -13,7 +13,6 @@ pub use error::{BatchFailure, PipelineError};
 use error::{INBOX_NOT_UNDONE, NOTHING_COMMITTED};
 pub use rejection::Rejection;
 
-use std::any::Any;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
@@ -501,16 +500,7 @@ async fn run_handler(
             command: name,
             message_id,
             undone,
-            panic: panic_message(payload.as_ref()),
+            panic: crate::error_chain::panic_message(payload.as_ref()),
         }),
     }
-}
-
-/// The text a panic was raised with (`panic!("..")` carries a `&str` or a `String`).
-fn panic_message(payload: &(dyn Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|text| (*text).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_owned())
 }

@@ -120,15 +120,6 @@ pub(crate) fn refused(
     });
 }
 
-/// The text a panic was raised with (`panic!("..")` carries a `&str` or a `String`).
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|text| (*text).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_owned())
-}
-
 /// The least time between two warnings about documents that look pending under an id that is
 /// not their outbox id: another writer's mistake repeats on every document it writes.
 const ID_MISMATCH_WARNING_INTERVAL: Duration = Duration::from_secs(60);

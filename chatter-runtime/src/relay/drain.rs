@@ -391,7 +391,7 @@ impl Drain {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| filter(doc))).map_err(|panic| {
             FilterPanicked {
                 id: id.to_owned(),
-                panic: diagnostics::panic_message(panic.as_ref()),
+                panic: crate::error_chain::panic_message(panic.as_ref()),
             }
         })
     }
