@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::Broker;
-use chatter_runtime::testing::Registry;
 use chatter_runtime::{
     ATTEMPTS_CONTEXT_KEY, BoxError, DEAD_LETTER_REASON_CONTEXT_KEY, DocumentReliable,
     HandlerContext, Runtime, dead_letter_destination, handler,
 };
 use chatter_tests::broker::{acked, next_delivery};
 use chatter_tests::rabbitmq;
+use chatter_tests::runtime::registry_named;
 use chatter_tests::store::{embedded, find_document, provisioned};
 use chatter_tests::wait::eventually;
 use serde::{Deserialize, Serialize};
@@ -119,20 +119,6 @@ async fn hold_order(command: HoldOrder, ctx: &mut HandlerContext) -> Result<(), 
     Ok(())
 }
 
-/// The registry of this binary holding only `command`.
-fn only(command: &str) -> Registry {
-    use chatter_runtime::__private::{CommandRegistration, HandlerRegistration, inventory};
-    Registry::build(
-        inventory::iter::<CommandRegistration>
-            .into_iter()
-            .filter(|c| c.command_name == command),
-        inventory::iter::<HandlerRegistration>
-            .into_iter()
-            .filter(|h| (h.command)().command_name == command),
-    )
-    .unwrap()
-}
-
 /// Declares `queue` afresh as another service would: a quorum queue with `delivery_limit`
 /// (`x-delivery-limit`, when given).
 async fn declare_quorum(queue: &str, delivery_limit: Option<i32>) {
@@ -176,7 +162,7 @@ async fn start_refuses_a_quorum_queue_whose_delivery_limit_is_not_above_max_deli
     let queue = ShipParcel::DOCUMENT_RELIABILITY.destination;
     declare_quorum(queue, Some(3)).await;
     let error = Runtime::builder()
-        .registry(only("ShipParcel"))
+        .registry(registry_named("ShipParcel"))
         .cosmos(cosmos)
         .broker(rabbitmq::connect(WAIT).await)
         .without_relay()
@@ -259,7 +245,7 @@ async fn a_quorum_queue_is_consumed_and_its_last_delivery_of_a_message_is_dead_l
     }
 
     let runtime = Runtime::builder()
-        .registry(only("ShipOrder"))
+        .registry(registry_named("ShipOrder"))
         .cosmos(cosmos.clone())
         .broker(direct.clone())
         .without_relay()
@@ -338,7 +324,7 @@ async fn a_last_delivery_whose_dead_letter_is_refused_goes_back_as_a_fresh_copy(
     }
 
     let runtime = Runtime::builder()
-        .registry(only("HoldOrder"))
+        .registry(registry_named("HoldOrder"))
         .cosmos(cosmos)
         .broker(direct.clone())
         .without_relay()
@@ -383,7 +369,7 @@ async fn start_refuses_a_command_whose_dead_letters_rabbitmq_could_never_carry()
     provisioned(&cosmos, "accounts", "users", &["/userId"]).await;
     let direct = rabbitmq::connect(WAIT).await;
     let err = Runtime::builder()
-        .registry(only("RenameUser"))
+        .registry(registry_named("RenameUser"))
         .cosmos(cosmos)
         .broker(direct)
         .without_relay()
@@ -427,7 +413,7 @@ async fn start_refuses_a_dead_letter_queue_declared_otherwise() {
         .await
         .unwrap();
     let error = Runtime::builder()
-        .registry(only("ArchiveUser"))
+        .registry(registry_named("ArchiveUser"))
         .cosmos(cosmos)
         .broker(rabbitmq::connect(WAIT).await)
         .without_relay()
@@ -463,7 +449,7 @@ async fn poison_commands_are_dead_lettered_with_their_reason_and_healthy_ones_ar
         rabbitmq::delete_queue(&direct, queue, WAIT).await;
     }
     let runtime = Runtime::builder()
-        .registry(only("RegisterUser"))
+        .registry(registry_named("RegisterUser"))
         .cosmos(cosmos.clone())
         .broker(direct.clone())
         .without_relay()

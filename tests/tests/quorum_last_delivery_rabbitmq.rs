@@ -7,7 +7,6 @@
 use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, RabbitMqBroker};
-use chatter_runtime::testing::Registry;
 use chatter_runtime::{
     BoxError, BrokeredMessage, DEAD_LETTER_REASON_CONTEXT_KEY, DocumentReliable, HandlerContext,
     Runtime, dead_letter_destination, handler,
@@ -15,6 +14,7 @@ use chatter_runtime::{
 use chatter_tests::broker::acked;
 use chatter_tests::proxy::TcpProxy;
 use chatter_tests::rabbitmq;
+use chatter_tests::runtime::registry_named;
 use chatter_tests::store::{embedded, provisioned};
 use chatter_tests::wait::eventually;
 use serde::{Deserialize, Serialize};
@@ -96,20 +96,6 @@ async fn label_order(command: LabelOrder, ctx: &mut HandlerContext) -> Result<()
     let id = format!("{}-{}", command.user_id, command.step);
     ctx.upsert(json!({ "id": id, "userId": command.user_id }))?;
     Ok(())
-}
-
-/// The registry of this binary holding only `command`.
-fn only(command: &str) -> Registry {
-    use chatter_runtime::__private::{CommandRegistration, HandlerRegistration, inventory};
-    Registry::build(
-        inventory::iter::<CommandRegistration>
-            .into_iter()
-            .filter(|c| c.command_name == command),
-        inventory::iter::<HandlerRegistration>
-            .into_iter()
-            .filter(|h| (h.command)().command_name == command),
-    )
-    .unwrap()
 }
 
 /// Declares `queue` afresh as a quorum queue with [`DELIVERY_LIMIT`], and empties its
@@ -203,24 +189,6 @@ async fn publish_as_last(direct: &RabbitMqBroker, message: BrokeredMessage) {
     }
 }
 
-/// `queue`'s messages delivered and not settled, as the server counts them.
-fn unsettled(queue: &str) -> Option<u64> {
-    let program = if std::path::Path::new("/usr/sbin/rabbitmqctl").exists() {
-        "/usr/sbin/rabbitmqctl"
-    } else {
-        "rabbitmqctl"
-    };
-    let output = std::process::Command::new(program)
-        .args(["-q", "list_queues", "name", "messages_unacknowledged"])
-        .output()
-        .expect("rabbitmqctl runs");
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| line.split_once('\t'))
-        .find(|(name, _)| *name == queue)
-        .and_then(|(_, count)| count.trim().parse().ok())
-}
-
 fn command(queue: &str, id: &str, step: &str) -> BrokeredMessage {
     BrokeredMessage::json(
         id,
@@ -241,7 +209,7 @@ async fn a_last_delivery_waiting_behind_its_key_at_shutdown_is_dead_lettered_not
     let direct = rabbitmq::connect(WAIT).await;
     declare_quorum(&direct, queue).await;
     let runtime = Runtime::builder()
-        .registry(only("PackOrder"))
+        .registry(registry_named("PackOrder"))
         .cosmos(cosmos)
         .broker(direct.clone())
         .without_relay()
@@ -258,7 +226,7 @@ async fn a_last_delivery_waiting_behind_its_key_at_shutdown_is_dead_lettered_not
         WAIT,
         Duration::from_millis(50),
         "the runtime holds both",
-        || async { unsettled(queue) == Some(2) },
+        || async { rabbitmq::unsettled(queue) == Some(2) },
     )
     .await;
 
@@ -300,7 +268,7 @@ async fn a_last_delivery_waiting_behind_its_key_at_a_channel_loss_is_dead_letter
         .await
         .unwrap();
     let runtime = Runtime::builder()
-        .registry(only("LabelOrder"))
+        .registry(registry_named("LabelOrder"))
         .cosmos(cosmos)
         .broker(through)
         .without_relay()
@@ -317,7 +285,7 @@ async fn a_last_delivery_waiting_behind_its_key_at_a_channel_loss_is_dead_letter
         WAIT,
         Duration::from_millis(50),
         "the runtime holds both",
-        || async { unsettled(queue) == Some(2) },
+        || async { rabbitmq::unsettled(queue) == Some(2) },
     )
     .await;
 
@@ -326,7 +294,7 @@ async fn a_last_delivery_waiting_behind_its_key_at_a_channel_loss_is_dead_letter
         WAIT,
         Duration::from_millis(50),
         "the queue requeued the slow delivery and dropped the last one",
-        || async { rabbitmq::messages(queue) == Some(1) && unsettled(queue) != Some(2) },
+        || async { rabbitmq::messages(queue) == Some(1) && rabbitmq::unsettled(queue) != Some(2) },
     )
     .await;
     AT_CHANNEL_LOSS.release.notify_one();

@@ -131,8 +131,19 @@ fn rabbitmqctl(arguments: &[&str]) -> Result<(), String> {
 /// How many messages `queue` holds, ready or delivered and not yet settled (`rabbitmqctl
 /// list_queues`, which sees the unsettled ones AMQP does not); `None` when it does not exist.
 pub fn messages(queue: &str) -> Option<u64> {
+    queue_figure(queue, "messages")
+}
+
+/// How many of `queue`'s messages are delivered and not yet settled, as the server counts them;
+/// `None` when it does not exist.
+pub fn unsettled(queue: &str) -> Option<u64> {
+    queue_figure(queue, "messages_unacknowledged")
+}
+
+/// One `rabbitmqctl list_queues` column of `queue`.
+fn queue_figure(queue: &str, column: &str) -> Option<u64> {
     let output = std::process::Command::new(program())
-        .args(["-q", "list_queues", "name", "messages"])
+        .args(["-q", "list_queues", "name", column])
         .output()
         .expect("rabbitmqctl runs");
     String::from_utf8_lossy(&output.stdout)

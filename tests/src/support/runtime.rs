@@ -43,6 +43,20 @@ pub async fn consuming(
 /// The registry of `T` alone (with its handler from this binary), consuming `destination`
 /// instead of the one its derive names: a queue name unique to one test run on a broker other
 /// runs share. The registration is leaked, as the derive's are `'static`.
+/// The registry of this test binary holding only the command named `command` and its handler.
+pub fn registry_named(command: &str) -> Registry {
+    use chatter_runtime::__private::{CommandRegistration, HandlerRegistration, inventory};
+    Registry::build(
+        inventory::iter::<CommandRegistration>
+            .into_iter()
+            .filter(|c| c.command_name == command),
+        inventory::iter::<HandlerRegistration>
+            .into_iter()
+            .filter(|h| (h.command)().command_name == command),
+    )
+    .expect("the command and its handler make a valid registry")
+}
+
 pub fn registry_at<T: DocumentReliable>(destination: &str) -> Registry {
     use chatter_runtime::__private::{HandlerRegistration, inventory};
     let mut registration = *T::registration();
