@@ -77,13 +77,53 @@ pub struct EmulatorServer {
 #[derive(Debug, Clone, Default)]
 pub struct Faults(Arc<Mutex<FaultState>>);
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct FaultState {
+    /// Decides per request (a simulation's seeded schedule); asked before the fixed faults.
+    injector: Option<Injector>,
     refusals: Vec<Refusal>,
     latency: Duration,
     /// Late answers by HTTP method.
     answer_delays: Vec<(String, Duration)>,
 }
+
+impl std::fmt::Debug for FaultState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultState")
+            .field("injector", &self.injector.is_some())
+            .field("refusals", &self.refusals)
+            .field("latency", &self.latency)
+            .field("answer_delays", &self.answer_delays)
+            .finish()
+    }
+}
+
+/// What an [`Injector`] answers for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Injection {
+    /// Refuse it with `status` and, when given, the `x-ms-substatus` (e.g. 410/1002, a
+    /// partition gone) and the `x-ms-retry-after-ms` a 429 carries: it never reaches the store.
+    Refuse {
+        /// The HTTP status.
+        status: u16,
+        /// The Cosmos sub-status, if any.
+        sub_status: Option<u32>,
+        /// The wait a throttled client is told to keep.
+        retry_after: Option<Duration>,
+    },
+    /// Handle it, then answer `status` instead of the store's answer: the write took effect and
+    /// the client hears that it failed, as when the answer is lost on the way.
+    LoseAnswer {
+        /// The HTTP status the client gets instead.
+        status: u16,
+    },
+    /// Hold the request back this long, then handle it.
+    Delay(Duration),
+}
+
+/// Decides, per request, from its HTTP method and path, what fault (if any) it meets; called
+/// once per request, before the fixed faults. A simulation drives it from its seed.
+pub type Injector = Arc<dyn Fn(&str, &str) -> Option<Injection> + Send + Sync>;
 
 #[derive(Debug)]
 struct Refusal {
@@ -129,9 +169,23 @@ impl Faults {
         state.answer_delays.push((method, delay));
     }
 
-    /// Ends every refusal, the latency and late answers.
+    /// Asks `injector` about every request from now on (`None`: stop asking). A request it
+    /// answers `Some` for meets that fault instead of the fixed ones.
+    pub fn inject_with(&self, injector: Option<Injector>) {
+        self.state().injector = injector;
+    }
+
+    /// What the injector (if any) decides for a request with `method` and `path`; asked outside
+    /// the lock, so an injector may take its time.
+    fn injected(&self, method: &str, path: &str) -> Option<Injection> {
+        let injector = self.state().injector.clone()?;
+        injector(method, path)
+    }
+
+    /// Ends every refusal, the latency, late answers and the injector.
     pub fn clear(&self) {
         let mut state = self.state();
+        state.injector = None;
         state.refusals.clear();
         state.latency = Duration::ZERO;
         state.answer_delays.clear();
@@ -294,17 +348,35 @@ impl EmulatorServer {
                     counts
                         .record_authorization(request.headers().get(hyper::header::AUTHORIZATION));
                     let (latency, refusal, answer_delay) = faults.decide(request.method().as_str());
+                    let injected = faults.injected(request.method().as_str(), request.uri().path());
                     async move {
                         if !latency.is_zero() {
                             tokio::time::sleep(latency).await;
                         }
-                        let response = match refusal {
-                            Some(status) => error_response(
+                        let response = match (injected, refusal) {
+                            (
+                                Some(Injection::Refuse {
+                                    status,
+                                    sub_status,
+                                    retry_after,
+                                }),
+                                _,
+                            ) => injected_refusal(status, sub_status, retry_after),
+                            (Some(Injection::LoseAnswer { status }), _) => {
+                                // The store does the work; the client hears only the failure.
+                                drop(handle(&emulator, &endpoint, request).await);
+                                injected_refusal(status, None, None)
+                            }
+                            (Some(Injection::Delay(delay)), _) => {
+                                tokio::time::sleep(delay).await;
+                                handle(&emulator, &endpoint, request).await
+                            }
+                            (None, Some(status)) => error_response(
                                 status,
                                 "InjectedFault",
                                 "chatter-emulator fault injection refused this request",
                             ),
-                            None => handle(&emulator, &endpoint, request).await,
+                            (None, None) => handle(&emulator, &endpoint, request).await,
                         };
                         if !answer_delay.is_zero() {
                             tokio::time::sleep(answer_delay).await;
@@ -541,6 +613,35 @@ async fn handle(
             &format!("cannot encode emulator response: {e}"),
         )
     })
+}
+
+/// An injected failure as the service answers it: the status, the sub-status and the wait a
+/// throttled client is told to keep.
+fn injected_refusal(
+    status: u16,
+    sub_status: Option<u32>,
+    retry_after: Option<Duration>,
+) -> hyper::Response<Full<Bytes>> {
+    let mut response = error_response(
+        status,
+        "InjectedFault",
+        "chatter-emulator fault injection failed this request",
+    );
+    let headers = response.headers_mut();
+    if let Some(sub_status) = sub_status {
+        headers.insert(
+            "x-ms-substatus",
+            hyper::header::HeaderValue::from(sub_status),
+        );
+    }
+    if let Some(wait) = retry_after {
+        let millis = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        headers.insert(
+            "x-ms-retry-after-ms",
+            hyper::header::HeaderValue::from(millis),
+        );
+    }
+    response
 }
 
 fn error_response(status: u16, code: &str, message: &str) -> hyper::Response<Full<Bytes>> {

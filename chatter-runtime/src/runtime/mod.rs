@@ -55,6 +55,7 @@ pub struct RuntimeBuilder {
     redelivery_delay: Duration,
     delivery_timeout: Duration,
     lane_wait_limit: Duration,
+    inbox_clock_margin: Duration,
     relay: Option<RelayOptions>,
     meter: telemetry::Source<opentelemetry::metrics::Meter>,
     tracer: telemetry::Source<opentelemetry::global::BoxedTracer>,
@@ -78,6 +79,7 @@ impl Default for RuntimeBuilder {
             redelivery_delay: Duration::from_millis(500),
             delivery_timeout: DEFAULT_DELIVERY_TIMEOUT,
             lane_wait_limit: DEFAULT_LANE_WAIT_LIMIT,
+            inbox_clock_margin: crate::inbox::DEFAULT_CLOCK_MARGIN,
             relay: Some(RelayOptions::default()),
             meter: telemetry::Source::Global,
             tracer: telemetry::Source::Global,
@@ -239,6 +241,17 @@ impl RuntimeBuilder {
         self
     }
 
+    /// The bound assumed between any instance's clock and the Cosmos service's, by which the
+    /// standalone-inbox commands judge whether a claim may still be live (default
+    /// [`DEFAULT_CLOCK_MARGIN`](crate::inbox::DEFAULT_CLOCK_MARGIN), 10 s; see
+    /// [`InboxOptions::clock_margin`](crate::inbox::InboxOptions::clock_margin)). A smaller
+    /// margin lets a crashed attempt's claim be taken over sooner, and is safe only while the
+    /// clocks really are that close.
+    pub fn inbox_clock_margin(mut self, margin: Duration) -> Self {
+        self.inbox_clock_margin = margin;
+        self
+    }
+
     /// Runs the change-feed relay with these options (default: on, with default options).
     pub fn relay_options(mut self, options: RelayOptions) -> Self {
         self.relay = Some(options);
@@ -323,9 +336,14 @@ impl RuntimeBuilder {
         let (store_timeout, publish_timeout) =
             (options.processor.store_timeout, options.publish_timeout);
         // 3. The commands' containers, and each standalone-inbox command's gate.
-        let inboxes =
-            check_command_containers(&registry, &cosmos, store_timeout, self.delivery_timeout)
-                .await?;
+        let inboxes = check_command_containers(
+            &registry,
+            &cosmos,
+            store_timeout,
+            self.delivery_timeout,
+            self.inbox_clock_margin,
+        )
+        .await?;
         // 4. The relay: every monitored container verified, then every processor started.
         let broker: Arc<dyn Broker> = match self.broker {
             Some(broker) => broker,
@@ -468,6 +486,7 @@ async fn check_command_containers(
     cosmos: &CosmosConnection,
     store_timeout: Duration,
     delivery_timeout: Duration,
+    clock_margin: Duration,
 ) -> Result<std::collections::HashMap<&'static str, crate::inbox::StandaloneInbox>, StartError> {
     let mut inboxes = std::collections::HashMap::new();
     // Markers are keyed by message id alone: two commands sharing one idempotency container
@@ -487,8 +506,15 @@ async fn check_command_containers(
                 });
             }
             idempotency.push((r.command_name, r.database, r.container));
-            let inbox =
-                start_inbox(command, declared, cosmos, store_timeout, delivery_timeout).await?;
+            let inbox = start_inbox(
+                command,
+                declared,
+                cosmos,
+                store_timeout,
+                delivery_timeout,
+                clock_margin,
+            )
+            .await?;
             inboxes.insert(r.command_name, inbox);
             continue;
         }
@@ -524,6 +550,7 @@ async fn start_inbox(
     cosmos: &CosmosConnection,
     store_timeout: Duration,
     delivery_timeout: Duration,
+    clock_margin: Duration,
 ) -> Result<crate::inbox::StandaloneInbox, StartError> {
     let r = command.registration;
     let mut options = crate::inbox::InboxOptions::new(r.database, r.container)
@@ -532,7 +559,8 @@ async fn start_inbox(
             delivery_timeout
                 .saturating_sub(store_timeout)
                 .max(Duration::from_secs(1)),
-        );
+        )
+        .clock_margin(clock_margin);
     options.marker_ttl_seconds = declared.marker_ttl_seconds;
     options.store_timeout = store_timeout;
     let inbox = crate::inbox::StandaloneInbox::new(cosmos, options)

@@ -1,0 +1,216 @@
+//! The invariants every run must keep, checked once it has healed and settled. Each violation
+//! names the seed and what broke.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use chatter_runtime::cosmos::CosmosConnection;
+use chatter_runtime::testing::query_all;
+use serde_json::Value;
+
+use super::commands::{
+    DATABASE, IDEMPOTENCY, LEDGER_ID, ORDERS, POISON_ATTEMPTS, Recorder, RunEnd,
+};
+use super::run::{Kind, Plan, Published, Report, Seen};
+
+/// Outbox Documents still `pending`, in both containers.
+pub async fn pending_outbox(cosmos: &CosmosConnection) -> Result<usize, String> {
+    let mut pending = 0;
+    for container in [ORDERS, IDEMPOTENCY] {
+        pending += outbox(cosmos, container)
+            .await?
+            .iter()
+            .filter(|doc| doc["status"] == "pending")
+            .count();
+    }
+    Ok(pending)
+}
+
+async fn outbox(cosmos: &CosmosConnection, container: &str) -> Result<Vec<Value>, String> {
+    all(
+        cosmos,
+        container,
+        "SELECT * FROM c WHERE IS_DEFINED(c.status) AND IS_DEFINED(c.MessageId)",
+    )
+    .await
+}
+
+async fn all(cosmos: &CosmosConnection, container: &str, sql: &str) -> Result<Vec<Value>, String> {
+    let client = cosmos
+        .container(DATABASE, container)
+        .await
+        .map_err(|e| format!("container {container}: {e}"))?;
+    query_all(&client, sql)
+        .await
+        .map_err(|e| format!("query {container}: {e}"))
+}
+
+pub async fn invariants(
+    plan: &Plan,
+    commands: &[Published],
+    cosmos: &CosmosConnection,
+    recorder: &Arc<Recorder>,
+    seen: &Seen,
+) -> Result<Report, String> {
+    let mut broken = Vec::new();
+    let ids = |kind: Kind| -> BTreeSet<String> {
+        commands
+            .iter()
+            .filter(|c| c.kind == kind)
+            .map(|c| c.message.message_id.clone())
+            .collect()
+    };
+    let places = ids(Kind::Place);
+    let poisons = ids(Kind::Poison);
+    let reserves = ids(Kind::Reserve);
+
+    // 1. A handled command's batched writes applied exactly once; a failed one's never.
+    let ledgers = all(
+        cosmos,
+        ORDERS,
+        &format!("SELECT * FROM c WHERE c.id = '{LEDGER_ID}'"),
+    )
+    .await?;
+    let mut applied: BTreeMap<String, usize> = BTreeMap::new();
+    let mut commit_order: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for ledger in &ledgers {
+        let key = ledger["orderId"].as_str().unwrap_or_default().to_owned();
+        let list: Vec<String> = ledger["applied"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for id in &list {
+            *applied.entry(id.clone()).or_default() += 1;
+        }
+        commit_order.insert(key, list);
+    }
+    for id in &places {
+        match applied.get(id).copied().unwrap_or(0) {
+            1 => {}
+            n => broken.push(format!("exactly-once: command {id} applied {n} times")),
+        }
+    }
+    for id in applied.keys().filter(|id| !places.contains(*id)) {
+        broken.push(format!(
+            "exactly-once: {id} applied, though it never succeeds"
+        ));
+    }
+
+    // 2. Every committed Outbox Document published and stamped delivered: none pending, none
+    //    undeliverable (every document of the workload can be delivered).
+    for container in [ORDERS, IDEMPOTENCY] {
+        for doc in outbox(cosmos, container).await? {
+            if doc["status"] != "delivered" {
+                broken.push(format!(
+                    "outbox: {container} document {} is `{}`, not delivered",
+                    doc["MessageId"], doc["status"]
+                ));
+            }
+        }
+    }
+    let published: BTreeSet<&str> = seen.events.iter().map(|(_, c)| c.as_str()).collect();
+    for id in &places {
+        if !published.contains(id.as_str()) {
+            broken.push(format!(
+                "at-least-once: the event of {id} was never published"
+            ));
+        }
+    }
+    for id in &reserves {
+        if !seen.reserved.contains_key(id) {
+            broken.push(format!(
+                "at-least-once: the message {id} sent was never published"
+            ));
+        }
+    }
+
+    // 3. Per key, first publications in commit order.
+    let mut first: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    let mut counted = BTreeSet::new();
+    for (key, command) in &seen.events {
+        if counted.insert(command.as_str()) {
+            first
+                .entry(key.as_str())
+                .or_default()
+                .push(command.as_str());
+        }
+    }
+    for (key, order) in &commit_order {
+        let published: Vec<&str> = first.get(key.as_str()).cloned().unwrap_or_default();
+        let committed: Vec<&str> = order.iter().map(String::as_str).collect();
+        if published != committed {
+            broken.push(format!(
+                "order: key {key} committed {committed:?} but first published {published:?}"
+            ));
+        }
+    }
+
+    // 4. No inbox handler twice at once; every one completed; reruns only after a run that
+    //    did not finish, or (the README's edge) one whose completion was not written.
+    for id in recorder.overlaps.lock().unwrap().iter() {
+        broken.push(format!("inbox: {id}'s handler ran twice at the same time"));
+    }
+    let markers = all(
+        cosmos,
+        IDEMPOTENCY,
+        "SELECT * FROM c WHERE IS_DEFINED(c.Completed)",
+    )
+    .await?;
+    let completed: BTreeSet<String> = markers
+        .iter()
+        .filter(|m| m["Completed"] == true)
+        .filter_map(|m| m["MessageId"].as_str().map(str::to_owned))
+        .collect();
+    let mut reruns_after_finish = 0;
+    {
+        let inbox = recorder.inbox.lock().unwrap();
+        for id in &reserves {
+            if !completed.contains(id) {
+                broken.push(format!("inbox: {id}'s marker is not completed"));
+            }
+            let ends = inbox.get(id).map(|r| r.ends.clone()).unwrap_or_default();
+            if !ends.contains(&RunEnd::Finished) {
+                broken.push(format!("inbox: {id}'s handler never finished ({ends:?})"));
+            }
+            let finished_before_last = ends
+                .iter()
+                .take(ends.len().saturating_sub(1))
+                .filter(|e| **e == RunEnd::Finished)
+                .count();
+            reruns_after_finish += finished_before_last;
+        }
+    }
+
+    // 5. Dead letters only of commands whose handler failed every attempt.
+    for (id, copies) in &seen.dead_letters {
+        if !poisons.contains(id) {
+            broken.push(format!(
+                "dead letter: {id} ({copies} copies), which never fails"
+            ));
+        }
+    }
+    {
+        let runs = recorder.poison_runs.lock().unwrap();
+        for id in &poisons {
+            let ran = runs.get(id).copied().unwrap_or(0);
+            if seen.dead_letters.contains_key(id) && ran < POISON_ATTEMPTS {
+                broken.push(format!(
+                    "dead letter: {id} dead-lettered after {ran} runs, not {POISON_ATTEMPTS}"
+                ));
+            }
+        }
+    }
+
+    if !broken.is_empty() {
+        return Err(format!("seed {}: {}", plan.seed, broken.join("\n  ")));
+    }
+    Ok(Report {
+        duplicate_publications: seen.events.len() - counted.len(),
+        inbox_reruns_after_finish: reruns_after_finish,
+        ..Report::default()
+    })
+}

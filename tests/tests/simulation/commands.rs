@@ -1,0 +1,202 @@
+//! The workload's commands and what their handlers record.
+//!
+//! - [`SimPlace`] (document tier): appends its message id to its key's ledger (an ETag write)
+//!   and sends an event of its key. The ledger's order is the key's commit order, so the
+//!   events' first publications can be checked against it.
+//! - [`SimPoison`]: its handler always fails, so it must be dead-lettered, and only after
+//!   every attempt ran.
+//! - [`SimReserve`] (standalone inbox): an external side effect the recorder watches for two
+//!   runs at once, and a sent message committed with the marker's completion.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, State, handler};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+pub const EVENTS: &str = "sim.events";
+pub const RESERVED: &str = "sim.reserved";
+pub const DATABASE: &str = "sim";
+pub const ORDERS: &str = "orders";
+pub const IDEMPOTENCY: &str = "idempotency";
+/// The attempts of a poison command before it is dead-lettered.
+pub const POISON_ATTEMPTS: u32 = 3;
+
+#[derive(Debug, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "sim", container = "orders", lease = "leases")]
+#[partition_key(path = "/orderId")]
+// Store faults and ETag races fail attempts: a command that does nothing wrong is never
+// dead-lettered in a run (a limit no run reaches).
+#[chatter(max_delivery_attempts = 10000)]
+#[serde(rename_all = "camelCase")]
+pub struct SimPlace {
+    pub order_id: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "sim", container = "orders", lease = "leases")]
+#[partition_key(path = "/orderId")]
+#[chatter(max_delivery_attempts = 3)]
+#[serde(rename_all = "camelCase")]
+pub struct SimPoison {
+    pub order_id: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, DocumentReliable)]
+#[inbox(database = "sim", container = "idempotency", lease = "inbox-leases")]
+#[serde(rename_all = "camelCase")]
+pub struct SimReserve {
+    pub item: String,
+    /// How long the side effect takes, in milliseconds.
+    pub work_ms: u64,
+}
+
+/// A key's ledger: the message ids applied to it, in commit order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Ledger {
+    pub id: String,
+    pub order_id: String,
+    pub applied: Vec<String>,
+}
+
+pub const LEDGER_ID: &str = "ledger";
+
+#[handler]
+async fn sim_place(
+    command: SimPlace,
+    ctx: &mut HandlerContext,
+    recorder: State<Arc<Recorder>>,
+) -> Result<(), BoxError> {
+    let id = ctx.message_id().to_owned();
+    recorder.place_ran(&id);
+    match ctx.read::<Ledger>(LEDGER_ID).await? {
+        Some(found) => {
+            let mut ledger = found.document;
+            ledger.applied.push(id.clone());
+            ctx.replace_if_match(LEDGER_ID, &ledger, &found.etag)?;
+        }
+        None => ctx.create(Ledger {
+            id: LEDGER_ID.to_owned(),
+            order_id: command.order_id.clone(),
+            applied: vec![id.clone()],
+        })?,
+    }
+    ctx.send_json(
+        &format!("{id}:placed"),
+        EVENTS,
+        &json!({ "orderId": command.order_id, "command": id }),
+    )?;
+    Ok(())
+}
+
+#[handler]
+async fn sim_poison(
+    _command: SimPoison,
+    ctx: &mut HandlerContext,
+    recorder: State<Arc<Recorder>>,
+) -> Result<(), BoxError> {
+    recorder.poison_ran(ctx.message_id());
+    Err("this command always fails".into())
+}
+
+#[handler]
+async fn sim_reserve(
+    command: SimReserve,
+    ctx: &mut HandlerContext,
+    recorder: State<Arc<Recorder>>,
+) -> Result<(), BoxError> {
+    let id = ctx.message_id().to_owned();
+    let run = recorder.inbox_run(&id);
+    tokio::time::sleep(Duration::from_millis(command.work_ms)).await;
+    ctx.send_json(
+        &format!("{id}:reserved"),
+        RESERVED,
+        &json!({ "item": command.item, "command": id }),
+    )?;
+    run.finished();
+    Ok(())
+}
+
+/// How one run of an inbox handler ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunEnd {
+    /// The side effect finished and the handler returned.
+    Finished,
+    /// Dropped mid-way: its instance crashed, or its attempt was stopped.
+    Cut,
+}
+
+#[derive(Debug, Default)]
+pub struct InboxRuns {
+    pub active: u32,
+    pub ends: Vec<RunEnd>,
+}
+
+/// What the handlers did, shared by every instance of one run.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    pub place_runs: Mutex<BTreeMap<String, u32>>,
+    pub poison_runs: Mutex<BTreeMap<String, u32>>,
+    pub inbox: Mutex<BTreeMap<String, InboxRuns>>,
+    /// Message ids whose inbox handler started while another run of it was active.
+    pub overlaps: Mutex<Vec<String>>,
+}
+
+impl Recorder {
+    fn place_ran(&self, id: &str) {
+        *self
+            .place_runs
+            .lock()
+            .unwrap()
+            .entry(id.to_owned())
+            .or_default() += 1;
+    }
+
+    fn poison_ran(&self, id: &str) {
+        *self
+            .poison_runs
+            .lock()
+            .unwrap()
+            .entry(id.to_owned())
+            .or_default() += 1;
+    }
+
+    fn inbox_run(self: &Arc<Self>, id: &str) -> InboxRun {
+        let mut inbox = self.inbox.lock().unwrap();
+        let runs = inbox.entry(id.to_owned()).or_default();
+        if runs.active > 0 {
+            self.overlaps.lock().unwrap().push(id.to_owned());
+        }
+        runs.active += 1;
+        InboxRun {
+            recorder: Arc::clone(self),
+            id: id.to_owned(),
+            end: RunEnd::Cut,
+        }
+    }
+}
+
+/// One run of an inbox handler: active until dropped; `Cut` unless it finished.
+pub struct InboxRun {
+    recorder: Arc<Recorder>,
+    id: String,
+    end: RunEnd,
+}
+
+impl InboxRun {
+    fn finished(mut self) {
+        self.end = RunEnd::Finished;
+    }
+}
+
+impl Drop for InboxRun {
+    fn drop(&mut self) {
+        let mut inbox = self.recorder.inbox.lock().unwrap();
+        let runs = inbox.entry(self.id.clone()).or_default();
+        runs.active = runs.active.saturating_sub(1);
+        runs.ends.push(self.end);
+    }
+}

@@ -1,0 +1,167 @@
+//! A simulated chatter process: a thread with a Tokio runtime of its own, running one
+//! `chatter_runtime::Runtime` (its consumers, its pipeline relay and the inbox's relay) against
+//! the run's store and broker.
+//!
+//! **A crash** drops that Tokio runtime: every task stops at the await it was at, nothing is
+//! settled, nothing released, no lease given up, no claim released. What the process held the
+//! others find as a dead process leaves it (its unsettled deliveries go back to their queue,
+//! as a closed connection's do; its leases and claims run out).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use chatter_runtime::cosmos::CosmosConnection;
+use chatter_runtime::testing::MonotonicClock;
+use chatter_runtime::{RelayOptions, Runtime};
+use tokio::sync::oneshot;
+
+use super::broker::SimBroker;
+use super::commands::Recorder;
+
+/// The timings of every instance: production's, compressed so that a run takes a second or
+/// two. Their ratios keep the checks `start()` makes.
+pub fn relay_options(compression: u32) -> RelayOptions {
+    RelayOptions::default()
+        .poll_interval(Duration::from_millis(20))
+        .lease_renew_interval(Duration::from_millis(100))
+        .lease_expiry(Duration::from_millis(600))
+        .lease_acquire_interval(Duration::from_millis(100))
+        .store_timeout(Duration::from_millis(1500))
+        .publish_timeout(Duration::from_millis(1000))
+        .handler_timeout(Duration::from_millis(4000))
+        .max_backoff(Duration::from_millis(100))
+        .backlog_interval(Duration::from_millis(250))
+        .sweep_interval(Duration::from_millis(250))
+        .suspension_clock(Arc::new(Compressed::new(compression)))
+}
+
+/// A monotonic clock running `factor` times faster than the real one: the Drain Suspension
+/// window (60 s) passes in 60/`factor` s.
+#[derive(Debug)]
+pub struct Compressed {
+    origin: std::time::Instant,
+    factor: u32,
+}
+
+impl Compressed {
+    pub fn new(factor: u32) -> Self {
+        Self {
+            origin: std::time::Instant::now(),
+            factor,
+        }
+    }
+}
+
+impl MonotonicClock for Compressed {
+    fn now(&self) -> Duration {
+        self.origin.elapsed() * self.factor
+    }
+}
+
+/// What an instance is started with.
+#[derive(Clone)]
+pub struct Setup {
+    pub endpoint: String,
+    pub broker: SimBroker,
+    pub recorder: Arc<Recorder>,
+}
+
+/// A running instance; dropping it crashes it.
+pub struct Instance {
+    kill: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+    /// Whether its runtime started (`start()` returned `Ok`) before it was killed.
+    started: Arc<AtomicBool>,
+}
+
+impl Instance {
+    pub fn start(name: String, setup: Setup) -> Self {
+        let (kill, killed) = oneshot::channel::<()>();
+        let started = Arc::new(AtomicBool::new(false));
+        let started_tx = Arc::clone(&started);
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || {
+                let tokio = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a Tokio runtime");
+                tokio.block_on(async move {
+                    tokio::select! {
+                        _ = killed => {}
+                        () = serve(setup, started_tx) => {}
+                    }
+                });
+                // The crash: every task of this process dropped where it stands.
+                tokio.shutdown_background();
+            })
+            .expect("an instance thread");
+        Self {
+            kill: Some(kill),
+            thread: Some(thread),
+            started,
+        }
+    }
+
+    /// Whether its runtime has started.
+    pub fn has_started(&self) -> bool {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    /// Crashes it and waits until its thread is gone.
+    pub fn crash(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        if let Some(kill) = self.kill.take() {
+            let _ = kill.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+/// Starts the runtime (again and again while the store refuses its start) and serves until
+/// killed.
+async fn serve(setup: Setup, started: Arc<AtomicBool>) {
+    let runtime = loop {
+        match start(&setup).await {
+            Ok(runtime) => break runtime,
+            Err(error) => {
+                tracing::debug!(%error, "a simulated instance could not start; trying again");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    started.store(true, Ordering::SeqCst);
+    // Held until the crash drops it.
+    let _runtime = runtime;
+    std::future::pending::<()>().await;
+}
+
+async fn start(setup: &Setup) -> Result<Runtime, chatter_runtime::BoxError> {
+    let cosmos = CosmosConnection::connect(&setup.endpoint, None).await?;
+    let runtime = Runtime::builder()
+        .cosmos(cosmos)
+        .broker(setup.broker.clone())
+        .state(Arc::clone(&setup.recorder))
+        .redelivery_delay(Duration::from_millis(5))
+        .delivery_timeout(Duration::from_millis(3500))
+        .inbox_clock_margin(Duration::ZERO)
+        .relay_options(relay_options(60))
+        .without_metrics()
+        .without_tracing()
+        .start()
+        .await?;
+    Ok(runtime)
+}
