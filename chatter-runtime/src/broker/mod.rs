@@ -572,7 +572,9 @@ impl Subscription {
     ) -> Self {
         Self {
             destination: destination.into(),
-            deliveries,
+            // Fused: polled again after it ended (after `cancel`, say) it says so again rather
+            // than panic, as an unfolded stream would.
+            deliveries: futures::StreamExt::boxed(futures::StreamExt::fuse(deliveries)),
             liveness,
             cancel: None,
         }
