@@ -384,6 +384,12 @@ async fn a_durable_consumer_with_its_own_delivery_limit_is_refused() {
         text.contains("after 3 deliveries") && text.contains("nats consumer rm"),
         "{text}"
     );
+    // Nothing was acked: made again by hand, it starts at the stream's first message.
+    assert!(
+        text.contains(&format!("nats consumer add {} {}", stream.name, names[0]))
+            && text.contains("--deliver 1 "),
+        "{text}"
+    );
     stream.delete(&broker).await;
 }
 
@@ -428,4 +434,44 @@ async fn a_publish_during_an_outage_succeeds_after_it_and_the_subscription_resum
     delivery.ack().await.unwrap();
     assert!(liveness.is_live());
     stream.delete(&admin).await;
+}
+
+// An operator deletes the durable consumer while chatter consumes through it: chatter makes it
+// again from the first message it has not settled, so what was acked is not delivered again
+// (made with the default start, it would deliver the stream's whole history once more).
+#[tokio::test]
+async fn a_durable_consumer_an_operator_deleted_is_made_again_after_what_was_settled() {
+    let broker = nats::connect(nats::URL).await;
+    let stream = TestStream::create(&broker, WINDOW).await;
+    let orders = stream.subject("orders");
+    let mut subscription = nats::subscribe(&broker, &orders).await;
+    for i in 1..=3 {
+        broker
+            .publish(message(&format!("m-{i}"), &orders))
+            .await
+            .unwrap();
+    }
+    for i in 1..=3 {
+        let delivery = next_delivery(&mut subscription, WAIT).await;
+        assert_eq!(delivery.message.message_id, format!("m-{i}"));
+        delivery.ack().await.unwrap();
+    }
+
+    // The operator, on a connection of its own.
+    let operator = async_nats::jetstream::new(async_nats::connect(nats::URL).await.unwrap());
+    let raw = operator.get_stream(&stream.name).await.unwrap();
+    let names = nats::consumer_names(&raw).await;
+    assert_eq!(names.len(), 1, "{names:?}");
+    raw.delete_consumer(&names[0]).await.unwrap();
+    broker.publish(message("m-4", &orders)).await.unwrap();
+
+    let delivery = next_delivery(&mut subscription, Duration::from_secs(60)).await;
+    assert_eq!(
+        delivery.message.message_id, "m-4",
+        "only the message published after the deletion is delivered"
+    );
+    delivery.ack().await.unwrap();
+    assert_quiet_for(&mut subscription, Duration::from_secs(1)).await;
+    assert_eq!(nats::consumer_names(&raw).await, names, "made again");
+    stream.delete(&broker).await;
 }

@@ -319,3 +319,62 @@ async fn a_refused_queue_fails_its_own_publishes_only() {
         .await
         .unwrap();
 }
+
+// `cancel` (the runtime's shutdown) stops the server's deliveries and hands back what the
+// client had buffered but the subscription had not yielded, then the subscription ends; a
+// message published after it stays in the queue.
+#[tokio::test]
+async fn cancel_hands_back_the_buffered_deliveries_and_ends_the_subscription() {
+    let broker = connect().await;
+    let destination = queue();
+    let mut subscription = timeout(
+        DELIVERY_WAIT,
+        broker.subscribe_with_prefetch(&destination, 3),
+    )
+    .await
+    .expect("subscribing takes less than the bound")
+    .expect("the consumer starts");
+    for i in 1..=3 {
+        publish(&broker, message(&format!("m-{i}"), &destination)).await;
+    }
+    let first = next(&mut subscription).await;
+    chatter_tests::wait::eventually(
+        DELIVERY_WAIT,
+        Duration::from_millis(50),
+        "the client holds all three",
+        || async { rabbitmq::unsettled(&destination) == Some(3) },
+    )
+    .await;
+
+    let left = timeout(DELIVERY_WAIT, subscription.cancel())
+        .await
+        .expect("cancelling takes less than the bound");
+    let left: Vec<Delivery> = left
+        .into_iter()
+        .map(|item| item.expect("a Brokered Message"))
+        .collect();
+    let ids: Vec<&str> = left.iter().map(|d| d.message.message_id.as_str()).collect();
+    assert_eq!(ids, ["m-2", "m-3"]);
+    assert!(
+        timeout(DELIVERY_WAIT, subscription.next())
+            .await
+            .expect("the subscription ends")
+            .is_none()
+    );
+    publish(&broker, message("m-4", &destination)).await;
+    settle(first.ack()).await;
+    for delivery in left {
+        settle(delivery.ack()).await;
+    }
+    chatter_tests::wait::eventually(
+        DELIVERY_WAIT,
+        Duration::from_millis(50),
+        "only the message published after the cancel is left, ready",
+        || async {
+            rabbitmq::messages(&destination) == Some(1)
+                && rabbitmq::unsettled(&destination) == Some(0)
+        },
+    )
+    .await;
+    assert_eq!(delete(&broker, &destination).await, 1);
+}

@@ -1,7 +1,8 @@
 //! A RabbitMQ quorum queue drops a message whose delivery count passes its `x-delivery-limit`
 //! when it is returned: the queue's last delivery of a message, held in a key lane behind a
 //! slow delivery of the same key, is dead-lettered (not returned) at a shutdown and after a
-//! channel loss, so it never vanishes.
+//! channel loss, and one the server hands the runtime's client after shutdown began (the
+//! prefetch a settled delivery frees) is never returned to be dropped, so it never vanishes.
 #![cfg(feature = "rabbitmq")]
 
 use std::time::Duration;
@@ -49,6 +50,7 @@ impl Slow {
 
 static AT_SHUTDOWN: Slow = Slow::new();
 static AT_CHANNEL_LOSS: Slow = Slow::new();
+static AT_SHUTDOWN_PREFETCHED: Slow = Slow::new();
 
 /// Packs an order; the step "slow" holds its key until the test releases it.
 #[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
@@ -92,6 +94,30 @@ pub struct LabelOrder {
 async fn label_order(command: LabelOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
     if command.step == "slow" {
         AT_CHANNEL_LOSS.run().await;
+    }
+    let id = format!("{}-{}", command.user_id, command.step);
+    ctx.upsert(json!({ "id": id, "userId": command.user_id }))?;
+    Ok(())
+}
+
+/// Ships an order; the step "slow" holds the consumer's only slot until the test releases it.
+#[derive(Debug, Clone, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "accounts", container = "users", lease = "users-leases")]
+#[partition_key(path = "/userId")]
+#[chatter(
+    destination = "chatter-test-quorum-last-prefetched",
+    max_delivery_attempts = 1
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ShipOrder {
+    pub user_id: String,
+    pub step: String,
+}
+
+#[handler]
+async fn ship_order(command: ShipOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    if command.step == "slow" {
+        AT_SHUTDOWN_PREFETCHED.run().await;
     }
     let id = format!("{}-{}", command.user_id, command.step);
     ctx.upsert(json!({ "id": id, "userId": command.user_id }))?;
@@ -314,4 +340,66 @@ async fn a_last_delivery_waiting_behind_its_key_at_a_channel_loss_is_dead_letter
     runtime.shutdown().await;
     drop(letters);
     rabbitmq::delete_emptied(&direct, &[queue, dead_letters.as_str()], WAIT).await;
+}
+
+// One delivery at a time (prefetch 1): a slow delivery is in progress when shutdown is
+// requested, and the queue's last delivery of another message waits in the queue. Settling the
+// slow one frees the prefetch; the server hands the last one to a consumer that takes nothing
+// any more, and the channel's close would return it to a queue that drops it. The runtime
+// cancels its consumer first and dead-letters a last delivery its client still holds, so the
+// message ends in its queue or in its dead letters, never nowhere.
+#[tokio::test]
+async fn a_last_delivery_prefetched_after_shutdown_began_is_kept_not_returned_to_be_dropped() {
+    let cosmos = embedded().await;
+    provisioned(&cosmos, "accounts", "users", &["/userId"]).await;
+    let queue = ShipOrder::DOCUMENT_RELIABILITY.destination;
+    let dead_letters = dead_letter_destination(queue);
+    let direct = rabbitmq::connect(WAIT).await;
+    declare_quorum(&direct, queue).await;
+    // The runtime's own connection, closed after its shutdown so nothing it still holds stays
+    // unsettled on a channel the test's connection keeps open.
+    let own = rabbitmq::connect(WAIT).await;
+    let runtime = Runtime::builder()
+        .registry(registry_named("ShipOrder"))
+        .cosmos(cosmos)
+        .broker(own.clone())
+        .without_relay()
+        .consumer_concurrency(1)
+        .start()
+        .await
+        .unwrap();
+    direct
+        .publish(command(queue, "slow", "slow"))
+        .await
+        .unwrap();
+    AT_SHUTDOWN_PREFETCHED.started.notified().await;
+    publish_as_last(&direct, command(queue, "last", "last")).await;
+    eventually(
+        WAIT,
+        Duration::from_millis(50),
+        "the runtime holds the slow one and the last one waits in the queue",
+        || async { rabbitmq::unsettled(queue) == Some(1) && rabbitmq::messages(queue) == Some(2) },
+    )
+    .await;
+
+    let stopping = tokio::spawn(runtime.shutdown());
+    tokio::task::yield_now().await;
+    AT_SHUTDOWN_PREFETCHED.release.notify_one();
+    stopping.await.unwrap();
+    own.close().await.unwrap();
+    eventually(
+        WAIT,
+        Duration::from_millis(50),
+        "nothing is held unsettled any more",
+        || async { rabbitmq::unsettled(queue) == Some(0) },
+    )
+    .await;
+
+    let in_queue = rabbitmq::delete_queue(&direct, queue, WAIT).await;
+    let dead_lettered = rabbitmq::delete_queue(&direct, &dead_letters, WAIT).await;
+    assert_eq!(
+        (in_queue, dead_lettered),
+        if in_queue == 1 { (1, 0) } else { (0, 1) },
+        "the last delivery is kept: in its queue or dead-lettered"
+    );
 }

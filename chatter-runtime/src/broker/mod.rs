@@ -527,6 +527,8 @@ pub struct Subscription {
     destination: String,
     deliveries: BoxStream<'static, Result<Delivery, BrokerError>>,
     liveness: Liveness,
+    /// Stops the broker from delivering more (see [`Subscription::with_cancel`]).
+    cancel: Option<Box<dyn FnOnce() + Send>>,
 }
 
 /// Whether a subscription is consuming now (`false` while its broker connection is being
@@ -570,9 +572,38 @@ impl Subscription {
     ) -> Self {
         Self {
             destination: destination.into(),
-            deliveries,
+            // Fused: polled again after it ended (after `cancel`, say) it says so again rather
+            // than panic, as an unfolded stream would.
+            deliveries: futures::StreamExt::boxed(futures::StreamExt::fuse(deliveries)),
             liveness,
+            cancel: None,
         }
+    }
+
+    /// A subscription whose implementation can stop the broker from delivering more: after
+    /// `cancel` runs, the stream yields what the broker had delivered to it (a client's
+    /// prefetch buffer) and then ends.
+    #[must_use]
+    pub fn with_cancel(mut self, cancel: impl FnOnce() + Send + 'static) -> Self {
+        self.cancel = Some(Box::new(cancel));
+        self
+    }
+
+    /// Has the broker stop delivering to this subscription and returns what it had delivered
+    /// that was not taken yet, for the caller to settle or drop (dropped unsettled, a delivery
+    /// goes back to the broker). Used at shutdown, where a delivery the broker drops when it is
+    /// returned (a RabbitMQ quorum queue's last one) must be settled instead. Nothing for a
+    /// subscription that cannot be cancelled; the subscription ends either way.
+    pub async fn cancel(&mut self) -> Vec<Result<Delivery, BrokerError>> {
+        let Some(cancel) = self.cancel.take() else {
+            return Vec::new();
+        };
+        cancel();
+        let mut left = Vec::new();
+        while let Some(item) = self.next().await {
+            left.push(item);
+        }
+        left
     }
 
     /// The destination this subscription consumes.

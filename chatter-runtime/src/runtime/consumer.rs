@@ -49,7 +49,9 @@
 //! - **Shutdown.** Deliveries in progress finish and are settled; deliveries waiting behind
 //!   their key are returned to the broker unsettled, which delivers them again. The queue's
 //!   last delivery among them is handled instead (dead-lettered unless it committed), as a
-//!   return would have the queue drop it.
+//!   return would have the queue drop it. The subscription is cancelled first, so settling
+//!   them frees no prefetch the broker fills; what its client had buffered is treated the same
+//!   way (a RabbitMQ quorum queue's last delivery among it handled, the rest returned).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -160,6 +162,9 @@ impl Consumer {
         loop {
             consumer.status.subscribed(subscription.liveness().clone());
             if !consumer.consume(&executor, &mut subscription).await {
+                consumer
+                    .release_prefetched(&executor, &mut subscription)
+                    .await;
                 break;
             }
             tracing::error!(
@@ -216,6 +221,45 @@ impl Consumer {
                     tracing::error!(command = name, error = %ErrorChain(&error), "chatter consumer: the broker reported a failed delivery");
                 }
                 Some(Ok(delivery)) => self.dispatch(executor, delivery, permit),
+            }
+        }
+    }
+
+    /// At shutdown, before the deliveries in progress are settled (each settlement would free a
+    /// prefetch slot the broker fills): stops the broker from delivering more and treats what
+    /// its client had buffered as a delivery waiting in a lane: the queue's last delivery is
+    /// handled (dead-lettered unless it committed), as returned the queue would drop it; the
+    /// others are returned unsettled and delivered again.
+    async fn release_prefetched(
+        self: &Arc<Self>,
+        executor: &Executor,
+        subscription: &mut Subscription,
+    ) {
+        let name = self.command.registration.command_name;
+        let destination = self.command.registration.destination;
+        let cancelling = async { Ok::<_, BrokerError>(subscription.cancel().await) };
+        let operation = || format!("cancel the subscription to `{destination}`");
+        let left = match broker::bounded(operation, self.publish_timeout, cancelling).await {
+            Ok(left) => left,
+            Err(error) => {
+                tracing::error!(command = name, error = %ErrorChain(&error), "chatter consumer: the broker did not end the subscription at shutdown; deliveries its client still holds go back to the broker (a quorum queue drops its last delivery then)");
+                return;
+            }
+        };
+        for item in left {
+            match item {
+                Err(error) => {
+                    tracing::error!(command = name, error = %ErrorChain(&error), "chatter consumer: the broker reported a failed delivery");
+                }
+                Ok(delivery) if delivery.is_last_delivery() => {
+                    let body = serde_json::from_str::<Value>(&delivery.message.body);
+                    let consumer = Arc::clone(self);
+                    executor
+                        .workers
+                        .spawn(async move { consumer.handle(delivery, body).await });
+                }
+                // Dropped unsettled: returned, the broker delivers it again.
+                Ok(delivery) => drop(delivery),
             }
         }
     }

@@ -1,7 +1,8 @@
 //! Consuming: a durable pull consumer per destination, a subscription that resumes after every
 //! outage, and how its deliveries are settled.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
@@ -70,12 +71,15 @@ impl Inner {
     }
 
     /// The durable pull consumer of `destination` (made when missing, checked when it exists), a
-    /// pull stream of it, and its ack wait as the server has it.
+    /// pull stream of it, its ack wait and its ack floor (a stream sequence) as the server has them.
+    /// One made here starts after `settled_up_to` (every message up to that stream sequence
+    /// settled), or at the stream's first message when it is 0.
     async fn consume(
         &self,
         destination: &str,
         prefetch: u16,
-    ) -> Result<(pull::Stream, Duration), BrokerError> {
+        settled_up_to: u64,
+    ) -> Result<(pull::Stream, Duration, u64), BrokerError> {
         let stream_name = self.stream_of(destination).await?;
         let transport = |what: &str, e: async_nats::Error| {
             BrokerError::transport(format!("{what} `{destination}`"), e)
@@ -91,7 +95,15 @@ impl Inner {
             filter_subject: destination.to_owned(),
             ack_policy: AckPolicy::Explicit,
             ack_wait: self.ack_wait,
-            deliver_policy: DeliverPolicy::All,
+            // Only taken when the consumer is made: one an operator deleted under a running
+            // subscription starts after what this subscription settled, not at the stream's start.
+            deliver_policy: if settled_up_to == 0 {
+                DeliverPolicy::All
+            } else {
+                DeliverPolicy::ByStartSequence {
+                    start_sequence: settled_up_to + 1,
+                }
+            },
             // chatter counts attempts and dead-letters; the server never drops a message itself.
             max_deliver: -1,
             max_ack_pending: if prefetch == 0 {
@@ -107,8 +119,10 @@ impl Inner {
             .map_err(|e| transport("bind the durable consumer of", e.into()))?;
         // One made before (by an earlier version, another setting, or by hand) is taken as the
         // server has it: refused when it would drop messages or deliver them to the wrong place.
-        let existing = &consumer.cached_info().config;
-        check_durable(&stream_name, &name, destination, existing)?;
+        let info = consumer.cached_info();
+        let ack_floor = info.ack_floor.stream_sequence;
+        let existing = &info.config;
+        check_durable(&stream_name, &name, destination, existing, ack_floor)?;
         let ack_wait = existing.ack_wait;
         let pulling = consumer
             .stream()
@@ -118,7 +132,7 @@ impl Inner {
             .messages()
             .await
             .map_err(|e| transport("pull from", e.into()))?;
-        Ok((pulling, ack_wait))
+        Ok((pulling, ack_wait, ack_floor))
     }
 
     /// Consumes `destination` for as long as the broker lives: after the connection or the
@@ -130,8 +144,13 @@ impl Inner {
     ) -> Result<Subscription, BrokerError> {
         subject(destination)?;
         // The first pull is made now, so a missing stream fails the subscribe.
-        let (first, ack_wait) = self.consume(destination, prefetch).await?;
+        let (first, ack_wait, ack_floor) = self.consume(destination, prefetch, 0).await?;
         let liveness = Liveness::default();
+        let settled = Arc::new(Mutex::new(Settled::default()));
+        settled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .bound(ack_floor);
         let state = Consuming {
             inner: self,
             destination: destination.to_owned(),
@@ -139,6 +158,7 @@ impl Inner {
             current: Some(first),
             ack_wait,
             liveness: liveness.clone(),
+            settled,
         };
         let deliveries = futures::stream::unfold(state, |mut state| async move {
             let next = state.next().await;
@@ -160,6 +180,57 @@ struct Consuming {
     /// The durable consumer's ack wait on the server, which the progress signals keep ahead of.
     ack_wait: Duration,
     liveness: Liveness,
+    /// What this subscription settled, for making the durable consumer again after it.
+    settled: Arc<Mutex<Settled>>,
+}
+
+/// The stream sequences a subscription was delivered and has not acked or termed yet, and the
+/// highest it was delivered: every message up to [`Settled::floor`] is settled, so a durable
+/// consumer an operator deleted is made again after it instead of delivering the stream's
+/// whole history again. Only this subscription's own deliveries are known; another process
+/// consuming the same durable consumer settles its own, so the floor can pass a message it
+/// still holds (it has been handled or is being handled there; only its retry would be lost).
+#[derive(Debug, Default)]
+struct Settled {
+    /// The server's ack floor when the durable consumer was last bound.
+    bound_floor: u64,
+    highest_delivered: u64,
+    unsettled: BTreeSet<u64>,
+}
+
+impl Settled {
+    fn bound(&mut self, ack_floor: u64) {
+        self.bound_floor = self.bound_floor.max(ack_floor);
+    }
+
+    fn delivered(&mut self, sequence: u64) {
+        self.highest_delivered = self.highest_delivered.max(sequence);
+        self.unsettled.insert(sequence);
+    }
+
+    /// Acked or termed, confirmed by the server: never delivered again. A nak leaves it
+    /// unsettled, as it comes back.
+    fn settled(&mut self, sequence: u64) {
+        self.unsettled.remove(&sequence);
+    }
+
+    /// The highest stream sequence up to which every message is settled.
+    fn floor(&self) -> u64 {
+        match self.unsettled.first() {
+            Some(first) => first.saturating_sub(1),
+            None => self.highest_delivered.max(self.bound_floor),
+        }
+    }
+}
+
+/// Marks `sequence` settled in `settled`.
+fn mark_settled(settled: &Mutex<Settled>, sequence: Option<u64>) {
+    if let Some(sequence) = sequence {
+        settled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .settled(sequence);
+    }
 }
 
 impl Consuming {
@@ -170,12 +241,25 @@ impl Consuming {
         let mut complaints = Complaints::default();
         loop {
             let Some(pulling) = self.current.as_mut() else {
-                match self.inner.consume(&self.destination, self.prefetch).await {
-                    Ok((pulling, ack_wait)) => {
-                        tracing::info!(destination = %self.destination, "NATS subscription resumed");
+                let settled_up_to = self
+                    .settled
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .floor();
+                match self
+                    .inner
+                    .consume(&self.destination, self.prefetch, settled_up_to)
+                    .await
+                {
+                    Ok((pulling, ack_wait, ack_floor)) => {
+                        tracing::info!(destination = %self.destination, settled_up_to, "NATS subscription resumed");
                         self.liveness.set_live(true);
                         self.current = Some(pulling);
                         self.ack_wait = ack_wait;
+                        self.settled
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .bound(ack_floor);
                     }
                     Err(error) => {
                         if complaints.due() {
@@ -213,11 +297,19 @@ impl Consuming {
     /// `message` as a delivery; `None` for a message that is not a Brokered Message, after
     /// dead-lettering it (`Some(Err)` reports it, as RabbitMQ's subscription does).
     async fn deliver(&self, message: Message) -> Option<Result<Delivery, BrokerError>> {
-        let delivered = message
-            .info()
+        let info = message.info().ok();
+        let delivered = info
+            .as_ref()
             .map(|info| u32::try_from(info.delivered).unwrap_or(u32::MAX))
             .unwrap_or(1)
             .max(1);
+        let sequence = info.map(|info| info.stream_sequence);
+        if let Some(sequence) = sequence {
+            self.settled
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .delivered(sequence);
+        }
         let (message, acker) = message.split();
         let acker = Arc::new(acker);
         match decode(
@@ -229,13 +321,15 @@ impl Consuming {
                 let settle = JetStreamSettle {
                     message_id: brokered.message_id.clone(),
                     delivered,
+                    sequence,
+                    settled: Arc::clone(&self.settled),
                     progress: keep_in_progress(Arc::clone(&acker), self.ack_wait),
                     acker,
                 };
                 Some(Ok(Delivery::new(brokered, delivered > 1, Box::new(settle))))
             }
             Err(reason) => Some(Err(self
-                .dead_letter_undecodable(&message, &acker, reason)
+                .dead_letter_undecodable(&message, &acker, reason, sequence)
                 .await)),
         }
     }
@@ -248,6 +342,7 @@ impl Consuming {
         message: &async_nats::Message,
         acker: &Acker,
         reason: String,
+        sequence: Option<u64>,
     ) -> BrokerError {
         let message_id = message
             .headers
@@ -273,8 +368,11 @@ impl Consuming {
         match crate::broker::bounded(operation, self.inner.publish_timeout, publishing).await {
             Ok(()) => {
                 tracing::error!(%destination, %message_id, %reason, %dead_letters, "dead-lettered a delivery that is not a Brokered Message");
-                if let Err(e) = acker.double_ack_with(AckKind::Term).await {
-                    tracing::warn!(%destination, %message_id, error = %ErrorChain(&*e), "could not term the dead-lettered delivery; it comes back and is dead-lettered again");
+                match acker.double_ack_with(AckKind::Term).await {
+                    Ok(()) => mark_settled(&self.settled, sequence),
+                    Err(e) => {
+                        tracing::warn!(%destination, %message_id, error = %ErrorChain(&*e), "could not term the dead-lettered delivery; it comes back and is dead-lettered again");
+                    }
                 }
             }
             Err(error) => {
@@ -315,12 +413,15 @@ impl Complaints {
 
 /// Refuses a durable consumer chatter would lose or misroute messages through: acks that are
 /// not explicit, a delivery limit of its own (the server would stop delivering a message chatter
-/// has not dead-lettered), another subject.
+/// has not dead-lettered), another subject. The fix names how to make it again from the first
+/// message not yet acked (after `ack_floor`, a stream sequence): made by chatter with no
+/// subscription running to remember that, it would deliver the stream's whole history again.
 fn check_durable(
     stream: &str,
     name: &str,
     destination: &str,
     config: &async_nats::jetstream::consumer::Config,
+    ack_floor: u64,
 ) -> Result<(), BrokerError> {
     let problem = if config.ack_policy != AckPolicy::Explicit {
         Some(format!("acks by {:?}, not explicitly", config.ack_policy))
@@ -343,7 +444,8 @@ fn check_durable(
             setting: format!("durable consumer `{name}` of stream `{stream}`"),
             problem,
             fix: format!(
-                "delete it (`nats consumer rm {stream} {name}`): chatter makes it again as it needs it"
+                "delete it and make it again from its first message not yet acked: `nats consumer rm {stream} {name}`, then `nats consumer add {stream} {name} --pull --filter {destination} --ack explicit --max-deliver=-1 --deliver {} --defaults` (left to chatter, it is made from the stream's first message, which delivers every message stored again)",
+                ack_floor + 1
             ),
         }),
     }
@@ -376,6 +478,9 @@ fn keep_in_progress(acker: Arc<Acker>, ack_wait: Duration) -> Option<AbortHandle
 struct JetStreamSettle {
     message_id: String,
     delivered: u32,
+    /// Its stream sequence, marked settled in `settled` once an ack or term is confirmed.
+    sequence: Option<u64>,
+    settled: Arc<Mutex<Settled>>,
     acker: Arc<Acker>,
     progress: Option<AbortHandle>,
 }
@@ -394,7 +499,11 @@ impl JetStreamSettle {
         }
         async move {
             let sent = if confirmed {
-                self.acker.double_ack_with(kind).await
+                let sent = self.acker.double_ack_with(kind).await;
+                if sent.is_ok() {
+                    mark_settled(&self.settled, self.sequence);
+                }
+                sent
             } else {
                 self.acker.ack_with(kind).await
             };

@@ -289,6 +289,16 @@ impl Inner {
         {
             return Ok(channel.clone());
         }
+        let channel = self.confirm_channel().await?;
+        // Two publishes may both have opened one; the later is kept, the other serves its own
+        // publish and closes when dropped.
+        *lock(&self.publisher) = Some(channel.clone());
+        Ok(channel)
+    }
+
+    /// A new confirm-mode channel on the publishing connection, shared with nothing: it closes
+    /// when its last clone is dropped.
+    pub(super) async fn confirm_channel(&self) -> Result<Channel, BrokerError> {
         let connection = self.connection(Role::Publishing).await?;
         let opened = async {
             let channel = connection
@@ -302,18 +312,10 @@ impl Inner {
             Ok::<_, BrokerError>(channel)
         }
         .await;
-        match opened {
-            Ok(channel) => {
-                // Two publishes may both have opened one; the later is kept, the other serves
-                // its own publish and closes when dropped.
-                *lock(&self.publisher) = Some(channel.clone());
-                Ok(channel)
-            }
-            Err(error) => {
-                self.invalidate(&connection);
-                Err(error)
-            }
+        if opened.is_err() {
+            self.invalidate(&connection);
         }
+        opened
     }
 
     /// How `destination`'s queue was declared on the current connection, if it was.

@@ -11,10 +11,13 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery as AmqpDelivery;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+};
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Acker, Channel};
 use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
 
 use super::codec::{DELIVERY_COUNT_HEADER, decode, message_id_or_none, queue_name};
 use super::connection::{Inner, Role};
@@ -91,6 +94,7 @@ impl Inner {
         // The first consumer is made now, so a broker that refuses it fails the subscribe.
         let first = self.consume(destination, prefetch).await?;
         let liveness = Liveness::default();
+        let cancelled = CancellationToken::new();
         let state = Consuming {
             inner: self,
             destination: destination.to_owned(),
@@ -98,16 +102,17 @@ impl Inner {
             current: Some(first),
             handle: Handle::try_current().ok(),
             liveness: liveness.clone(),
+            cancelled: cancelled.clone(),
+            cancel_sent: false,
         };
         let deliveries = futures::stream::unfold(state, |mut state| async move {
             let item = state.next().await?;
             Some((item, state))
         });
-        Ok(Subscription::with_liveness(
-            destination,
-            deliveries.boxed(),
-            liveness,
-        ))
+        Ok(
+            Subscription::with_liveness(destination, deliveries.boxed(), liveness)
+                .with_cancel(move || cancelled.cancel()),
+        )
     }
 }
 
@@ -126,6 +131,11 @@ struct Consuming {
     current: Option<Consumer>,
     handle: Option<Handle>,
     liveness: Liveness,
+    /// [`Subscription::cancel`] was called: `basic.cancel` the consumer, yield what the client
+    /// had buffered, then end.
+    cancelled: CancellationToken,
+    /// The `basic.cancel` went out (or there was no consumer to send it for).
+    cancel_sent: bool,
 }
 
 impl Consuming {
@@ -135,6 +145,9 @@ impl Consuming {
         let mut lost = false;
         loop {
             if self.inner.closed.load(Ordering::SeqCst) {
+                return None;
+            }
+            if self.cancelled.is_cancelled() && self.current.is_none() {
                 return None;
             }
             let Some(Consumer {
@@ -152,19 +165,47 @@ impl Consuming {
                     }
                     Err(error) => {
                         tracing::debug!(destination = %self.destination, error = %ErrorChain(&error), "RabbitMQ subscription not resumed yet");
-                        tokio::time::sleep(backoff.next_delay()).await;
+                        tokio::select! {
+                            () = self.cancelled.cancelled() => {}
+                            () = tokio::time::sleep(backoff.next_delay()) => {}
+                        }
                     }
                 }
                 continue;
             };
-            match consumer.next().await {
+            let next = tokio::select! {
+                biased;
+                () = self.cancelled.cancelled(), if !self.cancel_sent => None,
+                next = consumer.next() => Some(next),
+            };
+            let Some(next) = next else {
+                // The server delivers nothing more after `basic.cancel`; what it delivered
+                // before is still in the client's buffer and comes next, then the end.
+                self.cancel_sent = true;
+                let cancelling = async {
+                    channel
+                        .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+                        .await
+                        .map_err(|e| BrokerError::transport("basic.cancel", e))
+                };
+                let operation = || format!("cancel the consumer of `{}`", self.destination);
+                let timeout = self.inner.connect_timeout();
+                if let Err(error) = crate::broker::bounded(operation, timeout, cancelling).await {
+                    // Its channel is gone (the server returned its deliveries then) or does not
+                    // answer: nothing more is taken from it.
+                    tracing::warn!(destination = %self.destination, error = %ErrorChain(&error), "could not cancel the RabbitMQ consumer; the deliveries it did not take go back to the queue when its channel closes");
+                    self.current = None;
+                }
+                continue;
+            };
+            match next {
                 Some(Ok(delivery)) => {
                     let channel = channel.clone();
                     let counted = Counted::of(&delivery, declaration);
                     return Some(self.deliver(channel, counted, delivery).await);
                 }
                 ended => {
-                    if self.inner.closed.load(Ordering::SeqCst) {
+                    if self.inner.closed.load(Ordering::SeqCst) || self.cancelled.is_cancelled() {
                         return None;
                     }
                     if !lost {

@@ -152,14 +152,21 @@ impl Inner {
         // A second attempt after the message came back unroutable (the queue was deleted since
         // this broker declared it, so it is declared again), or after the server closed the
         // publishing channel with a refusal: the channel is shared, so the refusal may have been
-        // of another message waiting on it, and only one that repeats on a fresh channel is this
-        // message's. Neither was stored anywhere, so publishing again cannot duplicate it.
+        // of another message waiting on it. The second attempt then goes on a channel of its
+        // own, where nothing else is published: a refusal there is this message's, never that of
+        // another message refused meanwhile (on a fresh shared channel, a second oversized
+        // message could close it again and fail this one twice). Neither was stored anywhere,
+        // so publishing again cannot duplicate it.
         let mut unroutable = 0;
         let mut refused = 0;
         loop {
             self.declare(Role::Publishing, destination, queue.clone())
                 .await?;
-            let channel = self.publisher().await?;
+            let channel = if refused == 0 {
+                self.publisher().await?
+            } else {
+                self.confirm_channel().await?
+            };
             let publishing = async {
                 channel
                     .basic_publish(
