@@ -24,16 +24,16 @@ use super::commands::Recorder;
 /// two. Their ratios keep the checks `start()` makes.
 pub fn relay_options(compression: u32) -> RelayOptions {
     RelayOptions::default()
-        .poll_interval(Duration::from_millis(20))
-        .lease_renew_interval(Duration::from_millis(100))
-        .lease_expiry(Duration::from_millis(600))
-        .lease_acquire_interval(Duration::from_millis(100))
+        .poll_interval(Duration::from_millis(100))
+        .lease_renew_interval(Duration::from_millis(150))
+        .lease_expiry(Duration::from_millis(800))
+        .lease_acquire_interval(Duration::from_millis(150))
         .store_timeout(Duration::from_millis(1500))
         .publish_timeout(Duration::from_millis(1000))
         .handler_timeout(Duration::from_millis(4000))
         .max_backoff(Duration::from_millis(100))
-        .backlog_interval(Duration::from_millis(250))
-        .sweep_interval(Duration::from_millis(250))
+        .backlog_interval(Duration::from_millis(1000))
+        .sweep_interval(Duration::from_millis(500))
         .suspension_clock(Arc::new(Compressed::new(compression)))
 }
 

@@ -58,7 +58,18 @@ fn run_seeds(seeds: impl Iterator<Item = u64> + Send) {
                         return;
                     };
                     match run::run(seed) {
-                        Ok(report) => totals.lock().unwrap().add(&report),
+                        Ok(report) => {
+                            if std::env::var_os("SIM_VERBOSE").is_some() {
+                                eprintln!(
+                                    "seed {seed}: {:?} in all, settled {:?} after healing, {} faults, {} crashes",
+                                    report.took,
+                                    report.settled_in,
+                                    report.faults.values().sum::<u64>(),
+                                    report.crashes
+                                );
+                            }
+                            totals.lock().unwrap().add(&report);
+                        }
                         Err(violation) => failures
                             .lock()
                             .unwrap()
