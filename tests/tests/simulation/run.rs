@@ -170,7 +170,7 @@ fn workload(plan: &Plan, rng: &mut Rng) -> Vec<Published> {
         });
     }
     for i in 0..plan.reserves {
-        let body = json!({ "item": format!("item-{i}"), "workMs": rng.between(0, 60) });
+        let body = json!({ "item": format!("item-{i}"), "workMs": rng.between(0, 100) });
         commands.push(Published {
             kind: Kind::Reserve,
             message: BrokeredMessage::json(
@@ -258,10 +258,14 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
     let mut steps: Vec<(Duration, Step)> = Vec::new();
     let phase = plan.fault_phase.as_millis() as u64;
     for command in &commands {
-        steps.push((
-            Duration::from_millis(workload_rng.below(phase)),
-            Step::Publish(command.message.clone()),
-        ));
+        let at = Duration::from_millis(workload_rng.below(phase));
+        steps.push((at, Step::Publish(command.message.clone())));
+        // A standalone-inbox command's copy often arrives while its first run is still at
+        // work: the moment its claim must hold.
+        if command.kind == Kind::Reserve && workload_rng.chance(500) {
+            let soon = at + workload_rng.millis(0, 40);
+            steps.push((soon, Step::Publish(command.message.clone())));
+        }
     }
     for _ in 0..plan.duplicates.min(commands.len()) {
         let again = workload_rng.pick(&commands).message.clone();
