@@ -12,11 +12,12 @@ use super::commands::{
     DATABASE, IDEMPOTENCY, LEDGER_ID, ORDERS, POISON_ATTEMPTS, Recorder, RunEnd,
 };
 use super::run::{Kind, Plan, Published, Report, Seen};
+use super::triggers::TRIGGERS;
 
 /// Outbox Documents still `pending`, in both containers.
 pub async fn pending_outbox(cosmos: &CosmosConnection) -> Result<usize, String> {
     let mut pending = 0;
-    for container in [ORDERS, IDEMPOTENCY] {
+    for container in [ORDERS, IDEMPOTENCY, TRIGGERS] {
         pending += outbox(cosmos, container)
             .await?
             .iter()
@@ -48,6 +49,7 @@ async fn all(cosmos: &CosmosConnection, container: &str, sql: &str) -> Result<Ve
 pub async fn invariants(
     plan: &Plan,
     commands: &[Published],
+    triggers: &BTreeMap<String, Vec<String>>,
     cosmos: &CosmosConnection,
     recorder: &Arc<Recorder>,
     seen: &Seen,
@@ -102,7 +104,7 @@ pub async fn invariants(
 
     // 2. Every committed Outbox Document published and stamped delivered: none pending, none
     //    undeliverable (every document of the workload can be delivered).
-    for container in [ORDERS, IDEMPOTENCY] {
+    for container in [ORDERS, IDEMPOTENCY, TRIGGERS] {
         for doc in outbox(cosmos, container).await? {
             if doc["status"] != "delivered" {
                 broken.push(format!(
@@ -145,6 +147,32 @@ pub async fn invariants(
         if published != committed {
             broken.push(format!(
                 "order: key {key} committed {committed:?} but first published {published:?}"
+            ));
+        }
+    }
+
+    // The standalone relay: every trigger published, and per tenant the first publications in
+    // the order the other service wrote them.
+    let mut first_triggered: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    let mut triggered = BTreeSet::new();
+    for (tenant, trigger) in &seen.triggered {
+        if triggered.insert(trigger.as_str()) {
+            first_triggered
+                .entry(tenant.as_str())
+                .or_default()
+                .push(trigger.as_str());
+        }
+    }
+    for (tenant, written) in triggers {
+        let written: Vec<&str> = written.iter().map(String::as_str).collect();
+        let published = first_triggered
+            .get(tenant.as_str())
+            .cloned()
+            .unwrap_or_default();
+        if published != written {
+            broken.push(format!(
+                "order (standalone relay): tenant {tenant} wrote {written:?} but first \
+                 published {published:?}"
             ));
         }
     }
@@ -209,7 +237,8 @@ pub async fn invariants(
         return Err(format!("seed {}: {}", plan.seed, broken.join("\n  ")));
     }
     Ok(Report {
-        duplicate_publications: seen.events.len() - counted.len(),
+        duplicate_publications: seen.events.len() - counted.len() + seen.triggered.len()
+            - triggered.len(),
         inbox_reruns_after_finish: reruns_after_finish,
         ..Report::default()
     })

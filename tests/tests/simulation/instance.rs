@@ -74,6 +74,8 @@ pub struct Instance {
     thread: Option<JoinHandle<()>>,
     /// Whether its runtime started (`start()` returned `Ok`) before it was killed.
     started: Arc<AtomicBool>,
+    /// Why its last start failed, if one did.
+    pub last_start_error: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl Instance {
@@ -81,6 +83,8 @@ impl Instance {
         let (kill, killed) = oneshot::channel::<()>();
         let started = Arc::new(AtomicBool::new(false));
         let started_tx = Arc::clone(&started);
+        let last_start_error = Arc::default();
+        let start_error = Arc::clone(&last_start_error);
         let thread = std::thread::Builder::new()
             .name(name)
             .spawn(move || {
@@ -91,7 +95,7 @@ impl Instance {
                 tokio.block_on(async move {
                     tokio::select! {
                         _ = killed => {}
-                        () = serve(setup, started_tx) => {}
+                        () = serve(setup, started_tx, start_error) => {}
                     }
                 });
                 // The crash: every task of this process dropped where it stands.
@@ -102,6 +106,7 @@ impl Instance {
             kill: Some(kill),
             thread: Some(thread),
             started,
+            last_start_error,
         }
     }
 
@@ -133,12 +138,17 @@ impl Drop for Instance {
 
 /// Starts the runtime (again and again while the store refuses its start) and serves until
 /// killed.
-async fn serve(setup: Setup, started: Arc<AtomicBool>) {
+async fn serve(
+    setup: Setup,
+    started: Arc<AtomicBool>,
+    last_error: Arc<std::sync::Mutex<Option<String>>>,
+) {
     let runtime = loop {
         match start(&setup).await {
             Ok(runtime) => break runtime,
             Err(error) => {
                 tracing::debug!(%error, "a simulated instance could not start; trying again");
+                *last_error.lock().unwrap() = Some(error.to_string());
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
@@ -151,8 +161,10 @@ async fn serve(setup: Setup, started: Arc<AtomicBool>) {
 
 async fn start(setup: &Setup) -> Result<Runtime, chatter_runtime::BoxError> {
     let cosmos = CosmosConnection::connect(&setup.endpoint, None).await?;
+    let triggers = super::triggers::relay(&cosmos, relay_options(60)).await?;
     let runtime = Runtime::builder()
         .cosmos(cosmos)
+        .standalone_relay(triggers)
         .broker(setup.broker.clone())
         .state(Arc::clone(&setup.recorder))
         .redelivery_delay(Duration::from_millis(5))

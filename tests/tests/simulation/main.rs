@@ -11,7 +11,8 @@
 //!   ignored otherwise.
 //!
 //! What a run is: `run.rs`. Its faults: `faults.rs` (store) and `broker.rs`. Its processes:
-//! `instance.rs`. Its workload: `commands.rs`. Its invariants: `check.rs`.
+//! `instance.rs`. Its workload: `commands.rs` and `triggers.rs` (another service's thin
+//! triggers for a standalone relay with a body resolver). Its invariants: `check.rs`.
 
 mod broker;
 mod check;
@@ -20,6 +21,7 @@ mod faults;
 mod instance;
 mod rng;
 mod run;
+mod triggers;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;

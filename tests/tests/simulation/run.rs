@@ -28,10 +28,11 @@ use super::commands::{
 };
 
 /// The containers the relays read the change feed of.
-const MONITORED: [&str; 2] = [ORDERS, IDEMPOTENCY];
+const MONITORED: [&str; 3] = [ORDERS, IDEMPOTENCY, TRIGGERS];
 use super::faults::{Schedule, store_injector};
 use super::instance::{Instance, Setup};
 use super::rng::Rng;
+use super::triggers::{TRIGGERED, TRIGGERS};
 
 /// How long a healed run may take to publish and settle everything.
 pub const SETTLE_BOUND: Duration = Duration::from_secs(60);
@@ -55,6 +56,10 @@ pub struct Plan {
     pub crashes: Vec<(Duration, usize, Duration)>,
     /// When the monitored containers' one partition splits in two, if it does.
     pub split_at: Option<Duration>,
+    /// The other service's tenants, triggers per tenant, and the wait between two of them.
+    pub tenants: usize,
+    pub triggers_per_tenant: usize,
+    pub trigger_gap: Duration,
 }
 
 impl Plan {
@@ -76,7 +81,13 @@ impl Plan {
         let split_at = rng
             .chance(300)
             .then(|| Duration::from_millis(rng.below(fault_phase.as_millis() as u64)));
+        let tenants = rng.between(1, 3) as usize;
+        let triggers_per_tenant = rng.between(2, 6) as usize;
+        let trigger_gap = rng.millis(0, 80);
         Self {
+            tenants,
+            triggers_per_tenant,
+            trigger_gap,
             split_at,
             seed,
             instances,
@@ -118,6 +129,9 @@ pub struct Seen {
     pub reserved: BTreeMap<String, usize>,
     /// Dead letters by message id.
     pub dead_letters: BTreeMap<String, usize>,
+    /// `(tenant, trigger message id)` of every message the standalone relay published, in
+    /// arrival order.
+    pub triggered: Vec<(String, String)>,
 }
 
 /// One command of the workload, as published.
@@ -215,6 +229,7 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
     provision::ensure_for::<SimReserve>(&cosmos)
         .await
         .map_err(|e| format!("provision: {e}"))?;
+    super::triggers::provision(&cosmos).await?;
     // One physical partition each (the emulator makes four): a quarter of the leases to poll,
     // and a partition the run may split.
     let store = server.store();
@@ -250,7 +265,9 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
     let mut instances: Vec<Option<Instance>> = (0..plan.instances)
         .map(|i| Some(Instance::start(name(i), setup.clone())))
         .collect();
-    wait_started(&mut instances, Duration::from_secs(30)).await?;
+    wait_started(&mut instances, Duration::from_secs(60))
+        .await
+        .map_err(|e| format!("seed {}: {e}", plan.seed))?;
 
     // The fault phase's steps, in time order.
     let mut workload_rng = rng.fork(4);
@@ -286,6 +303,21 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
     publish_faults.set(true);
     delivery_faults.set(true);
     let phase_start = tokio::time::Instant::now();
+    // The other service writes its triggers meanwhile, through the same faults.
+    let writer = tokio::spawn({
+        let cosmos = cosmos.clone();
+        let plan = plan.clone();
+        async move {
+            super::triggers::write(
+                &cosmos,
+                plan.seed,
+                plan.tenants,
+                plan.triggers_per_tenant,
+                plan.trigger_gap,
+            )
+            .await
+        }
+    });
     let mut restarts: Vec<(tokio::time::Instant, usize)> = Vec::new();
     let mut crashes = 0;
     for (at, step) in steps {
@@ -317,6 +349,9 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
         }
     }
     tokio::time::sleep_until(phase_start + plan.fault_phase).await;
+    let triggers = writer
+        .await
+        .map_err(|e| format!("the trigger writer: {e}"))??;
 
     // Heal.
     store_faults.set(false);
@@ -326,10 +361,12 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
         .iter_mut()
         .for_each(|(at, _)| *at = tokio::time::Instant::now());
     restart_due(&mut instances, &mut restarts, &setup, &name);
-    wait_started(&mut instances, Duration::from_secs(30)).await?;
+    wait_started(&mut instances, Duration::from_secs(60))
+        .await
+        .map_err(|e| format!("seed {}: {e}", plan.seed))?;
 
     let healed = Instant::now();
-    let settled = settle(&plan, &commands, &inner, &cosmos, &seen).await;
+    let settled = settle(&plan, &commands, &triggers, &inner, &cosmos, &seen).await;
     let settled_in = healed.elapsed();
     // The instances are done with: crash them (a graceful stop is not what is checked).
     for instance in instances.iter_mut().filter_map(Option::take) {
@@ -337,7 +374,8 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
     }
     settled?;
     let seen = std::mem::take(&mut *seen.lock().unwrap());
-    let mut report = super::check::invariants(&plan, &commands, &cosmos, &recorder, &seen).await?;
+    let mut report =
+        super::check::invariants(&plan, &commands, &triggers, &cosmos, &recorder, &seen).await?;
     report.faults = store_faults.tally.snapshot();
     report.faults.extend(publish_faults.tally.snapshot());
     report.faults.extend(delivery_faults.tally.snapshot());
@@ -379,8 +417,14 @@ async fn wait_started(instances: &mut [Option<Instance>], within: Duration) -> R
             return Ok(());
         }
         if Instant::now() > deadline {
+            let errors: Vec<_> = instances
+                .iter()
+                .flatten()
+                .map(|i| i.last_start_error.lock().unwrap().clone())
+                .collect();
             return Err(format!(
-                "instances did not start within {within:?}: {started:?}"
+                "instances did not start within {within:?}: started {started:?}, the last \
+                 start errors {errors:?}"
             ));
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -393,6 +437,7 @@ async fn watch(broker: &InMemoryBroker, seen: &Arc<Mutex<Seen>>) {
     let destinations = [
         EVENTS.to_owned(),
         RESERVED.to_owned(),
+        TRIGGERED.to_owned(),
         dead_letter_destination(SimPlace::registration().destination),
         dead_letter_destination(SimPoison::registration().destination),
         dead_letter_destination(SimReserve::registration().destination),
@@ -410,6 +455,10 @@ async fn watch(broker: &InMemoryBroker, seen: &Arc<Mutex<Seen>>) {
                     if message.destination == EVENTS {
                         let key = body["orderId"].as_str().unwrap_or_default().to_owned();
                         seen.events.push((key, command));
+                    } else if message.destination == TRIGGERED {
+                        let tenant = body["tenant"].as_str().unwrap_or_default().to_owned();
+                        let trigger = body["trigger"].as_str().unwrap_or_default().to_owned();
+                        seen.triggered.push((tenant, trigger));
                     } else if message.destination == RESERVED {
                         *seen.reserved.entry(command).or_default() += 1;
                     } else {
@@ -427,6 +476,7 @@ async fn watch(broker: &InMemoryBroker, seen: &Arc<Mutex<Seen>>) {
 async fn settle(
     plan: &Plan,
     commands: &[Published],
+    triggers: &BTreeMap<String, Vec<String>>,
     broker: &InMemoryBroker,
     cosmos: &CosmosConnection,
     seen: &Arc<Mutex<Seen>>,
@@ -442,6 +492,13 @@ async fn settle(
         let missing = {
             let seen = seen.lock().unwrap();
             let published: BTreeSet<&str> = seen.events.iter().map(|(_, c)| c.as_str()).collect();
+            let triggered: BTreeSet<&str> =
+                seen.triggered.iter().map(|(_, t)| t.as_str()).collect();
+            let triggers_missing = triggers
+                .values()
+                .flatten()
+                .filter(|t| !triggered.contains(t.as_str()))
+                .cloned();
             commands
                 .iter()
                 .filter(|c| match c.kind {
@@ -450,6 +507,7 @@ async fn settle(
                     Kind::Poison => !seen.dead_letters.contains_key(&c.message.message_id),
                 })
                 .map(|c| c.message.message_id.clone())
+                .chain(triggers_missing)
                 .collect::<Vec<_>>()
         };
         // The store is asked only once the broker says all is done (a query costs more).
