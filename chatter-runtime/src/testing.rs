@@ -86,3 +86,9 @@ pub async fn query_all(
     .await?;
     Ok(found)
 }
+
+/// Skews the clock the calling thread's inbox code reads by `millis` (negative: behind), as an
+/// instance whose clock is off; the simulation runs each instance on a thread of its own.
+pub fn skew_clock(millis: i64) {
+    crate::inbox::claim::CLOCK_SKEW.with(|skew| skew.set(time::Duration::milliseconds(millis)));
+}

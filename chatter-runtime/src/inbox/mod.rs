@@ -21,7 +21,7 @@
 //! died between the two) runs again on the next delivery, once its claim is over. Make the side
 //! effect idempotent, or accept that.
 
-mod claim;
+pub(crate) mod claim;
 mod options;
 
 pub use options::{
@@ -34,7 +34,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use time::OffsetDateTime;
 
 use crate::cosmos::store::BatchOperation;
 use crate::cosmos::store::{self, PatchOp, ReadOutcome};
@@ -361,7 +360,7 @@ impl StandaloneInbox {
             &self.options.partition_key_path,
             self.options.marker_ttl_seconds,
             self.options.claim_seconds(),
-            OffsetDateTime::now_utc(),
+            crate::inbox::claim::now_utc(),
         )
         .map_err(marker_error)?;
         let key = PartitionKey::from(message_id.to_owned());
@@ -579,7 +578,7 @@ impl StandaloneInbox {
             if inbox_marker::is_completed(&stored) {
                 return Ok(Conflict::Completed);
             }
-            let now = OffsetDateTime::now_utc();
+            let now = crate::inbox::claim::now_utc();
             let previous = match claim::state(&stored, &self.options, now) {
                 claim::State::Live { for_at_most } => {
                     return Err(InboxError::ClaimHeld {

@@ -18,7 +18,6 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use serde_json::Value;
-use time::OffsetDateTime;
 
 use crate::atomic_write::{AtomicWriteHandle, HandlerContext, ReadScope};
 use crate::backoff;
@@ -133,9 +132,13 @@ impl Pipeline {
             source,
         };
         let marker_id = document::inbox_id(message_id).map_err(marker_error)?;
-        let marker =
-            document::inbox_marker(message_id, paths, &partition_key, OffsetDateTime::now_utc())
-                .map_err(marker_error)?;
+        let marker = document::inbox_marker(
+            message_id,
+            paths,
+            &partition_key,
+            crate::inbox::claim::now_utc(),
+        )
+        .map_err(marker_error)?;
         // Resolve the container and key before the handler runs: a key Cosmos cannot take (an
         // array or object value) fails before any side effect of the handler.
         let cosmos_error = |source| PipelineError::Cosmos {

@@ -66,7 +66,13 @@ pub struct Setup {
     pub endpoint: String,
     pub broker: SimBroker,
     pub recorder: Arc<Recorder>,
+    /// How far this instance's clock is off, in milliseconds (within [`CLOCK_MARGIN`]).
+    pub skew_ms: i64,
 }
+
+/// The bound the instances assume between their clocks and the store's (the inbox's clock
+/// margin); their skews stay within it.
+pub const CLOCK_MARGIN: Duration = Duration::from_secs(1);
 
 /// A running instance; dropping it crashes it.
 pub struct Instance {
@@ -92,6 +98,8 @@ impl Instance {
                     .enable_all()
                     .build()
                     .expect("a Tokio runtime");
+                // Every task of this instance runs on this thread: its clock is off by this much.
+                chatter_runtime::testing::skew_clock(setup.skew_ms);
                 tokio.block_on(async move {
                     tokio::select! {
                         _ = killed => {}
@@ -169,7 +177,7 @@ async fn start(setup: &Setup) -> Result<Runtime, chatter_runtime::BoxError> {
         .state(Arc::clone(&setup.recorder))
         .redelivery_delay(Duration::from_millis(5))
         .delivery_timeout(Duration::from_millis(3500))
-        .inbox_clock_margin(Duration::ZERO)
+        .inbox_clock_margin(CLOCK_MARGIN)
         .relay_options(relay_options(60))
         .without_metrics()
         .without_tracing()

@@ -56,6 +56,8 @@ pub struct Plan {
     pub crashes: Vec<(Duration, usize, Duration)>,
     /// When the monitored containers' one partition splits in two, if it does.
     pub split_at: Option<Duration>,
+    /// Each instance's clock skew, in milliseconds, within the inbox's clock margin.
+    pub skews: Vec<i64>,
     /// The other service's tenants, triggers per tenant, and the wait between two of them.
     pub tenants: usize,
     pub triggers_per_tenant: usize,
@@ -84,7 +86,12 @@ impl Plan {
         let tenants = rng.between(1, 3) as usize;
         let triggers_per_tenant = rng.between(2, 6) as usize;
         let trigger_gap = rng.millis(0, 80);
+        let margin = super::instance::CLOCK_MARGIN.as_millis() as u64;
+        let skews = (0..instances)
+            .map(|_| rng.between(0, 2 * margin) as i64 - margin as i64)
+            .collect();
         Self {
+            skews,
             tenants,
             triggers_per_tenant,
             trigger_gap,
@@ -260,10 +267,15 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
             Arc::clone(&delivery_faults),
         ),
         recorder: Arc::clone(&recorder),
+        skew_ms: 0,
     };
     let name = |i: usize| format!("sim-{}-{i}", plan.seed);
+    let setup_of = |i: usize| Setup {
+        skew_ms: plan.skews[i],
+        ..setup.clone()
+    };
     let mut instances: Vec<Option<Instance>> = (0..plan.instances)
-        .map(|i| Some(Instance::start(name(i), setup.clone())))
+        .map(|i| Some(Instance::start(name(i), setup_of(i))))
         .collect();
     wait_started(&mut instances, Duration::from_secs(60))
         .await
@@ -322,7 +334,7 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
     let mut crashes = 0;
     for (at, step) in steps {
         tokio::time::sleep_until(phase_start + at).await;
-        restart_due(&mut instances, &mut restarts, &setup, &name);
+        restart_due(&mut instances, &mut restarts, &setup_of, &name);
         match step {
             // The harness publishes to the broker itself: its own publishes are not faulted.
             Step::Publish(message) => inner
@@ -360,7 +372,7 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
     restarts
         .iter_mut()
         .for_each(|(at, _)| *at = tokio::time::Instant::now());
-    restart_due(&mut instances, &mut restarts, &setup, &name);
+    restart_due(&mut instances, &mut restarts, &setup_of, &name);
     wait_started(&mut instances, Duration::from_secs(60))
         .await
         .map_err(|e| format!("seed {}: {e}", plan.seed))?;
@@ -389,7 +401,7 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
 fn restart_due(
     instances: &mut [Option<Instance>],
     restarts: &mut Vec<(tokio::time::Instant, usize)>,
-    setup: &Setup,
+    setup_of: &impl Fn(usize) -> Setup,
     name: &impl Fn(usize) -> String,
 ) {
     let now = tokio::time::Instant::now();
@@ -398,7 +410,7 @@ fn restart_due(
             return true;
         }
         if instances[*which].is_none() {
-            instances[*which] = Some(Instance::start(name(*which), setup.clone()));
+            instances[*which] = Some(Instance::start(name(*which), setup_of(*which)));
         }
         false
     });
