@@ -255,6 +255,7 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
         ));
     }
 
+    let provisioned = began.elapsed();
     let inner = InMemoryBroker::new();
     let seen = Arc::new(Mutex::new(Seen::default()));
     watch(&inner, &seen).await;
@@ -281,6 +282,7 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
         .await
         .map_err(|e| format!("seed {}: {e}", plan.seed))?;
 
+    let instances_up = began.elapsed();
     // The fault phase's steps, in time order.
     let mut workload_rng = rng.fork(4);
     let commands = workload(&plan, &mut workload_rng);
@@ -378,6 +380,13 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
         .map_err(|e| format!("seed {}: {e}", plan.seed))?;
 
     let healed = Instant::now();
+    if std::env::var_os("SIM_VERBOSE").is_some() {
+        eprintln!(
+            "seed {}: provisioned at {provisioned:?}, instances up at {instances_up:?}, healed at {:?}",
+            plan.seed,
+            began.elapsed()
+        );
+    }
     let settled = settle(&plan, &commands, &triggers, &inner, &cosmos, &seen).await;
     let settled_in = healed.elapsed();
     // The instances are done with: crash them (a graceful stop is not what is checked).
