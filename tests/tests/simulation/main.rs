@@ -30,9 +30,9 @@ use std::time::{Duration, Instant};
 /// Seeds `.ci/run` runs.
 const CI_SEEDS: u64 = 200;
 /// Test functions the CI seeds are split over (nextest runs them side by side).
-const CI_CHUNKS: u64 = 4;
+const CI_CHUNKS: u64 = 8;
 /// Runs in flight at once inside one test function: most of a run is waiting.
-const RUNS_AT_ONCE: u64 = 4;
+const RUNS_AT_ONCE: u64 = 3;
 
 /// Seeds that found a bug once, with what it was.
 const REGRESSION_SEEDS: &[(u64, &str)] = &[];
@@ -173,6 +173,26 @@ fn ci_seeds_2() {
 #[test]
 fn ci_seeds_3() {
     chunk(3);
+}
+
+#[test]
+fn ci_seeds_4() {
+    chunk(4);
+}
+
+#[test]
+fn ci_seeds_5() {
+    chunk(5);
+}
+
+#[test]
+fn ci_seeds_6() {
+    chunk(6);
+}
+
+#[test]
+fn ci_seeds_7() {
+    chunk(7);
 }
 
 #[test]
