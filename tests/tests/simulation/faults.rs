@@ -48,6 +48,15 @@ impl Schedule {
         self.on.store(on, Ordering::SeqCst);
     }
 
+    /// While faults are on, a wait of up to `max_ms` drawn for every call (the latency every
+    /// network call has, so concurrent calls race); none while off.
+    pub fn jitter(&self, max_ms: u64) -> Option<Duration> {
+        if !self.on.load(Ordering::SeqCst) {
+            return None;
+        }
+        Some(self.rng.lock().unwrap().millis(0, max_ms))
+    }
+
     /// When a fault is due now, the generator to pick it with (held briefly).
     pub fn roll<T>(&self, pick: impl FnOnce(&mut Rng) -> T) -> Option<T> {
         if !self.on.load(Ordering::SeqCst) {
