@@ -20,17 +20,19 @@ use tokio::sync::oneshot;
 use super::broker::SimBroker;
 use super::commands::Recorder;
 
-/// The timings of every instance: production's, compressed so that a run takes a second or
-/// two. Their ratios keep the checks `start()` makes.
+/// The timings of every instance: production's, compressed so that a run takes seconds. Their
+/// ratios keep the checks `start()` makes.
 pub fn relay_options(compression: u32) -> RelayOptions {
     RelayOptions::default()
         .poll_interval(Duration::from_millis(100))
-        .lease_renew_interval(Duration::from_millis(150))
-        .lease_expiry(Duration::from_millis(800))
-        .lease_acquire_interval(Duration::from_millis(150))
-        .store_timeout(Duration::from_millis(1500))
-        .publish_timeout(Duration::from_millis(1000))
-        .handler_timeout(Duration::from_millis(4000))
+        // Short enough that a crashed instance's leases move within the run, long enough that
+        // a machine busy with other tests does not expire every lease every second.
+        .lease_renew_interval(Duration::from_millis(500))
+        .lease_expiry(Duration::from_secs(3))
+        .lease_acquire_interval(Duration::from_millis(300))
+        .store_timeout(Duration::from_secs(5))
+        .publish_timeout(Duration::from_secs(3))
+        .handler_timeout(Duration::from_secs(10))
         .max_backoff(Duration::from_millis(100))
         .backlog_interval(Duration::from_millis(1000))
         .sweep_interval(Duration::from_millis(500))
@@ -176,7 +178,8 @@ async fn start(setup: &Setup) -> Result<Runtime, chatter_runtime::BoxError> {
         .broker(setup.broker.clone())
         .state(Arc::clone(&setup.recorder))
         .redelivery_delay(Duration::from_millis(5))
-        .delivery_timeout(Duration::from_millis(3500))
+        // A claim of 3 s (the delivery timeout less the store timeout).
+        .delivery_timeout(Duration::from_secs(8))
         .inbox_clock_margin(CLOCK_MARGIN)
         .relay_options(relay_options(60))
         .without_metrics()

@@ -32,7 +32,7 @@ const CI_SEEDS: u64 = 200;
 /// Test functions the CI seeds are split over (nextest runs them side by side).
 const CI_CHUNKS: u64 = 8;
 /// Runs in flight at once inside one test function: most of a run is waiting.
-const RUNS_AT_ONCE: u64 = 3;
+const RUNS_AT_ONCE: u64 = 4;
 
 /// Seeds that found a bug once, with what it was.
 const REGRESSION_SEEDS: &[(u64, &str)] = &[];

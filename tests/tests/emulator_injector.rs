@@ -1,0 +1,66 @@
+//! `chatter-emulator`'s injector, which the simulation drives from its seed: a fault decided per
+//! request, through the real SDK over HTTP.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use chatter_emulator::Injection;
+use chatter_runtime::cosmos::partition_key;
+use chatter_runtime::testing::create_item;
+use chatter_tests::store::{emulator_server, find_document, provisioned};
+use serde_json::json;
+
+/// An injector that answers the first document create with `injection`, then nothing.
+fn once_on_create(injection: Injection) -> chatter_emulator::Injector {
+    let armed = Arc::new(AtomicBool::new(true));
+    Arc::new(move |method: &str, path: &str| {
+        (method == "POST" && path.ends_with("/docs") && armed.swap(false, Ordering::SeqCst))
+            .then(|| injection.clone())
+    })
+}
+
+#[tokio::test]
+async fn a_lost_answer_applies_the_write_and_the_client_hears_it_failed() {
+    let (emulator, cosmos) = emulator_server().await;
+    let docs = provisioned(&cosmos, "inject", "docs", &["/pk"]).await;
+    emulator
+        .faults()
+        .inject_with(Some(once_on_create(Injection::LoseAnswer { status: 503 })));
+    let doc = json!({ "id": "a", "pk": "p" });
+    let key = partition_key(&[json!("p")]).unwrap();
+    let error = create_item(&docs, key, &doc)
+        .await
+        .expect_err("the client hears a failure");
+    // The SDK may retry the 503 itself: its retry meets the document the first attempt wrote.
+    assert!(
+        error.is_status(503) || error.is_status(409),
+        "unexpected error: {error}"
+    );
+    assert!(
+        find_document(&docs, &[json!("p")], "a").await.is_some(),
+        "the write took effect"
+    );
+}
+
+#[tokio::test]
+async fn a_refusal_never_reaches_the_store() {
+    let (emulator, cosmos) = emulator_server().await;
+    let docs = provisioned(&cosmos, "inject", "docs", &["/pk"]).await;
+    emulator
+        .faults()
+        .inject_with(Some(once_on_create(Injection::Refuse {
+            status: 403,
+            sub_status: None,
+            retry_after: None,
+        })));
+    let doc = json!({ "id": "b", "pk": "p" });
+    let key = partition_key(&[json!("p")]).unwrap();
+    let error = create_item(&docs, key, &doc)
+        .await
+        .expect_err("the create is refused");
+    assert!(error.is_status(403), "unexpected error: {error}");
+    assert!(find_document(&docs, &[json!("p")], "b").await.is_none());
+    // The injector let the next one through.
+    let key = partition_key(&[json!("p")]).unwrap();
+    create_item(&docs, key, &doc).await.unwrap();
+}
