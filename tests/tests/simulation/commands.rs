@@ -143,6 +143,11 @@ pub struct Recorder {
     pub inbox: Mutex<BTreeMap<String, InboxRuns>>,
     /// Message ids whose inbox handler started while another run of it was active.
     pub overlaps: Mutex<Vec<String>>,
+    /// Standalone-inbox commands whose copies are published the moment their first run starts
+    /// (one per instance, so one likely reaches another instance while the first run works),
+    /// and the broker they go to.
+    pub copies_on_start: Mutex<BTreeMap<String, (chatter_runtime::BrokeredMessage, usize)>>,
+    pub broker: Mutex<Option<chatter_runtime::broker::InMemoryBroker>>,
 }
 
 impl Recorder {
@@ -171,6 +176,19 @@ impl Recorder {
             self.overlaps.lock().unwrap().push(id.to_owned());
         }
         runs.active += 1;
+        drop(inbox);
+        let copies = self.copies_on_start.lock().unwrap().remove(id);
+        if let (Some((message, count)), Some(broker)) =
+            (copies, self.broker.lock().unwrap().clone())
+        {
+            use chatter_runtime::broker::Broker;
+            for _ in 0..count {
+                // The in-memory broker enqueues at once: the future is ready.
+                drop(futures::FutureExt::now_or_never(
+                    broker.publish(message.clone()),
+                ));
+            }
+        }
         InboxRun {
             recorder: Arc::clone(self),
             id: id.to_owned(),

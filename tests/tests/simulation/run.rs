@@ -261,6 +261,7 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
     let seen = Arc::new(Mutex::new(Seen::default()));
     watch(&inner, &seen).await;
     let recorder = Arc::new(Recorder::default());
+    *recorder.broker.lock().unwrap() = Some(inner.clone());
     let setup = Setup {
         endpoint: server.endpoint().to_owned(),
         broker: SimBroker::new(
@@ -307,11 +308,13 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
             last_of_key.insert(key, at);
         }
         steps.push((at, Step::Publish(command.message.clone())));
-        // A standalone-inbox command's copy often arrives while its first run is still at
-        // work: the moment its claim must hold.
+        // A standalone-inbox command's copies often arrive while its first run is still at
+        // work (published when it starts): the moment its claim must hold.
         if command.kind == Kind::Reserve && workload_rng.chance(500) {
-            let soon = at + workload_rng.millis(5, 60);
-            steps.push((soon, Step::Publish(command.message.clone())));
+            recorder.copies_on_start.lock().unwrap().insert(
+                command.message.message_id.clone(),
+                (command.message.clone(), plan.instances),
+            );
         }
     }
     for _ in 0..plan.duplicates.min(commands.len()) {
