@@ -192,7 +192,7 @@ fn workload(plan: &Plan, rng: &mut Rng) -> Vec<Published> {
         });
     }
     for i in 0..plan.reserves {
-        let body = json!({ "item": format!("item-{i}"), "workMs": rng.between(20, 150) });
+        let body = json!({ "item": format!("item-{i}"), "workMs": rng.between(100, 500) });
         commands.push(Published {
             kind: Kind::Reserve,
             message: BrokeredMessage::json(
