@@ -2,8 +2,8 @@
 //! several instances at once, through store and broker faults and crashes drawn from a seed,
 //! with every promise checked at the end of every run.
 //!
-//! - `ci_seeds_*`: the seeds every `.ci/run` runs ([`CI_SEEDS`] of them, in chunks run
-//!   side by side).
+//! - `ci_seeds_*`: the seeds every `.ci/run` runs ([`CI_SEEDS`] of them, in chunks that nextest
+//!   runs one at a time).
 //! - `regression_seeds`: seeds that once found a bug, each named after it.
 //! - `replay`: `SIM_SEED=<seed>` runs that one seed (with `SIM_LOG=<filter>` its logs), the
 //!   command a failing seed prints.
@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 /// Seeds `.ci/run` runs.
 const CI_SEEDS: u64 = 200;
-/// Test functions the CI seeds are split over (nextest runs them side by side).
+/// Test functions the CI seeds are split over (nextest runs each alone: `.config/nextest.toml`).
 const CI_CHUNKS: u64 = 8;
 /// Runs in flight at once inside one test function: most of a run is waiting.
 const RUNS_AT_ONCE: u64 = 4;
