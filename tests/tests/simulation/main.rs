@@ -8,7 +8,8 @@
 //! - `replay`: `SIM_SEED=<seed>` runs that one seed (with `SIM_LOG=<filter>` its logs), the
 //!   command a failing seed prints.
 //! - `long_run`: `SIM_SEEDS=<count>` (from `SIM_FIRST_SEED`, default 1,000,000) runs that many;
-//!   ignored otherwise.
+//!   ignored otherwise. Run it with `cargo test` (`-- --nocapture`): nextest stops this binary's
+//!   tests after 10 minutes.
 //!
 //! What a run is: `run.rs`. Its faults: `faults.rs` (store) and `broker.rs`. Its processes:
 //! `instance.rs`. Its workload: `commands.rs` and `triggers.rs` (another service's thin
