@@ -46,6 +46,39 @@ async fn all(cosmos: &CosmosConnection, container: &str, sql: &str) -> Result<Ve
         .map_err(|e| format!("query {container}: {e}"))
 }
 
+/// Per group (a key, a tenant), the ids of `publications` (`(group, id)` in arrival order) in
+/// the order of their first publication; and how many distinct ids were published.
+fn first_publications(publications: &[(String, String)]) -> (BTreeMap<&str, Vec<&str>>, usize) {
+    let mut first: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    let mut counted = BTreeSet::new();
+    for (group, id) in publications {
+        if counted.insert(id.as_str()) {
+            first.entry(group.as_str()).or_default().push(id.as_str());
+        }
+    }
+    (first, counted.len())
+}
+
+/// A violation for each group whose first publications are not in the `expected` order.
+fn order_breaks(
+    what: &str,
+    verb: &str,
+    expected: &BTreeMap<String, Vec<String>>,
+    first: &BTreeMap<&str, Vec<&str>>,
+) -> Vec<String> {
+    let mut broken = Vec::new();
+    for (group, order) in expected {
+        let published: Vec<&str> = first.get(group.as_str()).cloned().unwrap_or_default();
+        let expected: Vec<&str> = order.iter().map(String::as_str).collect();
+        if published != expected {
+            broken.push(format!(
+                "{what} {group} {verb} {expected:?} but first published {published:?}"
+            ));
+        }
+    }
+    broken
+}
+
 pub async fn invariants(
     plan: &Plan,
     commands: &[Published],
@@ -130,52 +163,22 @@ pub async fn invariants(
         }
     }
 
-    // 3. Per key, first publications in commit order.
-    let mut first: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    let mut counted = BTreeSet::new();
-    for (key, command) in &seen.events {
-        if counted.insert(command.as_str()) {
-            first
-                .entry(key.as_str())
-                .or_default()
-                .push(command.as_str());
-        }
-    }
-    for (key, order) in &commit_order {
-        let published: Vec<&str> = first.get(key.as_str()).cloned().unwrap_or_default();
-        let committed: Vec<&str> = order.iter().map(String::as_str).collect();
-        if published != committed {
-            broken.push(format!(
-                "order: key {key} committed {committed:?} but first published {published:?}"
-            ));
-        }
-    }
-
-    // The standalone relay: every trigger published, and per tenant the first publications in
-    // the order the other service wrote them.
-    let mut first_triggered: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    let mut triggered = BTreeSet::new();
-    for (tenant, trigger) in &seen.triggered {
-        if triggered.insert(trigger.as_str()) {
-            first_triggered
-                .entry(tenant.as_str())
-                .or_default()
-                .push(trigger.as_str());
-        }
-    }
-    for (tenant, written) in triggers {
-        let written: Vec<&str> = written.iter().map(String::as_str).collect();
-        let published = first_triggered
-            .get(tenant.as_str())
-            .cloned()
-            .unwrap_or_default();
-        if published != written {
-            broken.push(format!(
-                "order (standalone relay): tenant {tenant} wrote {written:?} but first \
-                 published {published:?}"
-            ));
-        }
-    }
+    // 3. Per key, first publications in commit order; the standalone relay's, per tenant, in
+    //    the order the other service wrote them.
+    let (first, published_events) = first_publications(&seen.events);
+    broken.extend(order_breaks(
+        "order: key",
+        "committed",
+        &commit_order,
+        &first,
+    ));
+    let (first_triggered, published_triggers) = first_publications(&seen.triggered);
+    broken.extend(order_breaks(
+        "order (standalone relay): tenant",
+        "wrote",
+        triggers,
+        &first_triggered,
+    ));
 
     // 4. No inbox handler twice at once; every one completed; reruns only after a run that
     //    did not finish, or (the README's edge) one whose completion was not written.
@@ -237,8 +240,8 @@ pub async fn invariants(
         return Err(format!("seed {}: {}", plan.seed, broken.join("\n  ")));
     }
     Ok(Report {
-        duplicate_publications: seen.events.len() - counted.len() + seen.triggered.len()
-            - triggered.len(),
+        duplicate_publications: seen.events.len() - published_events + seen.triggered.len()
+            - published_triggers,
         inbox_reruns_after_finish: reruns_after_finish,
         ..Report::default()
     })

@@ -168,39 +168,44 @@ pub fn run(seed: u64) -> Result<Report, String> {
 fn workload(plan: &Plan, rng: &mut Rng) -> Vec<Published> {
     let key = |rng: &mut Rng| format!("k{}", rng.below(plan.keys as u64));
     let seed = plan.seed;
+    let command = |kind, name: &str, i, destination: &str, body: Value| Published {
+        kind,
+        message: BrokeredMessage::json(
+            format!("s{seed}-{name}-{i}"),
+            destination,
+            body.to_string(),
+        ),
+    };
     let mut commands = Vec::new();
     for i in 0..plan.places {
         let body = json!({ "orderId": key(rng) });
-        commands.push(Published {
-            kind: Kind::Place,
-            message: BrokeredMessage::json(
-                format!("s{seed}-place-{i}"),
-                SimPlace::registration().destination,
-                body.to_string(),
-            ),
-        });
+        commands.push(command(
+            Kind::Place,
+            "place",
+            i,
+            SimPlace::registration().destination,
+            body,
+        ));
     }
     for i in 0..plan.poisons {
         let body = json!({ "orderId": key(rng) });
-        commands.push(Published {
-            kind: Kind::Poison,
-            message: BrokeredMessage::json(
-                format!("s{seed}-poison-{i}"),
-                SimPoison::registration().destination,
-                body.to_string(),
-            ),
-        });
+        commands.push(command(
+            Kind::Poison,
+            "poison",
+            i,
+            SimPoison::registration().destination,
+            body,
+        ));
     }
     for i in 0..plan.reserves {
         let body = json!({ "item": format!("item-{i}"), "workMs": rng.between(100, 500) });
-        commands.push(Published {
-            kind: Kind::Reserve,
-            message: BrokeredMessage::json(
-                format!("s{seed}-reserve-{i}"),
-                SimReserve::registration().destination,
-                body.to_string(),
-            ),
-        });
+        commands.push(command(
+            Kind::Reserve,
+            "reserve",
+            i,
+            SimReserve::registration().destination,
+            body,
+        ));
     }
     commands
 }
