@@ -301,8 +301,8 @@ fn error_type(error: &(dyn std::error::Error + 'static)) -> &'static str {
 }
 
 /// The sweep found a pending document behind its lease's checkpoint: no drain of that lease
-/// would ever read it again. Logged at Error before its repair (a no-op write that puts it
-/// back on the change feed) and counted.
+/// would ever read it again. Logged at Error once its repair (a no-op write that puts it back
+/// on the change feed) confirmed it, and counted.
 pub(crate) fn stranded(
     metrics: Option<&SourceMetrics>,
     source_identity: &str,
@@ -324,41 +324,29 @@ pub(crate) fn stranded(
             age_seconds,
             "The Cosmos Outbox Relay found pending Outbox Document {document_id} (message \
              {message_id}, written {age_seconds} s ago) behind the checkpoint of lease \
-             {lease_token}: the lease read past it without publishing it. It is written back \
+             {lease_token}: the lease read past it without publishing it. It was written back \
              unchanged, so it returns to the change feed and is published."
         );
     });
 }
 
-/// A stranded document's no-op write landed: the lease reads it again.
-pub(crate) fn stranded_requeued(source_identity: &str, lease_token: &str, document_id: &str) {
-    guarded(|| {
-        tracing::info!(
-            source_identity,
-            lease_token,
-            document_id,
-            "The Cosmos Outbox Relay put stranded Outbox Document {document_id} back on the \
-             change feed of lease {lease_token}."
-        );
-    });
-}
-
-/// A stranded document could not be written back; the next sweep finds it again.
-pub(crate) fn stranded_repair_failed(
+/// A document the sweep would judge stranded could not be written back, so whether it is
+/// stranded is unconfirmed: the next sweep judges it again.
+pub(crate) fn stranded_unconfirmed(
     source_identity: &str,
     lease_token: &str,
     document_id: &str,
     error: &(dyn std::error::Error + 'static),
 ) {
     guarded(|| {
-        tracing::error!(
+        tracing::warn!(
             source_identity,
             lease_token,
             document_id,
             error,
-            "The Cosmos Outbox Relay could not put stranded Outbox Document {document_id} back on \
-             the change feed of lease {lease_token}; it stays pending and unpublished until a \
-             later sweep succeeds."
+            "The Cosmos Outbox Relay could not write pending Outbox Document {document_id}, \
+             missing from the change feed after the checkpoint of lease {lease_token}, back on \
+             that change feed; the next sweep judges it again."
         );
     });
 }

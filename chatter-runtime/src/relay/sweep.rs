@@ -12,12 +12,16 @@
 //! changed in between is found in the read and left alone. A document the lease has not read
 //! yet is in that read by construction: it is never written again (its key's order holds).
 //!
-//! Each stranded document is logged at Error (naming it, its lease and its age), counted
-//! (`chatter.messaging.outbox.stranded`), shown in the lease's health, and repaired by a no-op
-//! write: a server-side patch setting `status` to `pending` again, conditional on the ETag the
-//! query read. The write gives the document a new position at the end of its feed range's
-//! change feed, where the lease reads it and the drain publishes it as usual. A document that
-//! changed meanwhile (stamped, say) fails the condition and is left as it is.
+//! Each document the read does not return is repaired by a no-op write: a server-side patch
+//! setting `status` to `pending` again, conditional on the ETag the query read. The write gives
+//! the document a new position at the end of its feed range's change feed, where the lease
+//! reads it and the drain publishes it as usual. Only when that write lands is the document
+//! stranded: logged at Error (naming it, its lease and its age), counted
+//! (`chatter.messaging.outbox.stranded`) and shown in the lease's health. A document that
+//! changed meanwhile fails the condition and is left as it is: stamped after the query, with
+//! the lease's checkpoint then moved past its stamp before the read, it is absent from the read
+//! without ever having been stranded. A write that fails otherwise is logged at Warn and the
+//! document judged again at the next sweep.
 //!
 //! The same sweep records the age of the oldest pending document of each owned lease (the
 //! `chatter.messaging.outbox.pending.oldest_age` gauge and
@@ -314,30 +318,28 @@ impl Sweeper {
                 if seen.contains(&identity(&candidate.id, &candidate.key)) {
                     continue;
                 }
-                lease.finding.stranded += 1;
-                self.repair(&lease.lease_token, &candidate).await;
+                if self.repair(&lease.lease_token, &candidate).await {
+                    lease.finding.stranded += 1;
+                }
             }
         }
     }
 
-    /// Logs and counts one stranded document, then puts it back on the change feed.
-    async fn repair(&self, lease_token: &str, candidate: &Candidate) {
-        diagnostics::stranded(
-            self.metrics.as_deref(),
-            &self.processor_name,
-            lease_token,
-            &candidate.id,
-            &candidate.message_id,
-            candidate.age,
-        );
+    /// Puts one document judged stranded back on the change feed, and logs and counts it once
+    /// that write confirms it was: the write is conditional on the ETag the query read, so it
+    /// lands only where the version the change-feed read did not return is still the
+    /// document's last write. A document stamped after the query (its stamp then read past by
+    /// the lease before the change-feed read) fails the condition and was never stranded.
+    /// Returns whether it was.
+    async fn repair(&self, lease_token: &str, candidate: &Candidate) -> bool {
         let Some(etag) = &candidate.etag else {
-            diagnostics::stranded_repair_failed(
+            diagnostics::stranded_unconfirmed(
                 &self.processor_name,
                 lease_token,
                 &candidate.id,
                 &SweepError::NoEtag,
             );
-            return;
+            return false;
         };
         let written = async {
             let key = partition_key::sdk_key(&candidate.key)?;
@@ -360,24 +362,43 @@ impl Sweeper {
         .await;
         match written {
             Ok(_) => {
-                diagnostics::stranded_requeued(&self.processor_name, lease_token, &candidate.id)
+                self.stranded(lease_token, candidate);
+                true
             }
-            // Changed or deleted since the query: it is back on the change feed, or gone.
+            // Changed or deleted since the query: not stranded (the change-feed read came after
+            // its new write was read past), or gone.
             Err(error) if error.is_status(412) || error.is_status(404) => {
                 tracing::debug!(
                     source_identity = self.processor_name,
                     lease_token,
                     id = candidate.id,
-                    "a stranded document changed before its repair; left as it is"
+                    "a pending document missing from the change-feed read changed since the \
+                     sweep's query: not stranded"
                 );
+                false
             }
-            Err(error) => diagnostics::stranded_repair_failed(
-                &self.processor_name,
-                lease_token,
-                &candidate.id,
-                &SweepError::Store(error),
-            ),
+            // Unconfirmed: the next sweep judges it again.
+            Err(error) => {
+                diagnostics::stranded_unconfirmed(
+                    &self.processor_name,
+                    lease_token,
+                    &candidate.id,
+                    &SweepError::Store(error),
+                );
+                false
+            }
         }
+    }
+
+    fn stranded(&self, lease_token: &str, candidate: &Candidate) {
+        diagnostics::stranded(
+            self.metrics.as_deref(),
+            &self.processor_name,
+            lease_token,
+            &candidate.id,
+            &candidate.message_id,
+            candidate.age,
+        );
     }
 
     /// The standalone relay's pending filter, as the drain applies it; a filter that panics

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::testing::query_all;
@@ -11,7 +12,8 @@ use serde_json::Value;
 use super::commands::{
     DATABASE, IDEMPOTENCY, LEDGER_ID, ORDERS, POISON_ATTEMPTS, Recorder, RunEnd,
 };
-use super::run::{Kind, Plan, Published, Report, Seen};
+use super::errors::Logged;
+use super::run::{Kind, Plan, Published, Report, STALL_BOUND, Seen};
 use super::triggers::TRIGGERS;
 
 /// Outbox Documents still `pending`, in both containers.
@@ -79,6 +81,34 @@ fn order_breaks(
     broken
 }
 
+/// How a run ended: its instances' Error logs, and when it healed and settled.
+pub struct Ended {
+    pub logged: Vec<Logged>,
+    pub healed: Instant,
+    pub settled_in: Duration,
+}
+
+/// The Error logs after healing that can say why something stalls: not the poison command's
+/// failed attempts, which are its handler's and expected.
+pub fn said_after(logged: &[Logged], healed: Instant) -> Vec<&Logged> {
+    logged
+        .iter()
+        .filter(|l| l.at >= healed && !l.text.contains("SimPoison"))
+        .collect()
+}
+
+/// The first few of `logged`, one per line, for a violation's text.
+pub fn listed(logged: Vec<&Logged>) -> String {
+    if logged.is_empty() {
+        return "none".to_owned();
+    }
+    let mut text = format!("{}", logged.len());
+    for log in logged.iter().take(5) {
+        text.push_str(&format!("\n    {}: {}", log.instance, log.text));
+    }
+    text
+}
+
 pub async fn invariants(
     plan: &Plan,
     commands: &[Published],
@@ -86,6 +116,7 @@ pub async fn invariants(
     cosmos: &CosmosConnection,
     recorder: &Arc<Recorder>,
     seen: &Seen,
+    ended: &Ended,
 ) -> Result<Report, String> {
     let mut broken = Vec::new();
     let ids = |kind: Kind| -> BTreeSet<String> {
@@ -234,6 +265,27 @@ pub async fn invariants(
                 ));
             }
         }
+    }
+
+    // 6. Nothing stalls without a word: a run slower than STALL_BOUND to settle after healing
+    //    logged at Error why, after healing. And no document was stranded: a lease's
+    //    checkpoint passed a pending document, which the sweep found (and logged, and
+    //    repaired): nothing in a run skips a document, so that is a drain's defect.
+    if ended.settled_in > STALL_BOUND && said_after(&ended.logged, ended.healed).is_empty() {
+        broken.push(format!(
+            "stall: settled {:?} after healing (more than {STALL_BOUND:?}) without an Error log",
+            ended.settled_in
+        ));
+    }
+    for log in ended
+        .logged
+        .iter()
+        .filter(|l| l.text.contains("behind the checkpoint"))
+    {
+        broken.push(format!(
+            "stranded: the sweep found a document a lease read past ({}: {})",
+            log.instance, log.text
+        ));
     }
 
     if !broken.is_empty() {

@@ -35,7 +35,9 @@ pub fn relay_options(compression: u32) -> RelayOptions {
         .handler_timeout(Duration::from_secs(10))
         .max_backoff(Duration::from_millis(100))
         .backlog_interval(Duration::from_millis(1000))
+        // The sweep runs in every run: a document it finds stranded is a violation.
         .sweep_interval(Duration::from_millis(500))
+        .stranded_after(Duration::from_secs(2))
         .suspension_clock(Arc::new(Compressed::new(compression)))
 }
 

@@ -18,6 +18,7 @@
 mod broker;
 mod check;
 mod commands;
+mod errors;
 mod faults;
 mod instance;
 mod rng;
@@ -35,8 +36,16 @@ const CI_CHUNKS: u64 = 8;
 /// Runs in flight at once inside one test function: most of a run is waiting.
 const RUNS_AT_ONCE: u64 = 4;
 
-/// Seeds that found a bug once, with what it was.
-const REGRESSION_SEEDS: &[(u64, &str)] = &[];
+/// Seeds that found a bug once, with what it was. They run side by side like the CI seeds:
+/// some bugs show only on a busy machine.
+const REGRESSION_SEEDS: &[(u64, &str)] = &[
+    (
+        29,
+        "the sweep logged as stranded documents stamped after its query, whose stamps the \
+         lease read past before its change-feed read (a false Error, counted in health)",
+    ),
+    (36, "as seed 29"),
+];
 
 fn replay_command(seed: u64) -> String {
     format!(
@@ -134,20 +143,27 @@ impl Totals {
     }
 }
 
-/// `SIM_LOG=<filter>` shows the instances' logs (best with one seed: runs side by side mix).
+/// Installs the binary's `tracing` subscriber: the instances' Error logs always go to
+/// [`errors`] (the stall and stranding checks read them); `SIM_LOG=<filter>` also shows the
+/// instances' logs (best with one seed: runs side by side mix).
 fn logs() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        if let Ok(filter) = std::env::var("SIM_LOG") {
-            use tracing_subscriber::prelude::*;
+        use tracing_subscriber::Layer as _;
+        use tracing_subscriber::filter::LevelFilter;
+        use tracing_subscriber::prelude::*;
+        let shown = std::env::var("SIM_LOG").ok().map(|filter| {
             let targets: tracing_subscriber::filter::Targets = filter
                 .parse()
                 .expect("SIM_LOG is a filter like `chatter_runtime=debug`");
-            let _ = tracing_subscriber::registry()
-                .with(tracing_subscriber::fmt::layer().with_test_writer())
-                .with(targets)
-                .try_init();
-        }
+            tracing_subscriber::fmt::layer()
+                .with_test_writer()
+                .with_filter(targets)
+        });
+        let _ = tracing_subscriber::registry()
+            .with(shown)
+            .with(errors::Recorder.with_filter(LevelFilter::ERROR))
+            .try_init();
     });
 }
 
@@ -199,10 +215,9 @@ fn ci_seeds_7() {
 #[test]
 fn regression_seeds() {
     for (seed, what) in REGRESSION_SEEDS {
-        if let Err(violation) = run::run(*seed) {
-            panic!("regression seed {seed} ({what}) broke again:\n{violation}");
-        }
+        eprintln!("regression seed {seed}: {what}");
     }
+    run_seeds(REGRESSION_SEEDS.iter().map(|(seed, _)| *seed));
 }
 
 #[test]

@@ -38,6 +38,11 @@ use super::triggers::{TRIGGERED, TRIGGERS};
 /// Generous: the instances share a machine that may be busy with other tests.
 pub const SETTLE_BOUND: Duration = Duration::from_secs(120);
 
+/// How long after healing a run may take to settle without a word: past it, an instance must
+/// have logged at Error why (after healing), or the run fails. Well above a healthy run's
+/// slowest recovery (a crashed instance's leases expire in 3 s; runs settle in a few seconds).
+pub const STALL_BOUND: Duration = Duration::from_secs(30);
+
 /// What a seed draws: the shape of its workload and of its faults.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -219,6 +224,8 @@ enum Step {
 
 async fn run_async(plan: Plan) -> Result<Report, String> {
     let began = Instant::now();
+    // A seed run before in this process leaves no logs to this run.
+    super::errors::take(plan.seed);
     let mut rng = Rng::new(plan.seed).fork(0xC0FFEE);
     let store_faults = Schedule::new(rng.fork(1), plan.store_per_mille);
     let publish_faults = Schedule::new(rng.fork(2), plan.publish_per_mille);
@@ -417,10 +424,23 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
     for instance in instances.iter_mut().filter_map(Option::take) {
         instance.crash();
     }
-    settled?;
+    let logged = super::errors::take(plan.seed);
+    if let Err(stall) = settled {
+        return Err(format!(
+            "{stall}\n  Error logs after healing: {}",
+            super::check::listed(super::check::said_after(&logged, healed))
+        ));
+    }
     let seen = std::mem::take(&mut *seen.lock().unwrap());
-    let mut report =
-        super::check::invariants(&plan, &commands, &triggers, &cosmos, &recorder, &seen).await?;
+    let ended = super::check::Ended {
+        logged,
+        healed,
+        settled_in,
+    };
+    let mut report = super::check::invariants(
+        &plan, &commands, &triggers, &cosmos, &recorder, &seen, &ended,
+    )
+    .await?;
     report.faults = store_faults.tally.snapshot();
     report.faults.extend(publish_faults.tally.snapshot());
     report.faults.extend(delivery_faults.tally.snapshot());
