@@ -45,6 +45,8 @@ async fn a_suspended_lease_that_leaves_is_forgotten_and_suspends_again_when_it_c
         .cosmos(cosmos)
         .consume(false)
         .relay_options(fast_relay(Duration::from_secs(3)).max_backoff(Duration::from_millis(300)))
+        // The relay's pages are what is suspended: the document waits for them.
+        .publish_after_commit(false)
         .start()
         .await
         .unwrap();

@@ -31,6 +31,7 @@ use crate::document;
 use crate::inbox::{InboxOutcome, StandaloneInbox};
 use crate::partition_key;
 use crate::registry::RegisteredCommand;
+use crate::relay::after_commit::{AfterCommit, Committed};
 use crate::state::AppState;
 use std::collections::HashMap;
 
@@ -66,6 +67,8 @@ pub(crate) struct Pipeline {
     state: Arc<AppState>,
     /// The Standalone Inbox Gate of each standalone-inbox command, by command name.
     inboxes: Arc<HashMap<&'static str, StandaloneInbox>>,
+    /// Publish after commit, by the database and container a command writes (empty: off).
+    after_commit: Arc<HashMap<(String, String), AfterCommit>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -93,7 +96,18 @@ impl Pipeline {
             charges,
             state,
             inboxes: Arc::default(),
+            after_commit: Arc::default(),
         }
+    }
+
+    /// The same pipeline publishing each committed batch's Outbox Documents right after the
+    /// commit, where `after_commit` has the command's container.
+    pub(crate) fn with_after_commit(
+        mut self,
+        after_commit: HashMap<(String, String), AfterCommit>,
+    ) -> Self {
+        self.after_commit = Arc::new(after_commit);
+        self
     }
 
     /// The same pipeline handling standalone-inbox commands through `inboxes` (by command name).
@@ -174,6 +188,30 @@ impl Pipeline {
         let (handle, _) = ctx.into_parts();
         let handle = handle.expect("a participant context keeps its handle");
 
+        // What publish after commit needs of the Outbox Documents, the batch consumes them.
+        let after_commit = self
+            .after_commit
+            .get(&(
+                registration.database.to_owned(),
+                registration.container.to_owned(),
+            ))
+            .filter(|_| !handle.outbox.is_empty());
+        let outbox = after_commit.map(|_| handle.outbox.clone());
+        // Marked before the batch executes: the relay here may read them before it returns.
+        let tickets = after_commit.map(|after_commit| {
+            let ids: Vec<String> = handle
+                .outbox
+                .iter()
+                .map(|document| {
+                    document
+                        .get(document::outbox::ID_FIELD)
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned()
+                })
+                .collect();
+            after_commit.begin(&partition_key, &ids)
+        });
         let mut operations = Vec::with_capacity(handle.staged_operation_count());
         operations.push(BatchOperation::Create(marker));
         operations.extend(handle.writes);
@@ -206,6 +244,28 @@ impl Pipeline {
                 request_charge = outcome.request_charge,
                 "chatter batch committed"
             );
+            if let (Some(after_commit), Some(outbox), Some(tickets)) =
+                (after_commit, outbox, tickets)
+            {
+                let committed_at = std::time::Instant::now();
+                let committed = outbox
+                    .into_iter()
+                    .zip(outcome.operations.iter().skip(writes))
+                    .map(|(document, written)| Committed {
+                        id: document
+                            .get(document::outbox::ID_FIELD)
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .to_owned(),
+                        document,
+                        etag: written.etag.clone(),
+                    })
+                    .collect();
+                // Never fails the command: what it does not publish, the relay does.
+                after_commit
+                    .publish(&partition_key, committed, tickets, committed_at)
+                    .await;
+            }
             return Ok(Outcome::Committed { operations: count });
         }
 

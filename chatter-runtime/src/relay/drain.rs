@@ -60,21 +60,20 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::Value;
 use tokio::sync::{Semaphore, SemaphorePermit};
 
+use super::after_commit::{AfterCommit, AfterCommitInFlight};
 use super::delivery::DeliverySettings;
 use super::diagnostics;
+use super::dispatch::{Dispatch, Processed, Stamp};
 use super::error::DrainError;
-use super::resolver::{DrainContext, PendingFilter, ResolverFactory};
+use super::resolver::{PendingFilter, ResolverFactory};
 use super::suspension::{Admission, ConfirmationReceipt, DrainGate};
-use crate::broker::{self, Broker, BrokerError};
+use crate::broker::Broker;
+use crate::cosmos::ContainerClient;
 use crate::cosmos::charge::RequestMeter;
-use crate::cosmos::{self, ContainerClient, CosmosStoreError};
-use crate::document::{self, ContractViolations, outbox, outbox_contract};
-use crate::error_chain::ErrorChain;
-use crate::message::BrokeredMessage;
+use crate::document::{self, outbox};
 use crate::partition_key::{self, PartitionKeyPath};
 use crate::telemetry::Telemetry;
 use crate::telemetry::metrics::{DrainOutcome, SourceMetrics};
-use crate::telemetry::trace_context::{self, SharedTracer};
 
 /// What one page did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -103,7 +102,7 @@ impl std::ops::AddAssign for DrainReport {
 /// lease of every monitored container of one relay. Clones share the limit.
 #[derive(Debug, Clone)]
 pub struct InFlightLimit {
-    permits: Arc<Semaphore>,
+    pub(super) permits: Arc<Semaphore>,
     /// The permits it was made with.
     size: usize,
 }
@@ -142,33 +141,6 @@ impl Default for InFlightLimit {
     }
 }
 
-/// Why a pending Outbox Document was stamped `undeliverable`.
-#[derive(Debug, Clone, thiserror::Error)]
-pub(crate) enum UndeliverableReason {
-    /// The document's own fields violate the Outbox Document Contract.
-    #[error(transparent)]
-    Contract(ContractViolations),
-    /// The broker refuses the message every time.
-    #[error(
-        "The broker refuses outbox document '{message_id}' every time it is published: {refusal}. \
-         The document's own persisted fields prove this, so redraining it would fail identically; \
-         correct the writer that produced it."
-    )]
-    BrokerRefusal {
-        /// The document's `MessageId`.
-        message_id: String,
-        /// The broker's permanent refusal.
-        refusal: Arc<BrokerError>,
-    },
-}
-
-/// What one pending document did.
-enum Processed {
-    Published(ConfirmationReceipt),
-    Undeliverable(ConfirmationReceipt),
-    Dropped(ConfirmationReceipt),
-}
-
 /// A genuine pending Outbox Document of a page, its `id` (the pending gate admits only
 /// documents whose `id` is a string) and the partition key read back from it, which groups it
 /// and keys its stamp.
@@ -189,19 +161,6 @@ impl From<FilterPanicked> for DrainError {
     fn from(FilterPanicked { id, panic }: FilterPanicked) -> Self {
         Self::PendingFilterPanicked { id, panic }
     }
-}
-
-/// What a published (or never publishable) document still needs: its one stamp.
-enum Stamp {
-    /// Published: stamped delivered with the TTL.
-    Delivered {
-        message_id: String,
-        destination: String,
-    },
-    /// Never publishable: stamped `undeliverable`.
-    Undeliverable(UndeliverableReason),
-    /// The resolver built no message: stamped delivered, nothing published.
-    Dropped,
 }
 
 /// What one partition-key group of a page did.
@@ -305,25 +264,17 @@ impl Drop for PageInFlight<'_> {
 /// Drains the pages of one monitored container, for one change-feed processor.
 #[derive(Clone)]
 pub struct Drain {
-    broker: Arc<dyn Broker>,
-    container: Arc<ContainerClient>,
-    partition_key_paths: &'static [PartitionKeyPath],
-    settings: DeliverySettings,
+    /// What publishes and stamps each document (publish after commit uses the same).
+    dispatch: Dispatch,
     gate: Arc<DrainGate>,
-    publish_timeout: Duration,
-    store_timeout: Duration,
     in_flight: InFlightLimit,
-    charges: Arc<RequestMeter>,
-    metrics: Option<Arc<SourceMetrics>>,
-    tracer: SharedTracer,
-    /// The standalone relay's body resolver: without one, the verbatim path (the document is
-    /// the message, under the Outbox Document Contract).
-    resolver: Option<Arc<dyn ResolverFactory>>,
     /// The standalone relay's additional pending filter (narrowing only).
     pending_filter: Option<PendingFilter>,
     /// Documents that look pending under an id that is not their outbox id: warned about
     /// (rate-limited) and counted.
     id_mismatches: Arc<diagnostics::IdMismatches>,
+    /// The documents this process is publishing after their commit, which the drain waits for.
+    after_commit: AfterCommitInFlight,
 }
 
 /// The default bound of one publish and of one stamp.
@@ -332,8 +283,8 @@ pub(crate) const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 impl std::fmt::Debug for Drain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Drain")
-            .field("partition_key_paths", &self.partition_key_paths)
-            .field("settings", &self.settings)
+            .field("partition_key_paths", &self.dispatch.partition_key_paths)
+            .field("settings", &self.dispatch.settings)
             .field("gate", &self.gate)
             .finish_non_exhaustive()
     }
@@ -350,28 +301,33 @@ impl Drain {
         partition_key_paths: &'static [PartitionKeyPath],
         settings: DeliverySettings,
     ) -> Self {
+        let gate = Arc::new(DrainGate::new(source_identity));
         Self {
-            broker,
-            container,
-            partition_key_paths,
-            settings,
-            gate: Arc::new(DrainGate::new(source_identity)),
-            publish_timeout: DEFAULT_DRAIN_TIMEOUT,
-            store_timeout: DEFAULT_DRAIN_TIMEOUT,
+            dispatch: Dispatch {
+                source_identity: Arc::from(gate.source_identity()),
+                broker,
+                container,
+                partition_key_paths,
+                settings,
+                publish_timeout: DEFAULT_DRAIN_TIMEOUT,
+                store_timeout: DEFAULT_DRAIN_TIMEOUT,
+                charges: Arc::default(),
+                metrics: None,
+                tracer: None,
+                resolver: None,
+            },
+            gate,
             in_flight: InFlightLimit::default(),
-            charges: Arc::default(),
-            metrics: None,
-            tracer: None,
-            resolver: None,
             pending_filter: None,
             id_mismatches: Arc::default(),
+            after_commit: AfterCommitInFlight::default(),
         }
     }
 
     /// Builds each admitted document's message with a resolver from `factory` instead of
     /// reading it from the document (the standalone relay's resolver path).
     pub(crate) fn with_resolver(mut self, factory: Option<Arc<dyn ResolverFactory>>) -> Self {
-        self.resolver = factory;
+        self.dispatch.resolver = factory;
         self
     }
 
@@ -399,28 +355,28 @@ impl Drain {
     /// Records the drain's metrics and publishes under `send` spans with `telemetry` (default:
     /// neither).
     pub(crate) fn with_telemetry(mut self, telemetry: &Telemetry) -> Self {
-        self.metrics = telemetry.metrics.as_ref().map(|instruments| {
+        self.dispatch.metrics = telemetry.metrics.as_ref().map(|instruments| {
             Arc::new(SourceMetrics::new(
                 Arc::clone(instruments),
                 self.gate.source_identity(),
             ))
         });
-        if let Some(metrics) = &self.metrics {
+        if let Some(metrics) = &self.dispatch.metrics {
             self.gate.record_on(Arc::clone(metrics));
         }
-        self.tracer.clone_from(&telemetry.tracer);
+        self.dispatch.tracer.clone_from(&telemetry.tracer);
         self
     }
 
     /// The metrics of this drain's source, when metrics are on.
     pub(crate) fn metrics(&self) -> Option<&Arc<SourceMetrics>> {
-        self.metrics.as_ref()
+        self.dispatch.metrics.as_ref()
     }
 
     /// Sums what the stamps are billed, and the documents stamped, in `charges` (the
     /// runtime's), instead of a meter of its own.
     pub(crate) fn with_request_meter(mut self, charges: Arc<RequestMeter>) -> Self {
-        self.charges = charges;
+        self.dispatch.charges = charges;
         self
     }
 
@@ -435,8 +391,8 @@ impl Drain {
     /// (defaults `DEFAULT_DRAIN_TIMEOUT`). A publish past its bound fails the page like any
     /// failed publish; a stamp past its bound is a failed stamp.
     pub fn with_timeouts(mut self, publish: Duration, store: Duration) -> Self {
-        self.publish_timeout = publish;
-        self.store_timeout = store;
+        self.dispatch.publish_timeout = publish;
+        self.dispatch.store_timeout = store;
         self
     }
 
@@ -447,7 +403,7 @@ impl Drain {
             self.gate.source_identity().to_owned(),
             clock,
         ));
-        if let Some(metrics) = &self.metrics {
+        if let Some(metrics) = &self.dispatch.metrics {
             self.gate.record_on(Arc::clone(metrics));
         }
         self
@@ -485,7 +441,7 @@ impl Drain {
         lost: impl Future<Output = ()>,
     ) -> Result<DrainReport, DrainError> {
         // Recorded before the gate: a suspended lease's refused page was still handed over.
-        if let Some(metrics) = &self.metrics {
+        if let Some(metrics) = &self.dispatch.metrics {
             metrics.batch(lease_token, documents.len());
         }
         let admission = self.gate.admit(lease_token);
@@ -554,7 +510,7 @@ impl Drain {
             failures.extend(outcome.errors);
         }
         // Stamps that landed count whether or not the page failed: they are done either way.
-        self.charges.relayed(
+        self.dispatch.charges.relayed(
             u64::try_from(report.published + report.undeliverable + report.dropped)
                 .unwrap_or(u64::MAX),
         );
@@ -611,7 +567,7 @@ impl Drain {
             let pending = document::is_pending_outbox(doc);
             if !pending && let Some(mismatch) = outbox::id_mismatch(doc) {
                 self.id_mismatches.found(
-                    self.metrics.as_deref(),
+                    self.dispatch.metrics.as_deref(),
                     self.gate.source_identity(),
                     &mismatch,
                 );
@@ -619,12 +575,12 @@ impl Drain {
             let admitted = pending && self.passes_filter(doc, id.unwrap_or_default())?;
             let (true, Some(id)) = (admitted, id) else {
                 skipped += 1;
-                if let Some(metrics) = &self.metrics {
+                if let Some(metrics) = &self.dispatch.metrics {
                     metrics.document(DrainOutcome::Skipped);
                 }
                 continue;
             };
-            let key = partition_key::read_back_or_null(doc, self.partition_key_paths);
+            let key = partition_key::read_back_or_null(doc, self.dispatch.partition_key_paths);
             let next = groups.len();
             let at = *index
                 .entry(partition_key::ordering_key(&key))
@@ -656,6 +612,15 @@ impl Drain {
             if page.stop.load(Ordering::Acquire) {
                 break;
             }
+            // Published after its commit by this process (waited for while in flight): this
+            // version is stamped already.
+            let stamped_here =
+                self.after_commit
+                    .stamped_here(pending.doc, pending.id, &pending.key);
+            if settling(stamped_here, &mut stamping, &mut outcome, page).await {
+                outcome.report.skipped += 1;
+                continue;
+            }
             // The semaphore is never closed; without a permit the document would still be
             // drained, so an `Err` cannot lose anything.
             let acquiring = self.in_flight.permits.acquire();
@@ -665,9 +630,12 @@ impl Drain {
             if page.stop.load(Ordering::Acquire) {
                 break;
             }
-            let publishing = self.publish_step(page, pending);
+            let publishing = self.dispatch.publish(pending.doc, pending.id, &pending.key);
             match settling(publishing, &mut stamping, &mut outcome, page).await {
                 Ok(stamp) => {
+                    if matches!(stamp, Stamp::Delivered { .. }) {
+                        page.unconfirmed.fetch_add(1, Ordering::AcqRel);
+                    }
                     // Stamped even when the page stopped meanwhile: it was published, and
                     // every stamp that lands is one republish fewer.
                     let settle = self.settle(page, pending, stamp, permit);
@@ -690,97 +658,6 @@ impl Drain {
         outcome
     }
 
-    /// Verifies and publishes one pending document: what it still needs is its stamp.
-    async fn publish_step(
-        &self,
-        page: &PageInFlight<'_>,
-        pending: &Pending<'_>,
-    ) -> Result<Stamp, DrainError> {
-        let doc = pending.doc;
-        // Admitted past the pending gate: its age is taken now, before the contract, so an
-        // undeliverable document and a publish that fails still report it.
-        if let Some(metrics) = &self.metrics {
-            metrics.lag(doc);
-        }
-        let mut message = match &self.resolver {
-            None => match outbox_contract::verify(doc) {
-                Ok(verified) => verified.into_message(),
-                Err(violations) => {
-                    return Ok(Stamp::Undeliverable(UndeliverableReason::Contract(
-                        violations,
-                    )));
-                }
-            },
-            Some(factory) => match self.resolve(factory.as_ref(), pending).await? {
-                Some(message) => message,
-                None => return Ok(Stamp::Dropped),
-            },
-        };
-        let message_id = message.message_id.clone();
-        let destination = message.destination.clone();
-        let span = self.tracer.as_ref().map(|tracer| {
-            trace_context::start_send(
-                tracer,
-                &mut message,
-                &opentelemetry::Context::current(),
-                self.broker.as_ref(),
-            )
-        });
-        // `Broker::publish` refuses what `Broker::check` would, with the same permanent error.
-        let operation = || format!("publish `{message_id}` to `{destination}`");
-        let publishing = self.broker.publish(message);
-        let published = broker::bounded(operation, self.publish_timeout, publishing).await;
-        if let Some(span) = span {
-            let failure = published
-                .as_ref()
-                .err()
-                .map(|error| (error.type_name(), ErrorChain(error).to_string()));
-            trace_context::end(&span, failure);
-        }
-        match published {
-            // Admitted and published: counted whether or not its stamp then lands.
-            Ok(()) => {
-                if let Some(metrics) = &self.metrics {
-                    metrics.document(DrainOutcome::Admitted);
-                }
-                page.unconfirmed.fetch_add(1, Ordering::AcqRel);
-                Ok(Stamp::Delivered {
-                    message_id,
-                    destination,
-                })
-            }
-            // A protocol limit no broker setting lifts. The resolver built this message, not
-            // the document's persisted fields: the resolver is at fault, and a fixed resolver
-            // publishes the document, so it blocks the lease as a refusing setting does.
-            Err(source) if source.is_permanent() && self.resolver.is_some() => {
-                Err(DrainError::ResolvedMessageRefused {
-                    id: pending.id.to_owned(),
-                    message_id,
-                    destination,
-                    source,
-                })
-            }
-            // Only a protocol limit on the document's own fields: no broker setting lifts it.
-            Err(refusal) if refusal.is_permanent() => {
-                Ok(Stamp::Undeliverable(UndeliverableReason::BrokerRefusal {
-                    message_id,
-                    refusal: Arc::new(refusal),
-                }))
-            }
-            // A setting an operator changes: the document waits for it, pending.
-            Err(source) if source.refusal().is_some() => Err(DrainError::Refused {
-                message_id,
-                destination,
-                source,
-            }),
-            Err(source) => Err(DrainError::Publish {
-                message_id,
-                destination,
-                source,
-            }),
-        }
-    }
-
     /// Writes the stamp a document's publish step called for, holding its in-flight permit
     /// until the stamp landed or failed.
     async fn settle(
@@ -791,142 +668,26 @@ impl Drain {
         permit: Option<SemaphorePermit<'_>>,
     ) -> Result<Processed, DrainError> {
         let _permit = permit;
-        let Pending { id, key, .. } = pending;
-        let (message_id, destination) = match stamp {
-            Stamp::Undeliverable(reason) => {
-                return self.give_up(page.lease_token, key, id, &reason).await;
-            }
-            Stamp::Dropped => return self.drop_document(key, id).await,
-            Stamp::Delivered {
-                message_id,
-                destination,
-            } => (message_id, destination),
-        };
-        let receipt =
-            self.stamp_delivered(key, id)
-                .await
-                .map_err(|source| DrainError::Confirmation {
-                    message_id: message_id.clone(),
-                    source,
-                })?;
-        page.unconfirmed.fetch_sub(1, Ordering::AcqRel);
-        tracing::debug!(
-            message_id,
-            destination,
-            "chatter relay published outbox message"
-        );
-        Ok(Processed::Published(receipt))
-    }
-
-    /// The resolver path: builds a resolver for the document and asks it for the message
-    /// (the Outbox Document Contract is not evaluated: thin documents are fine). Its error
-    /// fails the page with nothing published or stamped.
-    async fn resolve(
-        &self,
-        factory: &dyn ResolverFactory,
-        pending: &Pending<'_>,
-    ) -> Result<Option<BrokeredMessage>, DrainError> {
-        let message_id = pending
-            .doc
-            .get(outbox::MESSAGE_ID_FIELD)
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let context = DrainContext {
-            document: pending.doc,
-            message_id,
-            partition_key: &pending.key,
-            partition_key_paths: self.partition_key_paths,
-        };
-        factory
-            .resolve(&context)
-            .await
-            .map_err(|source| DrainError::Resolver {
-                message_id: message_id.to_owned(),
-                source,
-            })
-    }
-
-    /// The resolver built no message: publishes nothing and stamps the document delivered
-    /// (outcome `dropped`). A failed stamp fails the page as itself: nothing was published, so
-    /// it is no Confirmation Failure.
-    async fn drop_document(&self, key: &[Value], id: &str) -> Result<Processed, DrainError> {
-        let receipt =
-            self.stamp_delivered(key, id)
-                .await
-                .map_err(|source| DrainError::DroppedStamp {
-                    id: id.to_owned(),
-                    source,
-                })?;
-        if let Some(metrics) = &self.metrics {
-            metrics.document(DrainOutcome::Dropped);
+        let settled = self
+            .dispatch
+            .settle(page.lease_token, pending.id, &pending.key, stamp, None)
+            .await;
+        if let Ok(Processed::Published(_)) = settled {
+            page.unconfirmed.fetch_sub(1, Ordering::AcqRel);
         }
-        tracing::debug!(
-            id,
-            "chatter relay dropped an outbox document its resolver built no message for"
-        );
-        Ok(Processed::Dropped(receipt))
+        settled
     }
 
-    /// Stamps `undeliverable` (one op, no ttl: the document is kept for a person to inspect),
-    /// then logs. A failed stamp propagates as itself, with nothing logged.
-    async fn give_up(
-        &self,
-        lease_token: &str,
-        key: &[Value],
-        id: &str,
-        reason: &UndeliverableReason,
-    ) -> Result<Processed, DrainError> {
-        let stamp = outbox::undeliverable_stamp();
-        let receipt =
-            self.patch(key, id, &stamp)
-                .await
-                .map_err(|source| DrainError::UndeliverableStamp {
-                    id: id.to_owned(),
-                    source,
-                })?;
-        diagnostics::undeliverable(
-            self.metrics.as_deref(),
-            self.gate.source_identity(),
-            lease_token,
-            id,
-            reason,
-        );
-        Ok(Processed::Undeliverable(receipt))
-    }
-
-    /// Stamps the document delivered: its status and the delivered ttl, in one patch.
-    async fn stamp_delivered(
-        &self,
-        key: &[Value],
-        id: &str,
-    ) -> Result<ConfirmationReceipt, CosmosStoreError> {
-        let stamp = outbox::delivered_stamp(
-            &self.settings.delivered_status,
-            self.settings.delivered_ttl_seconds,
-        );
-        self.patch(key, id, &stamp).await
-    }
-
-    /// One patch keyed by the document's id and `key`, the partition key read back from the
-    /// document at the declared path(s) (a missing value is a JSON `null` component).
-    async fn patch(
-        &self,
-        key: &[Value],
-        id: &str,
-        ops: &[(&str, Value)],
-    ) -> Result<ConfirmationReceipt, CosmosStoreError> {
-        let key = partition_key::sdk_key(key)?;
-        // Boxed: the SDK's patch future is large, and without the box every document's group
-        // future would carry it inline, copied each time `drain` moves a group future into its
-        // `join_all`.
-        let written = Box::pin(cosmos::store::bounded(
-            "patch_item",
-            self.store_timeout,
-            cosmos::store::patch_item(&self.container, key, id, ops),
-        ))
-        .await?;
-        self.charges.relay(written.request_charge);
-        Ok(ConfirmationReceipt)
+    /// Publish after commit for this drain's container: its dispatch, gate and in-flight limit,
+    /// and the record of what it has in flight, which this drain waits for.
+    pub(crate) fn after_commit(&self) -> AfterCommit {
+        AfterCommit {
+            dispatch: self.dispatch.clone(),
+            gate: Arc::clone(&self.gate),
+            in_flight: self.after_commit.clone(),
+            limit: self.in_flight.clone(),
+            paused_until: Arc::default(),
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::after_commit::AfterCommit;
 use super::backlog;
 use super::contract;
 use super::diagnostics;
@@ -35,6 +36,8 @@ pub(crate) struct RelayHost {
     /// The in-flight limits of the relays: one the pipeline relay's processors share, one of
     /// each standalone relay.
     in_flight: Vec<InFlightLimit>,
+    /// Publish after commit of each container the commands write, by database and container.
+    after_commit: HashMap<(String, String), AfterCommit>,
     /// Stops the backlog estimates and the stranded-document sweeps.
     estimates: CancellationToken,
     estimators: TaskTracker,
@@ -135,27 +138,48 @@ impl RelayHost {
                 }
             }
         }
+        // Publish after commit, for the containers chatter's commands write (the verbatim
+        // path: a standalone relay's resolver or filter is no command's).
+        let after_commit = specs
+            .iter()
+            .zip(&processors)
+            .filter(|(spec, _)| spec.resolver.is_none() && spec.pending_filter.is_none())
+            .map(|(spec, started)| {
+                (
+                    (spec.database.clone(), spec.container.clone()),
+                    started.6.clone(),
+                )
+            })
+            .collect();
         let estimates = CancellationToken::new();
         let estimators = TaskTracker::new();
         let processors = processors
             .into_iter()
-            .map(|(processor, gate, backlogs, estimator, state, sweeper)| {
-                if let Some(estimator) = estimator {
-                    estimators.spawn(estimator.run(estimates.clone()));
-                }
-                estimators.spawn(state.run(estimates.clone()));
-                let findings = sweeper.findings.clone();
-                estimators.spawn(sweeper.run(estimates.clone()));
-                (processor, gate, backlogs, findings)
-            })
+            .map(
+                |(processor, gate, backlogs, estimator, state, sweeper, _)| {
+                    if let Some(estimator) = estimator {
+                        estimators.spawn(estimator.run(estimates.clone()));
+                    }
+                    estimators.spawn(state.run(estimates.clone()));
+                    let findings = sweeper.findings.clone();
+                    estimators.spawn(sweeper.run(estimates.clone()));
+                    (processor, gate, backlogs, findings)
+                },
+            )
             .collect();
         estimators.close();
         Ok(Self {
             processors,
             in_flight,
+            after_commit,
             estimates,
             estimators,
         })
+    }
+
+    /// Publish after commit of each container the commands write, by database and container.
+    pub(crate) fn after_commit(&self) -> &HashMap<(String, String), AfterCommit> {
+        &self.after_commit
     }
 
     /// The in-flight limits of the relays: whether documents are in flight.
@@ -305,6 +329,7 @@ async fn start_one(
         findings: SweepFindings::default(),
     };
     let read_metrics = drain.metrics().cloned();
+    let after_commit = drain.after_commit();
     let page_charges = Arc::clone(charges);
     let gate = Arc::clone(drain.gate());
     let processor_name = source.processor_name.clone();
@@ -368,11 +393,19 @@ async fn start_one(
                 source: e,
             })?;
     tracing::info!(processor = processor_name, instance, container = %format!("{}/{}", source.database, source.container), "chatter relay started");
-    Ok((processor, gate, backlogs, estimator, state, sweeper))
+    Ok((
+        processor,
+        gate,
+        backlogs,
+        estimator,
+        state,
+        sweeper,
+        after_commit,
+    ))
 }
 
 /// A started processor, its gate, its backlog estimates and (metrics on) what makes them, its
-/// state publisher and its stranded-document sweep.
+/// state publisher, its stranded-document sweep and its drain's publish after commit.
 type Started = (
     RunningProcessor,
     Arc<DrainGate>,
@@ -380,6 +413,7 @@ type Started = (
     Option<backlog::Estimator>,
     super::state::StatePublisher,
     Sweeper,
+    AfterCommit,
 );
 
 /// One owned lease as the runtime's health reports it.

@@ -169,6 +169,13 @@ impl DrainGate {
         &self.source_identity
     }
 
+    /// Whether any lease of this processor is failing now (failed confirmations, suspended,
+    /// or blocked by a refusing broker): publish after commit then leaves every document to
+    /// the relay, which drains such a lease one document at a time.
+    pub(crate) fn any_failing(&self) -> bool {
+        !self.leases().is_empty()
+    }
+
     fn leases(&self) -> MutexGuard<'_, HashMap<String, LeaseDrainState>> {
         // Every critical section is a few infallible steps; a poisoned lock holds a consistent map.
         self.leases.lock().unwrap_or_else(PoisonError::into_inner)

@@ -57,6 +57,7 @@ pub struct RuntimeBuilder {
     lane_wait_limit: Duration,
     inbox_clock_margin: Duration,
     relay: Option<RelayOptions>,
+    publish_after_commit: bool,
     meter: telemetry::Source<opentelemetry::metrics::Meter>,
     tracer: telemetry::Source<opentelemetry::global::BoxedTracer>,
     state: crate::state::AppState,
@@ -81,6 +82,7 @@ impl Default for RuntimeBuilder {
             lane_wait_limit: DEFAULT_LANE_WAIT_LIMIT,
             inbox_clock_margin: crate::inbox::DEFAULT_CLOCK_MARGIN,
             relay: Some(RelayOptions::default()),
+            publish_after_commit: true,
             meter: telemetry::Source::Global,
             tracer: telemetry::Source::Global,
             state: crate::state::AppState::default(),
@@ -252,6 +254,20 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Whether the process that commits a command's batch publishes its Outbox Documents right
+    /// after the commit (default **on**): each is published and stamped delivered at once,
+    /// unless another Outbox Document of its partition-key value is pending (then every one of
+    /// the batch is left to the relay, which keeps the key's order). It costs one
+    /// single-partition query per committed batch that holds Outbox Documents, and it needs this
+    /// process to run the relay of the command's container, which remains the safety net for
+    /// every document this path does not publish (its publish or stamp failed, or the process
+    /// died in between). `false`: every document waits for the relay's next change-feed read,
+    /// as in the .NET module.
+    pub fn publish_after_commit(mut self, on: bool) -> Self {
+        self.publish_after_commit = on;
+        self
+    }
+
     /// Runs the change-feed relay with these options (default: on, with default options).
     pub fn relay_options(mut self, options: RelayOptions) -> Self {
         self.relay = Some(options);
@@ -396,7 +412,11 @@ impl RuntimeBuilder {
             Arc::clone(&charges),
             Arc::new(self.state),
         )
-        .with_inboxes(inboxes);
+        .with_inboxes(inboxes)
+        .with_after_commit(match &relay {
+            Some(relay) if self.publish_after_commit => relay.after_commit().clone(),
+            _ => std::collections::HashMap::new(),
+        });
         // 5. The consumers. A failure stops the relay: nothing runs behind a failed start.
         let plan = ConsumerPlan {
             broker: &broker,

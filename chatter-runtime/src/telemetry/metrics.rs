@@ -36,6 +36,11 @@ pub(crate) mod name {
     pub(crate) const STRANDED: &str = "chatter.messaging.outbox.stranded";
     /// Beyond the .NET module: the age of each owned lease's oldest pending Outbox Document.
     pub(crate) const PENDING_OLDEST_AGE: &str = "chatter.messaging.outbox.pending.oldest_age";
+    /// Beyond the .NET module: what publish after commit did with each committed document.
+    pub(crate) const AFTER_COMMIT: &str = "chatter.messaging.outbox.after_commit";
+    /// Beyond the .NET module: from a batch's commit to the broker's confirm of its document,
+    /// published after commit.
+    pub(crate) const COMMIT_TO_PUBLISH: &str = "chatter.messaging.outbox.after_commit.duration";
 }
 
 /// The attribute keys.
@@ -44,7 +49,14 @@ pub(crate) mod attribute {
     pub(crate) const SOURCE_IDENTITY: &str = "chatter.messaging.outbox.source_identity";
     pub(crate) const LEASE_TOKEN: &str = "chatter.messaging.outbox.lease_token";
     pub(crate) const ERROR_TYPE: &str = "error.type";
+    pub(crate) const AFTER_COMMIT_OUTCOME: &str = "chatter.messaging.outbox.after_commit.outcome";
+    pub(crate) const AFTER_COMMIT_REASON: &str = "chatter.messaging.outbox.after_commit.reason";
 }
+
+/// The advised bucket boundaries of `after_commit.duration`, in seconds.
+const COMMIT_TO_PUBLISH_BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
 
 /// The advised bucket boundaries of `drain.lag`, in seconds.
 const LAG_BUCKETS: [f64; 12] = [
@@ -95,6 +107,8 @@ pub(crate) struct DrainInstruments {
     backlog: Gauge<u64>,
     stranded: Counter<u64>,
     pending_oldest_age: Gauge<f64>,
+    after_commit: Counter<u64>,
+    commit_to_publish: Histogram<f64>,
 }
 
 impl DrainInstruments {
@@ -176,6 +190,24 @@ impl DrainInstruments {
                      swept (0 when none is pending).",
                 )
                 .build(),
+            after_commit: meter
+                .u64_counter(name::AFTER_COMMIT)
+                .with_unit("{document}")
+                .with_description(
+                    "Number of committed Outbox Documents publish after commit handled, by \
+                     outcome (published, undeliverable, left_to_relay) and why it left one to \
+                     the relay.",
+                )
+                .build(),
+            commit_to_publish: meter
+                .f64_histogram(name::COMMIT_TO_PUBLISH)
+                .with_unit("s")
+                .with_description(
+                    "Time from a batch's commit to the broker's confirm of an Outbox Document \
+                     published after commit.",
+                )
+                .with_boundaries(COMMIT_TO_PUBLISH_BUCKETS.to_vec())
+                .build(),
         }
     }
 }
@@ -223,6 +255,33 @@ impl SourceMetrics {
             let size = u64::try_from(size).unwrap_or(u64::MAX);
             self.instruments.batch_size.record(size, &attributes);
             self.instruments.batches.add(1, &attributes);
+        });
+    }
+
+    /// What publish after commit did with one committed document.
+    pub(crate) fn after_commit(&self, outcome: crate::relay::after_commit::AfterCommitOutcome) {
+        guarded(|| {
+            let mut attributes = vec![
+                KeyValue::new(attribute::SOURCE_IDENTITY, self.source_identity.clone()),
+                KeyValue::new(attribute::AFTER_COMMIT_OUTCOME, outcome.as_str()),
+            ];
+            if let Some(reason) = outcome.reason() {
+                attributes.push(KeyValue::new(attribute::AFTER_COMMIT_REASON, reason));
+            }
+            self.instruments.after_commit.add(1, &attributes);
+        });
+    }
+
+    /// From a batch's commit to its document's confirm, published after commit.
+    pub(crate) fn commit_to_publish(&self, took: std::time::Duration) {
+        guarded(|| {
+            self.instruments.commit_to_publish.record(
+                took.as_secs_f64(),
+                &[KeyValue::new(
+                    attribute::SOURCE_IDENTITY,
+                    self.source_identity.clone(),
+                )],
+            );
         });
     }
 

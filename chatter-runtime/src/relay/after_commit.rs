@@ -1,0 +1,426 @@
+//! Publish after commit: the process that committed a command's batch publishes its Outbox
+//! Documents at once and stamps each delivered, instead of waiting for the relay's next
+//! change-feed read. The relay stays the safety net for every document this path does not
+//! publish and stamp.
+//!
+//! **Per-key order.** Before the batch's documents go out this way, nothing else of their
+//! partition-key value may be pending: one single-partition query of the pending Outbox
+//! Documents right after the commit. If any other is pending (an earlier eager publish failed,
+//! another process committed before this one and has not published, the relay is behind), every
+//! document of the batch is left to the relay, which publishes in change-feed order. The batch's
+//! own documents go out one after another, in batch order, each stamped (conditional on the ETag
+//! the batch returned: a 412 means another stamped it, which is as good) before the next.
+//!
+//! **The relay in the same process** waits for a document whose eager dispatch is in flight
+//! ([`AfterCommitInFlight`]) and skips the version this path stamped, so one process does not
+//! publish a document twice. Another process's relay can read a document before its stamp lands
+//! and publish it again: a duplicate the consumer's inbox recognises by its message id.
+//!
+//! **Failures** never fail the command (its batch committed): the document stays pending and
+//! the relay publishes it. While any lease of the container's processor is failing (failed
+//! confirmations, a suspension, a refusing broker), and for [`PAUSE_AFTER_FAILURE`] after an
+//! eager publish or stamp failed, every document is left to the relay, whose Drain Suspension
+//! and blocked-lease state then see the failure as it meets it again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use azure_data_cosmos::feed::FeedScope;
+use futures::StreamExt;
+use serde_json::Value;
+use tokio::sync::watch;
+
+use super::dispatch::{Dispatch, Processed, Stamp};
+use super::drain::InFlightLimit;
+use super::suspension::DrainGate;
+use crate::cosmos::CosmosStoreError;
+use crate::cosmos::store::bounded;
+use crate::document;
+use crate::document::outbox::STATUS_PENDING;
+use crate::partition_key;
+
+/// How long after an eager publish or stamp failed every document of the container is left to
+/// the relay: the relay meets the same failure and handles it by its rules (one document at a
+/// time, Drain Suspension, a blocked lease) instead of every command trying again.
+pub(crate) const PAUSE_AFTER_FAILURE: Duration = Duration::from_secs(60);
+
+/// How long the drain remembers a document version this path stamped, so a page read before
+/// the stamp does not publish it again. Past a page's handler timeout and poll interval.
+const REMEMBERED_FOR: Duration = Duration::from_secs(600);
+
+/// What happened after one commit, per document (the `after_commit` counter's attributes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterCommitOutcome {
+    /// Published and stamped delivered.
+    Published,
+    /// Never publishable: stamped `undeliverable` (logged at Error), as the relay would.
+    Undeliverable,
+    /// Left to the relay.
+    Left(LeftBecause),
+}
+
+/// Why a committed document was left to the relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeftBecause {
+    /// Another Outbox Document of its partition-key value was pending.
+    EarlierPending,
+    /// A lease of the container's processor is failing (or was, a moment ago, for this path).
+    RelayFailing,
+    /// The pending check could not be read.
+    CheckFailed,
+    /// Its publish failed (or was not tried, after an earlier document of the batch failed).
+    PublishFailed,
+    /// Published, but its stamp did not land: the relay publishes it again.
+    StampFailed,
+}
+
+impl AfterCommitOutcome {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Published => "published",
+            Self::Undeliverable => "undeliverable",
+            Self::Left(_) => "left_to_relay",
+        }
+    }
+
+    pub(crate) fn reason(self) -> Option<&'static str> {
+        match self {
+            Self::Left(LeftBecause::EarlierPending) => Some("earlier_pending"),
+            Self::Left(LeftBecause::RelayFailing) => Some("relay_failing"),
+            Self::Left(LeftBecause::CheckFailed) => Some("check_failed"),
+            Self::Left(LeftBecause::PublishFailed) => Some("publish_failed"),
+            Self::Left(LeftBecause::StampFailed) => Some("stamp_failed"),
+            _ => None,
+        }
+    }
+}
+
+/// One Outbox Document a batch committed: its id, its body as written, and the ETag the batch
+/// returned for it.
+#[derive(Debug, Clone)]
+pub(crate) struct Committed {
+    pub(crate) id: String,
+    pub(crate) document: Value,
+    pub(crate) etag: Option<String>,
+}
+
+/// The state of one document's dispatch after its commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Dispatched {
+    /// Its batch is being executed.
+    Committing,
+    /// Committed as this version (ETag); being checked, published and stamped.
+    InFlight(String),
+    /// This version was stamped by this path.
+    Stamped(String),
+    /// Not published by this path (left to the relay, or its batch did not commit).
+    Failed,
+}
+
+impl Dispatched {
+    fn settled(&self) -> bool {
+        matches!(self, Self::Stamped(_) | Self::Failed)
+    }
+}
+
+struct Entry {
+    state: watch::Receiver<Dispatched>,
+    since: Instant,
+}
+
+/// The documents this process is committing and publishing after their commit, and those it
+/// stamped, by identity (id and partition-key value): shared by the path and the drain of one
+/// container.
+#[derive(Clone, Default)]
+pub(crate) struct AfterCommitInFlight(Arc<Mutex<HashMap<String, Entry>>>);
+
+impl std::fmt::Debug for AfterCommitInFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AfterCommitInFlight")
+            .finish_non_exhaustive()
+    }
+}
+
+/// One document's dispatch, from before its batch executes to its stamp; dropped unfinished
+/// (its batch failed, the path left it to the relay, the command was cancelled), it counts as
+/// not published, and the relay publishes it.
+pub(crate) struct Ticket {
+    state: watch::Sender<Dispatched>,
+}
+
+impl Ticket {
+    fn committed(&self, etag: &str) {
+        let _ = self.state.send(Dispatched::InFlight(etag.to_owned()));
+    }
+
+    fn finish(self, stamped: bool) {
+        self.state.send_modify(|state| {
+            *state = match state {
+                Dispatched::InFlight(etag) if stamped => Dispatched::Stamped(std::mem::take(etag)),
+                _ => Dispatched::Failed,
+            }
+        });
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.state.send_if_modified(|state| {
+            let unfinished = !state.settled();
+            if unfinished {
+                *state = Dispatched::Failed;
+            }
+            unfinished
+        });
+    }
+}
+
+fn identity(id: &str, key: &[Value]) -> String {
+    format!("{id}\u{0}{}", partition_key::ordering_key(key))
+}
+
+impl AfterCommitInFlight {
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Marks document `id` of `key` as committing: a page that reads it waits for its outcome.
+    fn begin(&self, id: &str, key: &[Value]) -> Ticket {
+        let (state, receiver) = watch::channel(Dispatched::Committing);
+        let now = Instant::now();
+        let mut entries = self.entries();
+        entries.retain(|_, entry| {
+            now.duration_since(entry.since) < REMEMBERED_FOR || !entry.state.borrow().settled()
+        });
+        entries.insert(
+            identity(id, key),
+            Entry {
+                state: receiver,
+                since: now,
+            },
+        );
+        Ticket { state }
+    }
+
+    /// Whether this process stamped `doc` (this version of it, by its `_etag`) after its
+    /// commit: waits while that document's commit or dispatch is in flight here. `false` for a
+    /// document this path never took, one it did not publish, or one written again since.
+    pub(crate) async fn stamped_here(&self, doc: &Value, id: &str, key: &[Value]) -> bool {
+        let Some(etag) = doc.get("_etag").and_then(Value::as_str) else {
+            return false;
+        };
+        let Some(mut state) = self
+            .entries()
+            .get(&identity(id, key))
+            .map(|entry| entry.state.clone())
+        else {
+            return false;
+        };
+        // A dropped ticket settled its state first, so the last state is always readable.
+        let _ = state.wait_for(Dispatched::settled).await;
+        matches!(&*state.borrow(), Dispatched::Stamped(stamped) if stamped == etag)
+    }
+}
+
+/// Publish after commit for the Outbox Documents of one monitored container: the drain's
+/// [`Dispatch`], gate and in-flight limit, shared with the relay of that container in this
+/// process.
+#[derive(Clone)]
+pub(crate) struct AfterCommit {
+    pub(super) dispatch: Dispatch,
+    pub(super) gate: Arc<DrainGate>,
+    pub(super) in_flight: AfterCommitInFlight,
+    pub(super) limit: InFlightLimit,
+    /// Until when every document is left to the relay, after a failure of this path.
+    pub(super) paused_until: Arc<Mutex<Option<Instant>>>,
+}
+
+impl std::fmt::Debug for AfterCommit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AfterCommit")
+            .field("source_identity", &self.dispatch.source_identity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AfterCommit {
+    /// Marks the Outbox Documents `ids` of partition key `key` as committing, before their batch
+    /// executes: the relay here waits for what this path does with them.
+    pub(crate) fn begin(&self, key: &[Value], ids: &[String]) -> Vec<Ticket> {
+        ids.iter().map(|id| self.in_flight.begin(id, key)).collect()
+    }
+
+    /// Publishes and stamps the Outbox Documents one batch of partition key `key` committed
+    /// `committed_at` (with the `tickets` [`begin`](Self::begin) gave them), in batch order, or
+    /// leaves them to the relay; one outcome per document.
+    pub(crate) async fn publish(
+        &self,
+        key: &[Value],
+        committed: Vec<Committed>,
+        tickets: Vec<Ticket>,
+        committed_at: Instant,
+    ) -> Vec<AfterCommitOutcome> {
+        if committed.is_empty() {
+            return Vec::new();
+        }
+        let outcomes = self
+            .publish_each(key, &committed, tickets, committed_at)
+            .await;
+        if let Some(metrics) = &self.dispatch.metrics {
+            for outcome in &outcomes {
+                metrics.after_commit(*outcome);
+            }
+        }
+        outcomes
+    }
+
+    async fn publish_each(
+        &self,
+        key: &[Value],
+        committed: &[Committed],
+        tickets: Vec<Ticket>,
+        committed_at: Instant,
+    ) -> Vec<AfterCommitOutcome> {
+        let left = |because| vec![AfterCommitOutcome::Left(because); committed.len()];
+        if self.paused() || self.gate.any_failing() {
+            return left(LeftBecause::RelayFailing);
+        }
+        let mut tickets: Vec<Option<Ticket>> = tickets
+            .into_iter()
+            .zip(committed)
+            .map(|(ticket, doc)| {
+                let etag = doc.etag.as_deref()?;
+                ticket.committed(etag);
+                Some(ticket)
+            })
+            .collect();
+        let ours: Vec<&str> = committed.iter().map(|doc| doc.id.as_str()).collect();
+        match self.others_pending(key, &ours).await {
+            Ok(false) => {}
+            Ok(true) => return left(LeftBecause::EarlierPending),
+            Err(error) => {
+                tracing::debug!(source_identity = %self.dispatch.source_identity, error = %crate::error_chain::ErrorChain(&error), "publish after commit: the pending check failed; the relay publishes");
+                return left(LeftBecause::CheckFailed);
+            }
+        }
+        let mut outcomes = Vec::with_capacity(committed.len());
+        for (doc, ticket) in committed.iter().zip(tickets.iter_mut()) {
+            let Some(ticket) = ticket.take() else {
+                // No ETag to stamp against: the relay publishes it, and so every later one.
+                break;
+            };
+            let outcome = self.publish_one(key, doc, committed_at).await;
+            ticket.finish(matches!(
+                outcome,
+                AfterCommitOutcome::Published | AfterCommitOutcome::Undeliverable
+            ));
+            outcomes.push(outcome);
+            if let AfterCommitOutcome::Left(_) = outcome {
+                self.pause();
+                break;
+            }
+        }
+        // What was not tried waits for the relay, in order behind the one that failed.
+        outcomes.resize(
+            committed.len(),
+            AfterCommitOutcome::Left(LeftBecause::PublishFailed),
+        );
+        outcomes
+    }
+
+    async fn publish_one(
+        &self,
+        key: &[Value],
+        doc: &Committed,
+        committed_at: Instant,
+    ) -> AfterCommitOutcome {
+        // One permit of the relay's in-flight limit, as every document the relay drains holds.
+        let _permit = self.limit.permits.acquire().await.ok();
+        let stamp = match self.dispatch.publish(&doc.document, &doc.id, key).await {
+            Ok(stamp) => stamp,
+            Err(error) => {
+                tracing::warn!(source_identity = %self.dispatch.source_identity, id = doc.id, error = %crate::error_chain::ErrorChain(&error), "publish after commit failed; the relay publishes the document, and every document of this container for a minute");
+                return AfterCommitOutcome::Left(LeftBecause::PublishFailed);
+            }
+        };
+        let published = matches!(stamp, Stamp::Delivered { .. });
+        if published && let Some(metrics) = &self.dispatch.metrics {
+            metrics.commit_to_publish(committed_at.elapsed());
+        }
+        match self
+            .dispatch
+            .settle("after-commit", &doc.id, key, stamp, doc.etag.as_deref())
+            .await
+        {
+            Ok(Processed::Published(_) | Processed::Dropped(_)) => {
+                self.dispatch.charges.relayed(1);
+                AfterCommitOutcome::Published
+            }
+            Ok(Processed::Undeliverable(_)) => {
+                self.dispatch.charges.relayed(1);
+                AfterCommitOutcome::Undeliverable
+            }
+            Err(error) => {
+                tracing::warn!(source_identity = %self.dispatch.source_identity, id = doc.id, error = %crate::error_chain::ErrorChain(&error), "publish after commit: the stamp did not land; the relay publishes the document again");
+                AfterCommitOutcome::Left(LeftBecause::StampFailed)
+            }
+        }
+    }
+
+    /// Whether an Outbox Document of partition key `key` other than `ours` is pending.
+    async fn others_pending(&self, key: &[Value], ours: &[&str]) -> Result<bool, CosmosStoreError> {
+        const OPERATION: &str = "query_items";
+        let query = crate::operator::outbox::outbox_query("*", STATUS_PENDING)?;
+        let sdk_key = partition_key::sdk_key(key)?;
+        let read = async {
+            let mut pages = self
+                .dispatch
+                .container
+                .query_items::<Value>(query, FeedScope::partition(sdk_key), None)
+                .await
+                .map_err(|e| CosmosStoreError::request(OPERATION, e))?
+                .into_pages();
+            while let Some(page) = pages.next().await {
+                let page = page.map_err(|e| CosmosStoreError::request(OPERATION, e))?;
+                self.dispatch
+                    .charges
+                    .command_extra(page.headers().request_charge().map_or(0.0, |c| c.value()));
+                let other = page.into_items().into_iter().any(|doc| {
+                    document::is_pending_outbox(&doc)
+                        && doc
+                            .get(document::outbox::ID_FIELD)
+                            .and_then(Value::as_str)
+                            .is_some_and(|id| !ours.contains(&id))
+                });
+                if other {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        };
+        bounded(OPERATION, self.dispatch.store_timeout, read).await
+    }
+
+    fn paused(&self) -> bool {
+        let mut until = self
+            .paused_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match *until {
+            Some(at) if Instant::now() < at => true,
+            Some(_) => {
+                *until = None;
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn pause(&self) {
+        *self
+            .paused_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now() + PAUSE_AFTER_FAILURE);
+    }
+}

@@ -1,0 +1,350 @@
+//! One piece of code publishes and stamps an Outbox Document, whichever path found it: the
+//! relay's drain (a change-feed page) and publish after commit (the process that committed the
+//! batch, right after the commit).
+//!
+//! [`Dispatch::publish`] verifies the document (the Outbox Document Contract, or a standalone
+//! relay's body resolver) and publishes it under a `send` span; [`Dispatch::settle`] writes the
+//! one stamp that calls for: `delivered` with the TTL, `undeliverable` (no TTL, logged at
+//! Error), or `delivered` without a publish (the resolver built no message).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::delivery::DeliverySettings;
+use super::diagnostics;
+use super::error::DrainError;
+use super::resolver::{DrainContext, ResolverFactory};
+use super::suspension::ConfirmationReceipt;
+use crate::broker::{self, Broker, BrokerError};
+use crate::cosmos::charge::RequestMeter;
+use crate::cosmos::store::{PatchOp, patch_item_if_match};
+use crate::cosmos::{self, ContainerClient, CosmosStoreError};
+use crate::document::{ContractViolations, outbox, outbox_contract};
+use crate::error_chain::ErrorChain;
+use crate::message::BrokeredMessage;
+use crate::partition_key::{self, PartitionKeyPath};
+use crate::telemetry::metrics::{DrainOutcome, SourceMetrics};
+use crate::telemetry::trace_context::{self, SharedTracer};
+
+/// Why a pending Outbox Document was stamped `undeliverable`.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum UndeliverableReason {
+    /// The document's own fields violate the Outbox Document Contract.
+    #[error(transparent)]
+    Contract(ContractViolations),
+    /// The broker refuses the message every time.
+    #[error(
+        "The broker refuses outbox document '{message_id}' every time it is published: {refusal}. \
+         The document's own persisted fields prove this, so redraining it would fail identically; \
+         correct the writer that produced it."
+    )]
+    BrokerRefusal {
+        /// The document's `MessageId`.
+        message_id: String,
+        /// The broker's permanent refusal.
+        refusal: Arc<BrokerError>,
+    },
+}
+
+/// What one pending document did.
+pub(super) enum Processed {
+    Published(ConfirmationReceipt),
+    Undeliverable(ConfirmationReceipt),
+    Dropped(ConfirmationReceipt),
+}
+
+/// What a published (or never publishable) document still needs: its one stamp.
+pub(super) enum Stamp {
+    /// Published: stamped delivered with the TTL.
+    Delivered {
+        message_id: String,
+        destination: String,
+    },
+    /// Never publishable: stamped `undeliverable`.
+    Undeliverable(UndeliverableReason),
+    /// The resolver built no message: stamped delivered, nothing published.
+    Dropped,
+}
+
+/// What publishes and stamps the Outbox Documents of one monitored container.
+#[derive(Clone)]
+pub(super) struct Dispatch {
+    pub(super) source_identity: Arc<str>,
+    pub(super) broker: Arc<dyn Broker>,
+    pub(super) container: Arc<ContainerClient>,
+    pub(super) partition_key_paths: &'static [PartitionKeyPath],
+    pub(super) settings: DeliverySettings,
+    pub(super) publish_timeout: Duration,
+    pub(super) store_timeout: Duration,
+    pub(super) charges: Arc<RequestMeter>,
+    pub(super) metrics: Option<Arc<SourceMetrics>>,
+    pub(super) tracer: SharedTracer,
+    /// The standalone relay's body resolver: without one, the verbatim path (the document is
+    /// the message, under the Outbox Document Contract).
+    pub(super) resolver: Option<Arc<dyn ResolverFactory>>,
+}
+
+impl Dispatch {
+    /// Verifies and publishes one pending document `id` of partition key `key`: what it still
+    /// needs is its stamp.
+    pub(super) async fn publish(
+        &self,
+        doc: &Value,
+        id: &str,
+        key: &[Value],
+    ) -> Result<Stamp, DrainError> {
+        // Admitted past the pending gate: its age is taken now, before the contract, so an
+        // undeliverable document and a publish that fails still report it.
+        if let Some(metrics) = &self.metrics {
+            metrics.lag(doc);
+        }
+        let mut message = match &self.resolver {
+            None => match outbox_contract::verify(doc) {
+                Ok(verified) => verified.into_message(),
+                Err(violations) => {
+                    return Ok(Stamp::Undeliverable(UndeliverableReason::Contract(
+                        violations,
+                    )));
+                }
+            },
+            Some(factory) => match self.resolve(factory.as_ref(), doc, key).await? {
+                Some(message) => message,
+                None => return Ok(Stamp::Dropped),
+            },
+        };
+        let message_id = message.message_id.clone();
+        let destination = message.destination.clone();
+        let span = self.tracer.as_ref().map(|tracer| {
+            trace_context::start_send(
+                tracer,
+                &mut message,
+                &opentelemetry::Context::current(),
+                self.broker.as_ref(),
+            )
+        });
+        // `Broker::publish` refuses what `Broker::check` would, with the same permanent error.
+        let operation = || format!("publish `{message_id}` to `{destination}`");
+        let publishing = self.broker.publish(message);
+        let published = broker::bounded(operation, self.publish_timeout, publishing).await;
+        if let Some(span) = span {
+            let failure = published
+                .as_ref()
+                .err()
+                .map(|error| (error.type_name(), ErrorChain(error).to_string()));
+            trace_context::end(&span, failure);
+        }
+        match published {
+            // Admitted and published: counted whether or not its stamp then lands.
+            Ok(()) => {
+                if let Some(metrics) = &self.metrics {
+                    metrics.document(DrainOutcome::Admitted);
+                }
+                Ok(Stamp::Delivered {
+                    message_id,
+                    destination,
+                })
+            }
+            // A protocol limit no broker setting lifts. The resolver built this message, not
+            // the document's persisted fields: the resolver is at fault, and a fixed resolver
+            // publishes the document, so it blocks the lease as a refusing setting does.
+            Err(source) if source.is_permanent() && self.resolver.is_some() => {
+                Err(DrainError::ResolvedMessageRefused {
+                    id: id.to_owned(),
+                    message_id,
+                    destination,
+                    source,
+                })
+            }
+            // Only a protocol limit on the document's own fields: no broker setting lifts it.
+            Err(refusal) if refusal.is_permanent() => {
+                Ok(Stamp::Undeliverable(UndeliverableReason::BrokerRefusal {
+                    message_id,
+                    refusal: Arc::new(refusal),
+                }))
+            }
+            // A setting an operator changes: the document waits for it, pending.
+            Err(source) if source.refusal().is_some() => Err(DrainError::Refused {
+                message_id,
+                destination,
+                source,
+            }),
+            Err(source) => Err(DrainError::Publish {
+                message_id,
+                destination,
+                source,
+            }),
+        }
+    }
+
+    /// Writes the stamp a document's publish step called for. `if_match`: the stamp is
+    /// conditional on that ETag (publish after commit: the one the batch returned), and a 412
+    /// means another stamped it first, which is as good.
+    pub(super) async fn settle(
+        &self,
+        lease_token: &str,
+        id: &str,
+        key: &[Value],
+        stamp: Stamp,
+        if_match: Option<&str>,
+    ) -> Result<Processed, DrainError> {
+        let (message_id, destination) = match stamp {
+            Stamp::Undeliverable(reason) => {
+                return self.give_up(lease_token, key, id, &reason).await;
+            }
+            Stamp::Dropped => return self.drop_document(key, id).await,
+            Stamp::Delivered {
+                message_id,
+                destination,
+            } => (message_id, destination),
+        };
+        let receipt = self
+            .stamp_delivered(key, id, if_match)
+            .await
+            .map_err(|source| DrainError::Confirmation {
+                message_id: message_id.clone(),
+                source,
+            })?;
+        tracing::debug!(
+            message_id,
+            destination,
+            "chatter relay published outbox message"
+        );
+        Ok(Processed::Published(receipt))
+    }
+
+    /// The resolver path: builds a resolver for the document and asks it for the message
+    /// (the Outbox Document Contract is not evaluated: thin documents are fine). Its error
+    /// fails the page with nothing published or stamped.
+    async fn resolve(
+        &self,
+        factory: &dyn ResolverFactory,
+        doc: &Value,
+        key: &[Value],
+    ) -> Result<Option<BrokeredMessage>, DrainError> {
+        let message_id = doc
+            .get(outbox::MESSAGE_ID_FIELD)
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let context = DrainContext {
+            document: doc,
+            message_id,
+            partition_key: key,
+            partition_key_paths: self.partition_key_paths,
+        };
+        factory
+            .resolve(&context)
+            .await
+            .map_err(|source| DrainError::Resolver {
+                message_id: message_id.to_owned(),
+                source,
+            })
+    }
+
+    /// The resolver built no message: publishes nothing and stamps the document delivered
+    /// (outcome `dropped`). A failed stamp fails the page as itself: nothing was published, so
+    /// it is no Confirmation Failure.
+    async fn drop_document(&self, key: &[Value], id: &str) -> Result<Processed, DrainError> {
+        let receipt = self
+            .stamp_delivered(key, id, None)
+            .await
+            .map_err(|source| DrainError::DroppedStamp {
+                id: id.to_owned(),
+                source,
+            })?;
+        if let Some(metrics) = &self.metrics {
+            metrics.document(DrainOutcome::Dropped);
+        }
+        tracing::debug!(
+            id,
+            "chatter relay dropped an outbox document its resolver built no message for"
+        );
+        Ok(Processed::Dropped(receipt))
+    }
+
+    /// Stamps `undeliverable` (one op, no ttl: the document is kept for a person to inspect),
+    /// then logs. A failed stamp propagates as itself, with nothing logged.
+    async fn give_up(
+        &self,
+        lease_token: &str,
+        key: &[Value],
+        id: &str,
+        reason: &UndeliverableReason,
+    ) -> Result<Processed, DrainError> {
+        let stamp = outbox::undeliverable_stamp();
+        let receipt =
+            self.patch(key, id, &stamp)
+                .await
+                .map_err(|source| DrainError::UndeliverableStamp {
+                    id: id.to_owned(),
+                    source,
+                })?;
+        diagnostics::undeliverable(
+            self.metrics.as_deref(),
+            &self.source_identity,
+            lease_token,
+            id,
+            reason,
+        );
+        Ok(Processed::Undeliverable(receipt))
+    }
+
+    /// Stamps the document delivered: its status and the delivered ttl, in one patch
+    /// (conditional on `if_match`, where a 412 counts as stamped: another stamped it first).
+    async fn stamp_delivered(
+        &self,
+        key: &[Value],
+        id: &str,
+        if_match: Option<&str>,
+    ) -> Result<ConfirmationReceipt, CosmosStoreError> {
+        let stamp = outbox::delivered_stamp(
+            &self.settings.delivered_status,
+            self.settings.delivered_ttl_seconds,
+        );
+        let Some(etag) = if_match else {
+            return self.patch(key, id, &stamp).await;
+        };
+        let operations: Vec<PatchOp> = stamp
+            .iter()
+            .map(|(path, value)| PatchOp::Set((*path).to_owned(), value.clone()))
+            .collect();
+        let sdk_key = partition_key::sdk_key(key)?;
+        let written = Box::pin(cosmos::store::bounded(
+            "patch_item",
+            self.store_timeout,
+            patch_item_if_match(&self.container, sdk_key, id, &operations, etag),
+        ))
+        .await;
+        match written {
+            Ok(written) => {
+                self.charges.relay(written.request_charge);
+                Ok(ConfirmationReceipt)
+            }
+            Err(error) if error.is_status(412) => Ok(ConfirmationReceipt),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// One patch keyed by the document's id and `key`, the partition key read back from the
+    /// document at the declared path(s) (a missing value is a JSON `null` component).
+    async fn patch(
+        &self,
+        key: &[Value],
+        id: &str,
+        ops: &[(&str, Value)],
+    ) -> Result<ConfirmationReceipt, CosmosStoreError> {
+        let key = partition_key::sdk_key(key)?;
+        // Boxed: the SDK's patch future is large, and without the box every document's group
+        // future would carry it inline, copied each time `drain` moves a group future into its
+        // `join_all`.
+        let written = Box::pin(cosmos::store::bounded(
+            "patch_item",
+            self.store_timeout,
+            cosmos::store::patch_item(&self.container, key, id, ops),
+        ))
+        .await?;
+        self.charges.relay(written.request_charge);
+        Ok(ConfirmationReceipt)
+    }
+}

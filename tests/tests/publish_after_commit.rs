@@ -1,0 +1,242 @@
+//! Publish after commit (issue 34): the process that committed a command's batch publishes its
+//! Outbox Documents at once, unless an earlier document of their key is pending; the relay is
+//! the safety net for every document this path does not publish.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use chatter_runtime::broker::{Broker as _, BrokerError, InMemoryBroker};
+use chatter_runtime::{RelayOptions, Runtime};
+use chatter_tests::broker::{Intercepted, next_delivery};
+use chatter_tests::runtime::writer;
+use chatter_tests::store::{emulator_server, outbox_document, provisioned_with_leases};
+use chatter_tests::wait::eventually;
+use serde_json::{Value, json};
+
+const DB: &str = "after-commit";
+const CONTAINER: &str = "orders";
+const EVENTS: &str = "after-commit-events";
+const WAIT: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(50);
+
+chatter_tests::event_command! {
+    /// Places an order and emits one event.
+    PlaceEagerOrder { order_id as "orderId" }
+    on ("after-commit", "orders", "orders-leases") at "/orderId",
+    handled by place, sends "placed" to "after-commit-events"
+}
+
+fn order(key: &str) -> PlaceEagerOrder {
+    PlaceEagerOrder {
+        order_id: key.to_owned(),
+    }
+}
+
+/// A relay that reads the change feed once at start and then only every `poll`.
+fn relay_polling_every(poll: Duration) -> RelayOptions {
+    chatter_tests::relay::fast_relay(Duration::from_secs(10)).poll_interval(poll)
+}
+
+async fn runtime(
+    cosmos: &chatter_runtime::cosmos::CosmosConnection,
+    broker: impl chatter_runtime::broker::Broker,
+    relay: RelayOptions,
+    after_commit: bool,
+) -> Runtime {
+    Runtime::builder()
+        .cosmos(cosmos.clone())
+        .broker(broker)
+        .consume(false)
+        .relay_options(relay)
+        .publish_after_commit(after_commit)
+        .without_metrics()
+        .start()
+        .await
+        .unwrap()
+}
+
+/// Waits until the relay owns its leases and has read each once (a checkpoint was written):
+/// with an hour's poll interval, it does not read again within a test.
+async fn relay_read_once(runtime: &Runtime) {
+    eventually(
+        WAIT,
+        POLL,
+        "the relay read each of its leases once",
+        || async {
+            let leases = runtime.health().await.leases;
+            !leases.is_empty() && leases.iter().all(|l| l.last_checkpoint_age.is_some())
+        },
+    )
+    .await;
+}
+
+async fn stamped_delivered(
+    cosmos: &chatter_runtime::cosmos::CosmosConnection,
+    key: &str,
+    message_id: &str,
+) -> bool {
+    let container = cosmos.container(DB, CONTAINER).await.unwrap();
+    let doc = outbox_document(&container, &[Value::from(key)], message_id).await;
+    doc["status"] == "delivered" && doc["ttl"].is_i64()
+}
+
+#[tokio::test]
+async fn a_committed_event_is_published_and_stamped_without_waiting_for_the_relays_read() {
+    let (_emulator, cosmos) = emulator_server().await;
+    provisioned_with_leases(&cosmos, DB, CONTAINER, &["/orderId"], "orders-leases").await;
+    let broker = InMemoryBroker::new();
+    let mut events = broker.subscribe(EVENTS).await.unwrap();
+    // The relay reads once at start, then not for an hour: only publish after commit can
+    // publish the event within the wait.
+    let runtime = runtime(
+        &cosmos,
+        broker.clone(),
+        relay_polling_every(Duration::from_secs(3600)),
+        true,
+    )
+    .await;
+    relay_read_once(&runtime).await;
+    runtime.dispatch(order("o-1"), "cmd-1").await.unwrap();
+    let delivery = next_delivery(&mut events, WAIT).await;
+    assert_eq!(delivery.message.message_id, "cmd-1:placed");
+    assert!(stamped_delivered(&cosmos, "o-1", "cmd-1:placed").await);
+    runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn with_publish_after_commit_off_the_event_waits_for_the_relays_read() {
+    let (_emulator, cosmos) = emulator_server().await;
+    provisioned_with_leases(&cosmos, DB, CONTAINER, &["/orderId"], "orders-leases").await;
+    let broker = InMemoryBroker::new();
+    let mut events = broker.subscribe(EVENTS).await.unwrap();
+    let runtime = runtime(
+        &cosmos,
+        broker.clone(),
+        relay_polling_every(Duration::from_secs(3600)),
+        false,
+    )
+    .await;
+    relay_read_once(&runtime).await;
+    runtime.dispatch(order("o-1"), "cmd-1").await.unwrap();
+    chatter_tests::broker::assert_quiet_for(&mut events, Duration::from_secs(2)).await;
+    let container = cosmos.container(DB, CONTAINER).await.unwrap();
+    let doc = outbox_document(&container, &[json!("o-1")], "cmd-1:placed").await;
+    assert_eq!(doc["status"], "pending");
+    // Not shut down: its drain would publish the document.
+}
+
+#[tokio::test]
+async fn a_key_whose_earlier_document_is_pending_keeps_its_order() {
+    let (_emulator, cosmos) = emulator_server().await;
+    provisioned_with_leases(&cosmos, DB, CONTAINER, &["/orderId"], "orders-leases").await;
+    let broker = InMemoryBroker::new();
+    let mut events = broker.subscribe(EVENTS).await.unwrap();
+    // This process publishes after its commits; its relay reads every 2 s.
+    let runtime = runtime(
+        &cosmos,
+        broker.clone(),
+        relay_polling_every(Duration::from_secs(2)),
+        true,
+    )
+    .await;
+    // Another process committed o-1's first command and has not published it.
+    let other = writer(&cosmos, InMemoryBroker::new()).await;
+    other.dispatch(order("o-1"), "cmd-1").await.unwrap();
+    // The second command of o-1: its event must not overtake the first one.
+    runtime.dispatch(order("o-1"), "cmd-2").await.unwrap();
+    let first = next_delivery(&mut events, WAIT).await;
+    let second = next_delivery(&mut events, WAIT).await;
+    assert_eq!(
+        [
+            first.message.message_id.as_str(),
+            second.message.message_id.as_str()
+        ],
+        ["cmd-1:placed", "cmd-2:placed"]
+    );
+    runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_document_whose_publish_after_commit_failed_is_published_by_the_relay() {
+    let (_emulator, cosmos) = emulator_server().await;
+    provisioned_with_leases(&cosmos, DB, CONTAINER, &["/orderId"], "orders-leases").await;
+    let inner = InMemoryBroker::new();
+    let mut events = inner.subscribe(EVENTS).await.unwrap();
+    // Test double (a failed publish at a known moment, the first of the run): the broker
+    // refuses the first publish as unavailable, then publishes as usual.
+    let publishes = Arc::new(AtomicUsize::new(0));
+    let broker = Intercepted::new(inner.clone(), {
+        let publishes = Arc::clone(&publishes);
+        move |message: &chatter_runtime::BrokeredMessage| {
+            let first = publishes.fetch_add(1, Ordering::SeqCst) == 0;
+            let refused = BrokerError::Rejected {
+                message_id: message.message_id.clone(),
+                destination: message.destination.clone(),
+                reason: "the test's broker nacks the first publish".to_owned(),
+            };
+            Box::pin(async move { first.then_some(Err(refused)) })
+        }
+    });
+    let runtime = runtime(
+        &cosmos,
+        broker,
+        relay_polling_every(Duration::from_millis(200)),
+        true,
+    )
+    .await;
+    runtime.dispatch(order("o-1"), "cmd-1").await.unwrap();
+    let delivery = next_delivery(&mut events, WAIT).await;
+    assert_eq!(delivery.message.message_id, "cmd-1:placed");
+    eventually(WAIT, POLL, "the relay stamped it delivered", || {
+        let cosmos = cosmos.clone();
+        async move { stamped_delivered(&cosmos, "o-1", "cmd-1:placed").await }
+    })
+    .await;
+    // The eager publish failed, the relay's went out.
+    assert_eq!(publishes.load(Ordering::SeqCst), 2);
+    runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_relay_of_the_committing_process_does_not_publish_its_documents_again() {
+    let (_emulator, cosmos) = emulator_server().await;
+    provisioned_with_leases(&cosmos, DB, CONTAINER, &["/orderId"], "orders-leases").await;
+    let broker = InMemoryBroker::new();
+    let received = chatter_tests::broker::Received::on(&broker, EVENTS).await;
+    // Test double (a slow confirm, so that the relay's reads fall between a commit and its
+    // stamp): every publish is confirmed 30 ms late; the relay reads every 10 ms.
+    let slow = Intercepted::new(broker.clone(), |_| {
+        Box::pin(async {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            None
+        })
+    });
+    let runtime = runtime(
+        &cosmos,
+        slow,
+        relay_polling_every(Duration::from_millis(10)),
+        true,
+    )
+    .await;
+    const COMMANDS: usize = 30;
+    for n in 0..COMMANDS {
+        runtime
+            .dispatch(order(&format!("o-{}", n % 3)), format!("cmd-{n}"))
+            .await
+            .unwrap();
+    }
+    eventually(WAIT, POLL, "every event published", || {
+        let distinct = received.distinct();
+        async move { distinct == COMMANDS }
+    })
+    .await;
+    runtime.relay_idle(WAIT).await.unwrap();
+    let twice: Vec<_> = received
+        .snapshot()
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .collect();
+    assert!(twice.is_empty(), "published more than once: {twice:?}");
+    runtime.shutdown().await;
+}
