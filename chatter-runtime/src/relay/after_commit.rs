@@ -337,6 +337,9 @@ impl AfterCommit {
     ) -> AfterCommitOutcome {
         // One permit of the relay's in-flight limit, as every document the relay drains holds.
         let _permit = self.limit.permits.acquire().await.ok();
+        if let Some(metrics) = &self.dispatch.metrics {
+            metrics.lag_since_commit(committed_at.elapsed());
+        }
         let stamp = match self.dispatch.publish(&doc.document, &doc.id, key).await {
             Ok(stamp) => stamp,
             Err(error) => {

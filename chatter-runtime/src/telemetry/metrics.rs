@@ -258,6 +258,12 @@ impl SourceMetrics {
         });
     }
 
+    /// The age of a document publish after commit admitted, from its batch's commit (it has
+    /// no `_ts` of its own in this process: it was never read back).
+    pub(crate) fn lag_since_commit(&self, age: std::time::Duration) {
+        guarded(|| self.instruments.lag.record(age.as_secs_f64(), &[]));
+    }
+
     /// What publish after commit did with one committed document.
     pub(crate) fn after_commit(&self, outcome: crate::relay::after_commit::AfterCommitOutcome) {
         guarded(|| {

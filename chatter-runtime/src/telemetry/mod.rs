@@ -17,7 +17,7 @@
 //!
 //! | instrument | kind | unit | recorded | attributes |
 //! | --- | --- | --- | --- | --- |
-//! | `chatter.messaging.outbox.drain.lag` | histogram (f64) | `s` | per admitted document with a `_ts`, before it is published: its age (clamped at 0) | none |
+//! | `chatter.messaging.outbox.drain.lag` | histogram (f64) | `s` | per admitted document with a `_ts`, before it is published: its age (clamped at 0); for one published after commit, the time since its commit | none |
 //! | `chatter.messaging.outbox.drain.documents` | counter | `{document}` | per document of a page, once it resolved | `chatter.messaging.outbox.drain.outcome`: `admitted` (the broker confirmed its publish; a failed publish records nothing) or `skipped` (not a pending Outbox Document) |
 //! | `chatter.messaging.outbox.drain.batch.size` | histogram (u64) | `{document}` | per change-feed read of a lease, an empty one as 0 | source identity, lease token |
 //! | `chatter.messaging.outbox.drain.batches` | counter | `{batch}` | with `batch.size` | source identity, lease token |
@@ -28,6 +28,8 @@
 //! | `chatter.messaging.outbox.backlog` | gauge (u64) | `{document}` | per owned lease, every [backlog interval](crate::RelayOptions::backlog_interval): pending Outbox Documents after its checkpoint | source identity, lease token |
 //! | `chatter.messaging.outbox.stranded` | counter | `{document}` | per pending document the [sweep](crate::RelayOptions::sweep_interval) found behind its lease's checkpoint (logged at Error and written back so it is published) | source identity, lease token |
 //! | `chatter.messaging.outbox.pending.oldest_age` | gauge (f64) | `s` | per owned lease, every [sweep interval](crate::RelayOptions::sweep_interval): the age of the oldest pending Outbox Document of its feed range (by its `_ts`), 0 when none | source identity, lease token |
+//! | `chatter.messaging.outbox.after_commit` | counter | `{document}` | per Outbox Document a command's batch committed, when publish after commit ([`RuntimeBuilder::publish_after_commit`](crate::RuntimeBuilder::publish_after_commit)) handled it | source identity, `chatter.messaging.outbox.after_commit.outcome` (`published`, `undeliverable`, `left_to_relay`), and when left `chatter.messaging.outbox.after_commit.reason` (`earlier_pending`, `relay_failing`, `check_failed`, `publish_failed`, `stamp_failed`) |
+//! | `chatter.messaging.outbox.after_commit.duration` | histogram (f64) | `s` | per document published after commit: from the batch's commit to the broker's confirm | source identity |
 //!
 //! The source identity (`chatter.messaging.outbox.source_identity`) is the relay processor's
 //! name, the one its leases carry; the lease token (`chatter.messaging.outbox.lease_token`) is

@@ -72,6 +72,8 @@ pub struct Setup {
     pub recorder: Arc<Recorder>,
     /// How far this instance's clock is off, in milliseconds (within [`CLOCK_MARGIN`]).
     pub skew_ms: i64,
+    /// Whether it publishes its commands' Outbox Documents right after their commit.
+    pub after_commit: bool,
 }
 
 /// The bound the instances assume between their clocks and the store's (the inbox's clock
@@ -184,6 +186,7 @@ async fn start(setup: &Setup) -> Result<Runtime, chatter_runtime::BoxError> {
         .delivery_timeout(Duration::from_secs(8))
         .inbox_clock_margin(CLOCK_MARGIN)
         .relay_options(relay_options(60))
+        .publish_after_commit(setup.after_commit)
         .without_metrics()
         .without_tracing()
         .start()

@@ -64,6 +64,8 @@ pub struct Plan {
     pub split_at: Option<Duration>,
     /// Each instance's clock skew, in milliseconds, within the inbox's clock margin.
     pub skews: Vec<i64>,
+    /// Whether each instance publishes after commit (a fleet mid-rollout mixes both).
+    pub after_commit: Vec<bool>,
     /// The other service's tenants, triggers per tenant, and the wait between two of them.
     pub tenants: usize,
     pub triggers_per_tenant: usize,
@@ -96,8 +98,12 @@ impl Plan {
         let skews = (0..instances)
             .map(|_| rng.between(0, 2 * margin) as i64 - margin as i64)
             .collect();
+        // From a stream of its own: the other draws stay what they were before it existed.
+        let mut own = Rng::new(seed).fork(0xAF7E);
+        let after_commit = (0..instances).map(|_| own.chance(750)).collect();
         Self {
             skews,
+            after_commit,
             tenants,
             triggers_per_tenant,
             trigger_gap,
@@ -283,10 +289,12 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
         ),
         recorder: Arc::clone(&recorder),
         skew_ms: 0,
+        after_commit: true,
     };
     let name = |i: usize| format!("sim-{}-{i}", plan.seed);
     let setup_of = |i: usize| Setup {
         skew_ms: plan.skews[i],
+        after_commit: plan.after_commit[i],
         ..setup.clone()
     };
     let mut instances: Vec<Option<Instance>> = (0..plan.instances)
