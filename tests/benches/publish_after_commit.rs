@@ -17,7 +17,8 @@
 //! side's documents do not weigh on the other's.
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chatter_runtime::RelayOptions;
@@ -30,10 +31,20 @@ use serde_json::json;
 
 include!("../src/relay_commands/bench_place_order.rs");
 
-/// The events' queue: unique to this run (other runs share the machine's RabbitMQ).
+/// The events' queue: unique to this run and side (other runs share the machine's RabbitMQ,
+/// and a side's subscription must not take another side's events).
 fn destination() -> &'static str {
-    static NAME: OnceLock<String> = OnceLock::new();
-    NAME.get_or_init(|| format!("after-commit-bench-{}", std::process::id()))
+    *DESTINATION.lock().unwrap()
+}
+
+static DESTINATION: Mutex<&'static str> = Mutex::new("after-commit-bench");
+
+/// Gives the next side a queue of its own.
+fn next_destination() {
+    static SIDES: AtomicUsize = AtomicUsize::new(0);
+    let side = SIDES.fetch_add(1, Ordering::Relaxed);
+    let name = format!("after-commit-bench-{}-{side}", std::process::id());
+    *DESTINATION.lock().unwrap() = Box::leak(name.into_boxed_str());
 }
 
 const WARMUP: usize = 5;
@@ -75,6 +86,7 @@ async fn side(
         #[cfg(feature = "rabbitmq")]
         Kind::RabbitMq => Arc::new(chatter_tests::rabbitmq::connect(Duration::from_secs(30)).await),
     };
+    next_destination();
     let mut subscription = broker.subscribe(destination()).await?;
     let (arrivals_tx, arrivals) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
@@ -164,14 +176,14 @@ async fn latency(kind: Kind, on: bool) -> Result<(Duration, Duration), BoxError>
 async fn throughput(kind: Kind, on: bool) -> Result<f64, BoxError> {
     let (runtime, mut events) = side(kind, on).await?;
     let started = Instant::now();
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let next = Arc::new(AtomicUsize::new(0));
     let mut dispatchers = Vec::new();
     for _ in 0..DISPATCHERS {
         let runtime = runtime.clone();
         let next = Arc::clone(&next);
         dispatchers.push(tokio::spawn(async move {
             loop {
-                let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let n = next.fetch_add(1, Ordering::Relaxed);
                 if n >= THROUGHPUT_COMMANDS {
                     return Ok::<_, BoxError>(());
                 }

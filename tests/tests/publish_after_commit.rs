@@ -100,7 +100,11 @@ async fn a_committed_event_is_published_and_stamped_without_waiting_for_the_rela
     runtime.dispatch(order("o-1"), "cmd-1").await.unwrap();
     let delivery = next_delivery(&mut events, WAIT).await;
     assert_eq!(delivery.message.message_id, "cmd-1:placed");
-    assert!(stamped_delivered(&cosmos, "o-1", "cmd-1:placed").await);
+    eventually(WAIT, POLL, "it is stamped delivered", || {
+        let cosmos = cosmos.clone();
+        async move { stamped_delivered(&cosmos, "o-1", "cmd-1:placed").await }
+    })
+    .await;
     runtime.shutdown().await;
 }
 
@@ -238,5 +242,49 @@ async fn the_relay_of_the_committing_process_does_not_publish_its_documents_agai
         .filter(|(_, n)| *n > 1)
         .collect();
     assert!(twice.is_empty(), "published more than once: {twice:?}");
+    runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_burst_of_one_keys_commands_in_one_process_is_published_in_order_without_the_relay() {
+    let (_emulator, cosmos) = emulator_server().await;
+    provisioned_with_leases(&cosmos, DB, CONTAINER, &["/orderId"], "orders-leases").await;
+    let broker = InMemoryBroker::new();
+    let mut events = broker.subscribe(EVENTS).await.unwrap();
+    // Every publish is confirmed 20 ms late, so each command commits while the previous one's
+    // event is still in flight; the relay does not read within the test.
+    let slow = Intercepted::new(broker.clone(), |_| {
+        Box::pin(async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            None
+        })
+    });
+    let runtime = runtime(
+        &cosmos,
+        slow,
+        relay_polling_every(Duration::from_secs(3600)),
+        true,
+    )
+    .await;
+    relay_read_once(&runtime).await;
+    const BURST: usize = 5;
+    for n in 0..BURST {
+        runtime
+            .dispatch(order("o-1"), format!("cmd-{n}"))
+            .await
+            .unwrap();
+    }
+    let mut arrived = Vec::new();
+    for _ in 0..BURST {
+        match tokio::time::timeout(Duration::from_secs(10), events.next()).await {
+            Ok(Some(Ok(delivery))) => {
+                arrived.push(delivery.message.message_id.clone());
+                delivery.ack().await.unwrap();
+            }
+            other => panic!("after {arrived:?}: {other:?}"),
+        }
+    }
+    let expected: Vec<String> = (0..BURST).map(|n| format!("cmd-{n}:placed")).collect();
+    assert_eq!(arrived, expected);
     runtime.shutdown().await;
 }

@@ -197,6 +197,13 @@ impl Pipeline {
             ))
             .filter(|_| !handle.outbox.is_empty());
         let outbox = after_commit.map(|_| handle.outbox.clone());
+        // With publish after commit, one batch of a key at a time in this process: the order
+        // its dispatches are numbered in is the key's commit order. Taken before the documents
+        // are marked, so that on a failure their marks are dropped before the turn is.
+        let turn = match after_commit {
+            Some(after_commit) => Some(after_commit.turn(&partition_key).await),
+            None => None,
+        };
         // Marked before the batch executes: the relay here may read them before it returns.
         let tickets = after_commit.map(|after_commit| {
             let ids: Vec<String> = handle
@@ -248,7 +255,7 @@ impl Pipeline {
                 (after_commit, outbox, tickets)
             {
                 let committed_at = std::time::Instant::now();
-                let committed = outbox
+                let committed: Vec<Committed> = outbox
                     .into_iter()
                     .zip(outcome.operations.iter().skip(writes))
                     .map(|(document, written)| Committed {
@@ -261,10 +268,17 @@ impl Pipeline {
                         etag: written.etag.clone(),
                     })
                     .collect();
-                // Never fails the command: what it does not publish, the relay does.
-                after_commit
-                    .publish(&partition_key, committed, tickets, committed_at)
-                    .await;
+                let number = after_commit.committed(&tickets, &committed);
+                drop(turn);
+                // Beside the command, which it never fails: what it does not publish, the
+                // relay does.
+                after_commit.spawn_publish(
+                    partition_key.clone(),
+                    committed,
+                    tickets,
+                    number,
+                    committed_at,
+                );
             }
             return Ok(Outcome::Committed { operations: count });
         }

@@ -3,13 +3,23 @@
 //! change-feed read. The relay stays the safety net for every document this path does not
 //! publish and stamp.
 //!
+//! It runs on a task of its own, beside the command: the delivery is acked and the next command
+//! starts while the documents are published (a process that dies meanwhile leaves them pending,
+//! for the relay).
+//!
 //! **Per-key order.** Before the batch's documents go out this way, nothing else of their
 //! partition-key value may be pending: one single-partition query of the pending Outbox
-//! Documents right after the commit. If any other is pending (an earlier eager publish failed,
-//! another process committed before this one and has not published, the relay is behind), every
-//! document of the batch is left to the relay, which publishes in change-feed order. The batch's
-//! own documents go out one after another, in batch order, each stamped (conditional on the ETag
-//! the batch returned: a 412 means another stamped it, which is as good) before the next.
+//! Documents' ids right after the commit. If another is pending (an earlier eager publish
+//! failed, another process committed before this one and has not published, the relay is
+//! behind), every document of the batch is left to the relay, which publishes in change-feed
+//! order. Except for this process's own documents: its batches of one key commit one at a time
+//! (a per-key turn, which a consumer's key lane already gives) and are numbered in that order; a
+//! document of a later batch does not hold an earlier one back, and one of an earlier batch is
+//! waited for and does not hold it back once stamped (waits go to lower numbers only: no two
+//! wait for each other). So a burst of one key's commands in one process goes out in order
+//! without the relay. The batch's own documents go out one
+//! after another, in batch order, each stamped (conditional on the ETag the batch returned: a
+//! 412 means another stamped it, which is as good) before the next.
 //!
 //! **The relay in the same process** waits for a document whose eager dispatch is in flight
 //! ([`AfterCommitInFlight`]) and skips the version this path stamped, so one process does not
@@ -23,6 +33,7 @@
 //! and blocked-lease state then see the failure as it meets it again.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -30,6 +41,7 @@ use azure_data_cosmos::feed::FeedScope;
 use futures::StreamExt;
 use serde_json::Value;
 use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
 
 use super::dispatch::{Dispatch, Processed, Stamp};
 use super::drain::InFlightLimit;
@@ -110,8 +122,10 @@ pub(crate) struct Committed {
 enum Dispatched {
     /// Its batch is being executed.
     Committing,
-    /// Committed as this version (ETag); being checked, published and stamped.
-    InFlight(String),
+    /// Committed as this version (ETag), and numbered (a later dispatch of its key may wait
+    /// only for a lower number: no two wait for each other); being checked, published and
+    /// stamped.
+    InFlight(String, u64),
     /// This version was stamped by this path.
     Stamped(String),
     /// Not published by this path (left to the relay, or its batch did not commit).
@@ -150,14 +164,18 @@ pub(crate) struct Ticket {
 }
 
 impl Ticket {
-    fn committed(&self, etag: &str) {
-        let _ = self.state.send(Dispatched::InFlight(etag.to_owned()));
+    fn committed(&self, etag: &str, number: u64) {
+        let _ = self
+            .state
+            .send(Dispatched::InFlight(etag.to_owned(), number));
     }
 
     fn finish(self, stamped: bool) {
         self.state.send_modify(|state| {
             *state = match state {
-                Dispatched::InFlight(etag) if stamped => Dispatched::Stamped(std::mem::take(etag)),
+                Dispatched::InFlight(etag, _) if stamped => {
+                    Dispatched::Stamped(std::mem::take(etag))
+                }
                 _ => Dispatched::Failed,
             }
         });
@@ -203,6 +221,30 @@ impl AfterCommitInFlight {
         Ticket { state }
     }
 
+    /// Whether pending document `id` of `key`, seen by the check of the dispatch numbered
+    /// `number`, does not hold that dispatch back: this process committed it later (a higher
+    /// number, or its batch is executing now: it holds its key's turn, which the dispatch's
+    /// batch had released), or committed it earlier and this path stamped it (waited for while
+    /// in flight). Anything else holds it back: a document of another process, or one
+    /// this path did not publish.
+    async fn not_holding_back(&self, id: &str, key: &[Value], number: u64) -> bool {
+        let Some(mut state) = self
+            .entries()
+            .get(&identity(id, key))
+            .map(|entry| entry.state.clone())
+        else {
+            return false;
+        };
+        match &*state.borrow() {
+            Dispatched::Stamped(_) | Dispatched::Committing => return true,
+            Dispatched::InFlight(_, theirs) if *theirs > number => return true,
+            Dispatched::InFlight(..) => {}
+            Dispatched::Failed => return false,
+        }
+        let _ = state.wait_for(Dispatched::settled).await;
+        matches!(&*state.borrow(), Dispatched::Stamped(_))
+    }
+
     /// Whether this process stamped `doc` (this version of it, by its `_etag`) after its
     /// commit: waits while that document's commit or dispatch is in flight here. `false` for a
     /// document this path never took, one it did not publish, or one written again since.
@@ -234,6 +276,33 @@ pub(crate) struct AfterCommit {
     pub(super) limit: InFlightLimit,
     /// Until when every document is left to the relay, after a failure of this path.
     pub(super) paused_until: Arc<Mutex<Option<Instant>>>,
+    /// The dispatches running beside the commands that committed them.
+    pub(super) tasks: TaskTracker,
+    /// One commit at a time per partition-key value (by ordering key).
+    pub(super) turns: Turns,
+}
+
+pub(super) type Turns = Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>;
+
+/// This process's turn to commit a batch of one partition-key value; the key's lock is
+/// forgotten once nobody holds or waits for it.
+pub(crate) struct KeyTurn {
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    turns: Turns,
+    name: String,
+}
+
+impl Drop for KeyTurn {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
+        if turns
+            .get(&self.name)
+            .is_some_and(|lock| Arc::strong_count(lock) == 1)
+        {
+            turns.remove(&self.name);
+        }
+    }
 }
 
 impl std::fmt::Debug for AfterCommit {
@@ -251,6 +320,65 @@ impl AfterCommit {
         ids.iter().map(|id| self.in_flight.begin(id, key)).collect()
     }
 
+    /// [`publish`](Self::publish) on a task of its own: the command that committed the batch
+    /// goes on (its delivery is acked, the next command starts) while its documents are
+    /// published. A process that dies meanwhile leaves them pending, for the relay.
+    pub(crate) fn spawn_publish(
+        &self,
+        key: Vec<Value>,
+        committed: Vec<Committed>,
+        tickets: Vec<Ticket>,
+        number: u64,
+        committed_at: Instant,
+    ) {
+        let this = self.clone();
+        self.tasks.spawn(async move {
+            this.publish(&key, committed, tickets, number, committed_at)
+                .await;
+        });
+    }
+
+    /// Waits for this process's turn to commit a batch of partition key `key`: one at a time
+    /// per key, so that the numbers [`committed`](Self::committed) gives follow the key's
+    /// commit order. A consumer's key lane already runs one command of a key at a time; only
+    /// concurrent `Runtime::dispatch` calls of one key wait here.
+    pub(crate) async fn turn(&self, key: &[Value]) -> KeyTurn {
+        let name = partition_key::ordering_key(key);
+        let lock = Arc::clone(
+            self.turns
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(name.clone())
+                .or_default(),
+        );
+        KeyTurn {
+            guard: Some(lock.lock_owned().await),
+            turns: Arc::clone(&self.turns),
+            name,
+        }
+    }
+
+    /// Numbers a batch that committed (during its [`turn`](Self::turn)) and marks its
+    /// documents in flight as the versions it wrote: later dispatches of the key in this
+    /// process wait for them, earlier ones do not.
+    pub(crate) fn committed(&self, tickets: &[Ticket], committed: &[Committed]) -> u64 {
+        static NUMBERS: AtomicU64 = AtomicU64::new(0);
+        let number = NUMBERS.fetch_add(1, Ordering::Relaxed);
+        for (ticket, doc) in tickets.iter().zip(committed) {
+            if let Some(etag) = &doc.etag {
+                ticket.committed(etag, number);
+            }
+        }
+        number
+    }
+
+    /// Waits for the dispatches in flight (each bounded by the relay's publish and store
+    /// timeouts), before the relay stops.
+    pub(crate) async fn finish(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+
     /// Publishes and stamps the Outbox Documents one batch of partition key `key` committed
     /// `committed_at` (with the `tickets` [`begin`](Self::begin) gave them), in batch order, or
     /// leaves them to the relay; one outcome per document.
@@ -259,13 +387,14 @@ impl AfterCommit {
         key: &[Value],
         committed: Vec<Committed>,
         tickets: Vec<Ticket>,
+        number: u64,
         committed_at: Instant,
     ) -> Vec<AfterCommitOutcome> {
         if committed.is_empty() {
             return Vec::new();
         }
         let outcomes = self
-            .publish_each(key, &committed, tickets, committed_at)
+            .publish_each(key, &committed, tickets, number, committed_at)
             .await;
         if let Some(metrics) = &self.dispatch.metrics {
             for outcome in &outcomes {
@@ -280,6 +409,7 @@ impl AfterCommit {
         key: &[Value],
         committed: &[Committed],
         tickets: Vec<Ticket>,
+        number: u64,
         committed_at: Instant,
     ) -> Vec<AfterCommitOutcome> {
         let left = |because| vec![AfterCommitOutcome::Left(because); committed.len()];
@@ -289,19 +419,22 @@ impl AfterCommit {
         let mut tickets: Vec<Option<Ticket>> = tickets
             .into_iter()
             .zip(committed)
-            .map(|(ticket, doc)| {
-                let etag = doc.etag.as_deref()?;
-                ticket.committed(etag);
-                Some(ticket)
-            })
+            .map(|(ticket, doc)| doc.etag.as_ref().map(|_| ticket))
             .collect();
         let ours: Vec<&str> = committed.iter().map(|doc| doc.id.as_str()).collect();
-        match self.others_pending(key, &ours).await {
-            Ok(false) => {}
-            Ok(true) => return left(LeftBecause::EarlierPending),
+        let others = match self.others_pending(key, &ours).await {
+            Ok(others) => others,
             Err(error) => {
                 tracing::debug!(source_identity = %self.dispatch.source_identity, error = %crate::error_chain::ErrorChain(&error), "publish after commit: the pending check failed; the relay publishes");
                 return left(LeftBecause::CheckFailed);
+            }
+        };
+        // Another pending document of the key holds these back, unless this process is
+        // publishing it after its own commit and it gets stamped: a burst of one key's commands
+        // in this process goes out in order without the relay.
+        for other in &others {
+            if !self.in_flight.not_holding_back(other, key, number).await {
+                return left(LeftBecause::EarlierPending);
             }
         }
         let mut outcomes = Vec::with_capacity(committed.len());
@@ -371,12 +504,18 @@ impl AfterCommit {
         }
     }
 
-    /// Whether an Outbox Document of partition key `key` other than `ours` is pending.
-    async fn others_pending(&self, key: &[Value], ours: &[&str]) -> Result<bool, CosmosStoreError> {
+    /// The ids of the pending Outbox Documents of partition key `key` other than `ours`.
+    async fn others_pending(
+        &self,
+        key: &[Value],
+        ours: &[&str],
+    ) -> Result<Vec<String>, CosmosStoreError> {
         const OPERATION: &str = "query_items";
-        let query = crate::operator::outbox::outbox_query("*", STATUS_PENDING)?;
+        // Ids only: the batch's own documents are pending too, and need not be sent back whole.
+        let query = crate::operator::outbox::outbox_query("c.id", STATUS_PENDING)?;
         let sdk_key = partition_key::sdk_key(key)?;
         let read = async {
+            let mut others = Vec::new();
             let mut pages = self
                 .dispatch
                 .container
@@ -389,18 +528,20 @@ impl AfterCommit {
                 self.dispatch
                     .charges
                     .command_extra(page.headers().request_charge().map_or(0.0, |c| c.value()));
-                let other = page.into_items().into_iter().any(|doc| {
-                    document::is_pending_outbox(&doc)
-                        && doc
-                            .get(document::outbox::ID_FIELD)
-                            .and_then(Value::as_str)
-                            .is_some_and(|id| !ours.contains(&id))
-                });
-                if other {
-                    return Ok(true);
+                // Conservative: anything that looks pending under another id holds the key
+                // back (one without an id too), as the relay publishes in change-feed order
+                // whatever it is.
+                for doc in page.into_items() {
+                    let id = doc
+                        .get(document::outbox::ID_FIELD)
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                    if !ours.contains(&id) {
+                        others.push(id.to_owned());
+                    }
                 }
             }
-            Ok(false)
+            Ok(others)
         };
         bounded(OPERATION, self.dispatch.store_timeout, read).await
     }

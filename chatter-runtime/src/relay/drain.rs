@@ -687,6 +687,8 @@ impl Drain {
             in_flight: self.after_commit.clone(),
             limit: self.in_flight.clone(),
             paused_until: Arc::default(),
+            tasks: tokio_util::task::TaskTracker::new(),
+            turns: Arc::default(),
         }
     }
 }

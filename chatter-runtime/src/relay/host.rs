@@ -235,6 +235,10 @@ impl RelayHost {
 
     /// Stops every processor, finishing pages in flight and releasing leases.
     pub(crate) async fn shutdown(self) {
+        // What is being published after its commit finishes first: the drains wait for it.
+        for after_commit in self.after_commit.values() {
+            after_commit.finish().await;
+        }
         self.estimates.cancel();
         self.estimators.wait().await;
         for (processor, ..) in self.processors {
