@@ -45,6 +45,14 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          lease read past before its change-feed read (a false Error, counted in health)",
     ),
     (36, "as seed 29"),
+    (
+        7,
+        "publish after commit took a retry's mark of a document (its command's first batch \
+         committed without an answer) for a later batch of the key, and published a later \
+         document first: per-key order broken",
+    ),
+    (77, "as seed 7"),
+    (166, "as seed 7"),
 ];
 
 fn replay_command(seed: u64) -> String {
