@@ -109,18 +109,7 @@ async fn side(
         .start()
         .await?;
     // Every lease is owned (and so polled) before the first sample.
-    loop {
-        let owned: usize = runtime
-            .relay_leases()
-            .await
-            .iter()
-            .map(|(_, leases)| leases.len())
-            .sum();
-        if owned >= ranges {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    chatter_tests::relay::owning(&runtime, ranges).await;
     Ok((runtime, arrivals))
 }
 

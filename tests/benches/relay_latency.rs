@@ -71,18 +71,7 @@ async fn main() -> Result<(), BoxError> {
         .start()
         .await?;
     // Every lease is polled before the first sample.
-    loop {
-        let owned: usize = runtime
-            .relay_leases()
-            .await
-            .iter()
-            .map(|(_, leases)| leases.len())
-            .sum();
-        if owned >= ranges {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    chatter_tests::relay::owning(&runtime, ranges).await;
 
     let mut sent: HashMap<String, (usize, Instant)> = HashMap::new();
     let mut ticks = tokio::time::interval(PERIOD);

@@ -6,9 +6,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use chatter_emulator::RunningEmulator;
 use chatter_runtime::broker::{Broker as _, BrokerError, InMemoryBroker};
+use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::{RelayOptions, Runtime};
-use chatter_tests::broker::{Intercepted, next_delivery};
+use chatter_tests::broker::{Intercepted, Interception, next_delivery};
 use chatter_tests::runtime::writer;
 use chatter_tests::store::{emulator_server, outbox_document, provisioned_with_leases};
 use chatter_tests::wait::eventually;
@@ -33,13 +35,35 @@ fn order(key: &str) -> PlaceEagerOrder {
     }
 }
 
+/// A served store with the orders container and its leases.
+async fn store() -> (RunningEmulator, CosmosConnection) {
+    let (emulator, cosmos) = emulator_server().await;
+    provisioned_with_leases(&cosmos, DB, CONTAINER, &["/orderId"], "orders-leases").await;
+    (emulator, cosmos)
+}
+
+/// Test double (a slow confirm at every publish, which no real broker gives on demand): `broker`
+/// confirming each publish `late`.
+fn confirming_late(
+    broker: &InMemoryBroker,
+    late: Duration,
+) -> Intercepted<impl Fn(&chatter_runtime::BrokeredMessage) -> Interception + Send + Sync + 'static>
+{
+    Intercepted::new(broker.clone(), move |_| {
+        Box::pin(async move {
+            tokio::time::sleep(late).await;
+            None
+        })
+    })
+}
+
 /// A relay that reads the change feed once at start and then only every `poll`.
 fn relay_polling_every(poll: Duration) -> RelayOptions {
     chatter_tests::relay::fast_relay(Duration::from_secs(10)).poll_interval(poll)
 }
 
 async fn runtime(
-    cosmos: &chatter_runtime::cosmos::CosmosConnection,
+    cosmos: &CosmosConnection,
     broker: impl chatter_runtime::broker::Broker,
     relay: RelayOptions,
     after_commit: bool,
@@ -71,11 +95,7 @@ async fn relay_read_once(runtime: &Runtime) {
     .await;
 }
 
-async fn stamped_delivered(
-    cosmos: &chatter_runtime::cosmos::CosmosConnection,
-    key: &str,
-    message_id: &str,
-) -> bool {
+async fn stamped_delivered(cosmos: &CosmosConnection, key: &str, message_id: &str) -> bool {
     let container = cosmos.container(DB, CONTAINER).await.unwrap();
     let doc = outbox_document(&container, &[Value::from(key)], message_id).await;
     doc["status"] == "delivered" && doc["ttl"].is_i64()
@@ -83,8 +103,7 @@ async fn stamped_delivered(
 
 #[tokio::test]
 async fn a_committed_event_is_published_and_stamped_without_waiting_for_the_relays_read() {
-    let (_emulator, cosmos) = emulator_server().await;
-    provisioned_with_leases(&cosmos, DB, CONTAINER, &["/orderId"], "orders-leases").await;
+    let (_emulator, cosmos) = store().await;
     let broker = InMemoryBroker::new();
     let mut events = broker.subscribe(EVENTS).await.unwrap();
     // The relay reads once at start, then not for an hour: only publish after commit can
@@ -110,8 +129,7 @@ async fn a_committed_event_is_published_and_stamped_without_waiting_for_the_rela
 
 #[tokio::test]
 async fn with_publish_after_commit_off_the_event_waits_for_the_relays_read() {
-    let (_emulator, cosmos) = emulator_server().await;
-    provisioned_with_leases(&cosmos, DB, CONTAINER, &["/orderId"], "orders-leases").await;
+    let (_emulator, cosmos) = store().await;
     let broker = InMemoryBroker::new();
     let mut events = broker.subscribe(EVENTS).await.unwrap();
     let runtime = runtime(
@@ -132,8 +150,7 @@ async fn with_publish_after_commit_off_the_event_waits_for_the_relays_read() {
 
 #[tokio::test]
 async fn a_key_whose_earlier_document_is_pending_keeps_its_order() {
-    let (_emulator, cosmos) = emulator_server().await;
-    provisioned_with_leases(&cosmos, DB, CONTAINER, &["/orderId"], "orders-leases").await;
+    let (_emulator, cosmos) = store().await;
     let broker = InMemoryBroker::new();
     let mut events = broker.subscribe(EVENTS).await.unwrap();
     // This process publishes after its commits; its relay reads every 2 s.
@@ -163,8 +180,7 @@ async fn a_key_whose_earlier_document_is_pending_keeps_its_order() {
 
 #[tokio::test]
 async fn a_document_whose_publish_after_commit_failed_is_published_by_the_relay() {
-    let (_emulator, cosmos) = emulator_server().await;
-    provisioned_with_leases(&cosmos, DB, CONTAINER, &["/orderId"], "orders-leases").await;
+    let (_emulator, cosmos) = store().await;
     let inner = InMemoryBroker::new();
     let mut events = inner.subscribe(EVENTS).await.unwrap();
     // Test double (a failed publish at a known moment, the first of the run): the broker
@@ -204,18 +220,12 @@ async fn a_document_whose_publish_after_commit_failed_is_published_by_the_relay(
 
 #[tokio::test]
 async fn the_relay_of_the_committing_process_does_not_publish_its_documents_again() {
-    let (_emulator, cosmos) = emulator_server().await;
-    provisioned_with_leases(&cosmos, DB, CONTAINER, &["/orderId"], "orders-leases").await;
+    let (_emulator, cosmos) = store().await;
     let broker = InMemoryBroker::new();
     let received = chatter_tests::broker::Received::on(&broker, EVENTS).await;
-    // Test double (a slow confirm, so that the relay's reads fall between a commit and its
-    // stamp): every publish is confirmed 30 ms late; the relay reads every 10 ms.
-    let slow = Intercepted::new(broker.clone(), |_| {
-        Box::pin(async {
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            None
-        })
-    });
+    // Every publish is confirmed 30 ms late and the relay reads every 10 ms, so that its reads
+    // fall between a commit and its stamp.
+    let slow = confirming_late(&broker, Duration::from_millis(30));
     let runtime = runtime(
         &cosmos,
         slow,
@@ -247,18 +257,12 @@ async fn the_relay_of_the_committing_process_does_not_publish_its_documents_agai
 
 #[tokio::test]
 async fn a_burst_of_one_keys_commands_in_one_process_is_published_in_order_without_the_relay() {
-    let (_emulator, cosmos) = emulator_server().await;
-    provisioned_with_leases(&cosmos, DB, CONTAINER, &["/orderId"], "orders-leases").await;
+    let (_emulator, cosmos) = store().await;
     let broker = InMemoryBroker::new();
     let mut events = broker.subscribe(EVENTS).await.unwrap();
     // Every publish is confirmed 20 ms late, so each command commits while the previous one's
     // event is still in flight; the relay does not read within the test.
-    let slow = Intercepted::new(broker.clone(), |_| {
-        Box::pin(async {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            None
-        })
-    });
+    let slow = confirming_late(&broker, Duration::from_millis(20));
     let runtime = runtime(
         &cosmos,
         slow,

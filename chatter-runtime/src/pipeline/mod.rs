@@ -204,21 +204,19 @@ impl Pipeline {
             Some(after_commit) => Some(after_commit.turn(&partition_key).await),
             None => None,
         };
+        let ids: Vec<String> = outbox
+            .iter()
+            .flatten()
+            .map(|document| {
+                document
+                    .get(document::outbox::ID_FIELD)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect();
         // Marked before the batch executes: the relay here may read them before it returns.
-        let tickets = after_commit.map(|after_commit| {
-            let ids: Vec<String> = handle
-                .outbox
-                .iter()
-                .map(|document| {
-                    document
-                        .get(document::outbox::ID_FIELD)
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_owned()
-                })
-                .collect();
-            after_commit.begin(&partition_key, &ids)
-        });
+        let tickets = after_commit.map(|after_commit| after_commit.begin(&partition_key, &ids));
         let mut operations = Vec::with_capacity(handle.staged_operation_count());
         operations.push(BatchOperation::Create(marker));
         operations.extend(handle.writes);
@@ -255,15 +253,12 @@ impl Pipeline {
                 (after_commit, outbox, tickets)
             {
                 let committed_at = std::time::Instant::now();
-                let committed: Vec<Committed> = outbox
+                let committed: Vec<Committed> = ids
                     .into_iter()
+                    .zip(outbox)
                     .zip(outcome.operations.iter().skip(writes))
-                    .map(|(document, written)| Committed {
-                        id: document
-                            .get(document::outbox::ID_FIELD)
-                            .and_then(Value::as_str)
-                            .unwrap_or_default()
-                            .to_owned(),
+                    .map(|((id, document), written)| Committed {
+                        id,
                         document,
                         etag: written.etag.clone(),
                     })

@@ -231,11 +231,7 @@ impl AfterCommitInFlight {
     /// retry of a command that committed it before. Anything else holds the dispatch back: a
     /// document of another process, another version, one this path did not publish.
     async fn not_holding_back(&self, id: &str, etag: &str, key: &[Value], number: u64) -> bool {
-        let Some(mut state) = self
-            .entries()
-            .get(&identity(id, key))
-            .map(|entry| entry.state.clone())
-        else {
+        let Some(mut state) = self.state_of(id, key) else {
             return false;
         };
         let _ = state
@@ -247,11 +243,7 @@ impl AfterCommitInFlight {
             Dispatched::InFlight(_, theirs) => *theirs < number,
             Dispatched::Committing | Dispatched::Failed => return false,
         };
-        if !earlier {
-            return true;
-        }
-        let _ = state.wait_for(Dispatched::settled).await;
-        matches!(&*state.borrow(), Dispatched::Stamped(stamped) if stamped == etag)
+        !earlier || stamped_as(state, etag).await
     }
 
     /// Whether this process stamped `doc` (this version of it, by its `_etag`) after its
@@ -261,17 +253,25 @@ impl AfterCommitInFlight {
         let Some(etag) = doc.get("_etag").and_then(Value::as_str) else {
             return false;
         };
-        let Some(mut state) = self
-            .entries()
+        match self.state_of(id, key) {
+            Some(state) => stamped_as(state, etag).await,
+            None => false,
+        }
+    }
+
+    /// The state of document `id` of `key`'s dispatch here, if this path took it.
+    fn state_of(&self, id: &str, key: &[Value]) -> Option<watch::Receiver<Dispatched>> {
+        self.entries()
             .get(&identity(id, key))
             .map(|entry| entry.state.clone())
-        else {
-            return false;
-        };
-        // A dropped ticket settled its state first, so the last state is always readable.
-        let _ = state.wait_for(Dispatched::settled).await;
-        matches!(&*state.borrow(), Dispatched::Stamped(stamped) if stamped == etag)
     }
+}
+
+/// Waits until a dispatch settled; whether it stamped version `etag`. A dropped ticket settles
+/// its state first, so the last state is always readable.
+async fn stamped_as(mut state: watch::Receiver<Dispatched>, etag: &str) -> bool {
+    let _ = state.wait_for(Dispatched::settled).await;
+    matches!(&*state.borrow(), Dispatched::Stamped(stamped) if stamped == etag)
 }
 
 /// Publish after commit for the Outbox Documents of one monitored container: the drain's

@@ -273,13 +273,12 @@ impl Dispatch {
         reason: &UndeliverableReason,
     ) -> Result<Processed, DrainError> {
         let stamp = outbox::undeliverable_stamp();
-        let receipt =
-            self.patch(key, id, &stamp)
-                .await
-                .map_err(|source| DrainError::UndeliverableStamp {
-                    id: id.to_owned(),
-                    source,
-                })?;
+        let receipt = self.patch(key, id, &stamp, None).await.map_err(|source| {
+            DrainError::UndeliverableStamp {
+                id: id.to_owned(),
+                source,
+            }
+        })?;
         diagnostics::undeliverable(
             self.metrics.as_deref(),
             &self.source_identity,
@@ -302,46 +301,42 @@ impl Dispatch {
             &self.settings.delivered_status,
             self.settings.delivered_ttl_seconds,
         );
-        let Some(etag) = if_match else {
-            return self.patch(key, id, &stamp).await;
-        };
-        let operations: Vec<PatchOp> = stamp
-            .iter()
-            .map(|(path, value)| PatchOp::Set((*path).to_owned(), value.clone()))
-            .collect();
-        let sdk_key = partition_key::sdk_key(key)?;
-        let written = Box::pin(cosmos::store::bounded(
-            "patch_item",
-            self.store_timeout,
-            patch_item_if_match(&self.container, sdk_key, id, &operations, etag),
-        ))
-        .await;
-        match written {
-            Ok(written) => {
-                self.charges.relay(written.request_charge);
-                Ok(ConfirmationReceipt)
-            }
-            Err(error) if error.is_status(412) => Ok(ConfirmationReceipt),
-            Err(error) => Err(error),
+        match self.patch(key, id, &stamp, if_match).await {
+            Err(error) if if_match.is_some() && error.is_status(412) => Ok(ConfirmationReceipt),
+            stamped => stamped,
         }
     }
 
     /// One patch keyed by the document's id and `key`, the partition key read back from the
-    /// document at the declared path(s) (a missing value is a JSON `null` component).
+    /// document at the declared path(s) (a missing value is a JSON `null` component);
+    /// conditional on `if_match` when given (a 412 then says the document changed).
     async fn patch(
         &self,
         key: &[Value],
         id: &str,
         ops: &[(&str, Value)],
+        if_match: Option<&str>,
     ) -> Result<ConfirmationReceipt, CosmosStoreError> {
         let key = partition_key::sdk_key(key)?;
+        let patching = async {
+            match if_match {
+                None => cosmos::store::patch_item(&self.container, key, id, ops).await,
+                Some(etag) => {
+                    let ops: Vec<PatchOp> = ops
+                        .iter()
+                        .map(|(path, value)| PatchOp::Set((*path).to_owned(), value.clone()))
+                        .collect();
+                    patch_item_if_match(&self.container, key, id, &ops, etag).await
+                }
+            }
+        };
         // Boxed: the SDK's patch future is large, and without the box every document's group
         // future would carry it inline, copied each time `drain` moves a group future into its
         // `join_all`.
         let written = Box::pin(cosmos::store::bounded(
             "patch_item",
             self.store_timeout,
-            cosmos::store::patch_item(&self.container, key, id, ops),
+            patching,
         ))
         .await?;
         self.charges.relay(written.request_charge);

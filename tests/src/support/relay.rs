@@ -14,3 +14,19 @@ pub fn fast_relay(lease_expiry: Duration) -> RelayOptions {
         .lease_renew_interval(Duration::from_millis(400))
         .lease_acquire_interval(Duration::from_millis(250))
 }
+
+/// Waits until `runtime`'s relay owns (and so polls) at least `leases` leases.
+pub async fn owning(runtime: &chatter_runtime::Runtime, leases: usize) {
+    loop {
+        let owned: usize = runtime
+            .relay_leases()
+            .await
+            .iter()
+            .map(|(_, owned)| owned.len())
+            .sum();
+        if owned >= leases {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
