@@ -149,7 +149,18 @@ struct Entry {
 /// stamped, by identity (id and partition-key value): shared by the path and the drain of one
 /// container.
 #[derive(Clone, Default)]
-pub(crate) struct AfterCommitInFlight(Arc<Mutex<HashMap<String, Entry>>>);
+pub(crate) struct AfterCommitInFlight(Arc<Mutex<Record>>);
+
+#[derive(Default)]
+struct Record {
+    entries: HashMap<String, Entry>,
+    /// When settled entries older than [`REMEMBERED_FOR`] were last dropped: at most once per
+    /// [`PURGE_EVERY`], not on every commit (a scan of every entry).
+    purged_at: Option<Instant>,
+}
+
+/// How often the record drops what it no longer needs to remember.
+const PURGE_EVERY: Duration = Duration::from_secs(10);
 
 impl std::fmt::Debug for AfterCommitInFlight {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -201,7 +212,7 @@ fn identity(id: &str, key: &[Value]) -> String {
 }
 
 impl AfterCommitInFlight {
-    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+    fn record(&self) -> std::sync::MutexGuard<'_, Record> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -209,11 +220,17 @@ impl AfterCommitInFlight {
     fn begin(&self, id: &str, key: &[Value]) -> Ticket {
         let (state, receiver) = watch::channel(Dispatched::Committing);
         let now = Instant::now();
-        let mut entries = self.entries();
-        entries.retain(|_, entry| {
-            now.duration_since(entry.since) < REMEMBERED_FOR || !entry.state.borrow().settled()
-        });
-        entries.insert(
+        let mut record = self.record();
+        if record
+            .purged_at
+            .is_none_or(|at| now.duration_since(at) >= PURGE_EVERY)
+        {
+            record.entries.retain(|_, entry| {
+                now.duration_since(entry.since) < REMEMBERED_FOR || !entry.state.borrow().settled()
+            });
+            record.purged_at = Some(now);
+        }
+        record.entries.insert(
             identity(id, key),
             Entry {
                 state: receiver,
@@ -261,7 +278,8 @@ impl AfterCommitInFlight {
 
     /// The state of document `id` of `key`'s dispatch here, if this path took it.
     fn state_of(&self, id: &str, key: &[Value]) -> Option<watch::Receiver<Dispatched>> {
-        self.entries()
+        self.record()
+            .entries
             .get(&identity(id, key))
             .map(|entry| entry.state.clone())
     }
