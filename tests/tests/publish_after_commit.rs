@@ -292,3 +292,39 @@ async fn a_burst_of_one_keys_commands_in_one_process_is_published_in_order_witho
     assert_eq!(arrived, expected);
     runtime.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_duplicate_command_during_its_dispatch_does_not_make_the_relay_publish_the_document_again()
+ {
+    let (_emulator, cosmos) = store().await;
+    let broker = InMemoryBroker::new();
+    let received = chatter_tests::broker::Received::on(&broker, EVENTS).await;
+    // The first command's eager publish is confirmed 300 ms late: its duplicate is handled (and
+    // its batch fails as a duplicate) meanwhile, and the relay reads every 10 ms.
+    let slow = confirming_late(&broker, Duration::from_millis(300));
+    let runtime = runtime(
+        &cosmos,
+        slow,
+        relay_polling_every(Duration::from_millis(10)),
+        true,
+    )
+    .await;
+    relay_read_once(&runtime).await;
+    for _ in 0..2 {
+        runtime.dispatch(order("o-1"), "cmd-1").await.unwrap();
+    }
+    eventually(WAIT, POLL, "the event stamped delivered", || {
+        stamped_delivered(&cosmos, "o-1", "cmd-1:placed")
+    })
+    .await;
+    runtime.relay_idle(WAIT).await.unwrap();
+    // A relay publish started just before the stamp would land within the confirm delay.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        received.snapshot().get("cmd-1:placed"),
+        Some(&1),
+        "published once: {:?}",
+        received.snapshot()
+    );
+    runtime.shutdown().await;
+}

@@ -153,7 +153,11 @@ pub(crate) struct AfterCommitInFlight(Arc<Mutex<Record>>);
 
 #[derive(Default)]
 struct Record {
-    entries: HashMap<String, Entry>,
+    /// Every dispatch of a document, oldest first: a second copy of a command (a duplicate
+    /// delivery, a retry) begins its own while the first's is still in flight or remembered,
+    /// and must not hide it. (Replacing it made the relay here publish the first's document
+    /// again once the copy's batch failed as a duplicate.)
+    entries: HashMap<String, Vec<Entry>>,
     /// When settled entries older than [`REMEMBERED_FOR`] were last dropped: at most once per
     /// [`PURGE_EVERY`], not on every commit (a scan of every entry).
     purged_at: Option<Instant>,
@@ -225,18 +229,23 @@ impl AfterCommitInFlight {
             .purged_at
             .is_none_or(|at| now.duration_since(at) >= PURGE_EVERY)
         {
-            record.entries.retain(|_, entry| {
-                now.duration_since(entry.since) < REMEMBERED_FOR || !entry.state.borrow().settled()
+            record.entries.retain(|_, entries| {
+                entries.retain(|entry| {
+                    now.duration_since(entry.since) < REMEMBERED_FOR
+                        || !entry.state.borrow().settled()
+                });
+                !entries.is_empty()
             });
             record.purged_at = Some(now);
         }
-        record.entries.insert(
-            identity(id, key),
-            Entry {
+        record
+            .entries
+            .entry(identity(id, key))
+            .or_default()
+            .push(Entry {
                 state: receiver,
                 since: now,
-            },
-        );
+            });
         Ticket { state }
     }
 
@@ -248,19 +257,20 @@ impl AfterCommitInFlight {
     /// retry of a command that committed it before. Anything else holds the dispatch back: a
     /// document of another process, another version, one this path did not publish.
     async fn not_holding_back(&self, id: &str, etag: &str, key: &[Value], number: u64) -> bool {
-        let Some(mut state) = self.state_of(id, key) else {
-            return false;
-        };
-        let _ = state
-            .wait_for(|state| *state != Dispatched::Committing)
-            .await;
-        let earlier = match &*state.borrow() {
-            Dispatched::Stamped(stamped) => return stamped == etag,
-            Dispatched::InFlight(theirs, _) if theirs != etag => return false,
-            Dispatched::InFlight(_, theirs) => *theirs < number,
-            Dispatched::Committing | Dispatched::Failed => return false,
-        };
-        !earlier || stamped_as(state, etag).await
+        for mut state in self.states_of(id, key) {
+            let _ = state
+                .wait_for(|state| *state != Dispatched::Committing)
+                .await;
+            let earlier = match &*state.borrow() {
+                Dispatched::Stamped(stamped) if stamped == etag => return true,
+                Dispatched::InFlight(theirs, number_of_theirs) if theirs == etag => {
+                    *number_of_theirs < number
+                }
+                _ => continue,
+            };
+            return !earlier || stamped_as(state, etag).await;
+        }
+        false
     }
 
     /// Whether this process stamped `doc` (this version of it, by its `_etag`) after its
@@ -270,18 +280,22 @@ impl AfterCommitInFlight {
         let Some(etag) = doc.get("_etag").and_then(Value::as_str) else {
             return false;
         };
-        match self.state_of(id, key) {
-            Some(state) => stamped_as(state, etag).await,
-            None => false,
+        for state in self.states_of(id, key) {
+            if stamped_as(state, etag).await {
+                return true;
+            }
         }
+        false
     }
 
-    /// The state of document `id` of `key`'s dispatch here, if this path took it.
-    fn state_of(&self, id: &str, key: &[Value]) -> Option<watch::Receiver<Dispatched>> {
+    /// The states of document `id` of `key`'s dispatches here, oldest first (none if this path
+    /// never took it).
+    fn states_of(&self, id: &str, key: &[Value]) -> Vec<watch::Receiver<Dispatched>> {
         self.record()
             .entries
             .get(&identity(id, key))
-            .map(|entry| entry.state.clone())
+            .map(|entries| entries.iter().map(|entry| entry.state.clone()).collect())
+            .unwrap_or_default()
     }
 }
 
