@@ -118,13 +118,27 @@ async fn container(
 }
 
 /// Creates or replaces `doc` (its `id` names it) under the partition-key value `key`, as any
-/// writer of the container would.
+/// writer of the container would: one that tries again while its partition is being split or
+/// merged (410/1007, which a test that splits mid-write meets whenever a write falls inside
+/// the split's short lock).
 pub(crate) async fn upsert(container: &ContainerClient, key: &str, doc: &Value) {
     let id = doc["id"].as_str().expect("the document has an id");
-    container
-        .upsert_item(key.to_owned(), id, doc, None)
-        .await
-        .unwrap();
+    let mut attempts = 0;
+    loop {
+        match container.upsert_item(key.to_owned(), id, doc, None).await {
+            Ok(_) => return,
+            Err(e) if is_split_or_merge(&e) && attempts < 50 => {
+                attempts += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("{id} is upserted: {e}"),
+        }
+    }
+}
+
+fn is_split_or_merge(error: &CosmosError) -> bool {
+    let status = error.status();
+    u16::from(status.status_code()) == 410 && status.sub_status().map(u16::from) == Some(1007)
 }
 
 /// Short timings so hand-overs happen within seconds: poll every 50 ms, renew leases every
