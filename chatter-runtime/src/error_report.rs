@@ -35,7 +35,7 @@ impl<E: Into<BoxError>> From<E> for Report {
 
 impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        crate::ErrorChain(&*self.0).fmt(f)
+        crate::error_chain::ErrorChain(&*self.0).fmt(f)
     }
 }
 

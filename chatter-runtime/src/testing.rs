@@ -60,7 +60,7 @@ pub fn record_every_instrument(drain: &Drain, lease_token: &str, document: &serd
 pub fn drain_with_resolver<F, R>(drain: Drain, factory: F) -> Drain
 where
     F: Fn() -> R + Send + Sync + 'static,
-    R: crate::BodyResolver,
+    R: crate::relay::BodyResolver,
 {
     drain.with_resolver(Some(crate::relay::resolver::factory(factory)))
 }

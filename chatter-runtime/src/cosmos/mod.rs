@@ -16,6 +16,7 @@
 pub(crate) mod charge;
 mod connection;
 mod error;
+pub(crate) mod outbox_query;
 pub mod provision;
 pub(crate) mod store;
 

@@ -85,7 +85,7 @@ pub async fn ensure_lease_container(
 /// Ensures the containers command `C` needs, from its registration: its container with its
 /// partition-key path(s), and its lease container, in its database (what the derive's
 /// `#[cosmos]` and `#[partition_key]` name, so nothing is spelled twice).
-pub async fn ensure_for<C: crate::DocumentReliable>(
+pub async fn ensure_for<C: crate::registry::DocumentReliable>(
     connection: &CosmosConnection,
 ) -> Result<(), CosmosStoreError> {
     let registration = C::registration();

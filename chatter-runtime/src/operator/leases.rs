@@ -126,7 +126,7 @@ pub async fn estimate_backlog(
     lease_container: &str,
     processor: Option<&str>,
     leases: &mut [LeaseView],
-) -> Result<String, crate::BoxError> {
+) -> Result<String, crate::registry::BoxError> {
     let processor = match processor {
         Some(name) => name.to_owned(),
         None => crate::relay::identity::SourceIdentity::GroundTruth {
@@ -144,7 +144,7 @@ pub async fn estimate_backlog(
         cosmos.container(database, monitored).await?,
         cosmos.container(database, lease_container).await?,
     )
-    .options(crate::RelayOptions::default().processor);
+    .options(crate::relay::RelayOptions::default().processor);
     let estimates = estimator
         .estimate(crate::document::is_pending_outbox)
         .await?;

@@ -4,34 +4,17 @@
 
 use std::collections::BTreeMap;
 
-use azure_data_cosmos::Query;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::cosmos::outbox_query::{gate_fields, outbox_query};
 use crate::cosmos::store::query_each;
 use crate::cosmos::{CosmosConnection, CosmosStoreError};
 use crate::document::outbox::id_mismatch;
 use crate::document::outbox::{
-    DESTINATION_FIELD, DISCRIMINATOR_FIELD, ID_FIELD, MESSAGE_ID_FIELD, STATUS_FIELD,
-    STATUS_PENDING, STATUS_UNDELIVERABLE,
+    DESTINATION_FIELD, ID_FIELD, MESSAGE_ID_FIELD, STATUS_PENDING, STATUS_UNDELIVERABLE,
 };
-use crate::document::{id, is_pending_outbox, outbox_contract};
-
-/// What the pending gate ([`is_pending_outbox`]) reads of a document, as a query's `SELECT`
-/// list.
-pub(crate) fn gate_fields() -> String {
-    format!("c.{ID_FIELD}, c.{MESSAGE_ID_FIELD}, c.{DISCRIMINATOR_FIELD}, c.{STATUS_FIELD}")
-}
-
-/// The Outbox Documents with `status`, `select`ing what the caller reads (`*`: everything).
-pub(crate) fn outbox_query(select: &str, status: &str) -> Result<Query, CosmosStoreError> {
-    Query::from(format!(
-        "SELECT {select} FROM c WHERE c.{DISCRIMINATOR_FIELD} = @kind AND c.{STATUS_FIELD} = @status"
-    ))
-    .with_parameter("@kind", id::OUTBOX_KIND)
-    .and_then(|q| q.with_parameter("@status", status.to_owned()))
-    .map_err(|e| CosmosStoreError::codec("query_items", e))
-}
+use crate::document::{is_pending_outbox, outbox_contract};
 
 /// Where the relay of a container gets each pending document's message, which says whether the
 /// Outbox Document Contract applies to its documents. Nothing in a container tells: the

@@ -7,7 +7,8 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use super::outbox::{MessageSource, outbox_query};
+use super::outbox::MessageSource;
+use crate::cosmos::outbox_query::outbox_query;
 use crate::cosmos::store::{PatchOp, patch_item_if_match, query_each, read_container_properties};
 use crate::cosmos::{CosmosConnection, CosmosStoreError};
 use crate::document::is_pending_outbox;
@@ -200,7 +201,7 @@ pub async fn apply(
                     Err(error) if error.is_status(404) => {
                         Some("it no longer exists (a delivered document's ttl expired?)".to_owned())
                     }
-                    Err(error) => Some(crate::ErrorChain(&error).to_string()),
+                    Err(error) => Some(crate::error_chain::ErrorChain(&error).to_string()),
                 }
             }
         };

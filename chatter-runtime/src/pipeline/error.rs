@@ -87,7 +87,7 @@ pub enum PipelineError {
         /// standalone-inbox command, a pending marker and the handler's side effects.
         undone: &'static str,
         /// The handler's rejection.
-        rejection: crate::Rejection,
+        rejection: super::Rejection,
     },
     /// The handler (or the command's deserialization) panicked; nothing was committed. Counted
     /// as a failed attempt: retried, then dead-lettered.
@@ -219,8 +219,8 @@ impl PipelineError {
         // repeat the side effect its handler did before the send.
         if let Self::Handler { source, .. } = self
             && matches!(
-                source.downcast_ref::<crate::StageError>(),
-                Some(crate::StageError::InboxWithoutLease { .. })
+                source.downcast_ref::<crate::atomic_write::StageError>(),
+                Some(crate::atomic_write::StageError::InboxWithoutLease { .. })
             )
         {
             return true;
@@ -254,7 +254,7 @@ impl PipelineError {
     }
 
     /// The handler's rejection, when it rejected the command.
-    pub fn rejection(&self) -> Option<&crate::Rejection> {
+    pub fn rejection(&self) -> Option<&super::Rejection> {
         match self {
             Self::Rejected { rejection, .. } => Some(rejection),
             _ => None,

@@ -550,7 +550,7 @@ async fn run_handler(
             })?;
         future
             .await
-            .map_err(|source| match source.downcast::<crate::Rejection>() {
+            .map_err(|source| match source.downcast::<Rejection>() {
                 Ok(rejection) => PipelineError::Rejected {
                     command: name,
                     message_id: message_id.clone(),

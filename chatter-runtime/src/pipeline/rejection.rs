@@ -13,7 +13,7 @@
 pub struct Rejection {
     reason: String,
     #[source]
-    source: Option<crate::BoxError>,
+    source: Option<crate::registry::BoxError>,
 }
 
 impl Rejection {
@@ -26,7 +26,7 @@ impl Rejection {
     }
 
     /// A rejection because of `error` (any error a retry would meet again).
-    pub fn because(reason: impl Into<String>, error: impl Into<crate::BoxError>) -> Self {
+    pub fn because(reason: impl Into<String>, error: impl Into<crate::registry::BoxError>) -> Self {
         Self {
             reason: reason.into(),
             source: Some(error.into()),

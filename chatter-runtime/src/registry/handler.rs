@@ -43,7 +43,7 @@ pub struct StateRequirement {
 /// `#[handler]`'s expansion).
 pub fn handler_state<T: Send + Sync + 'static>(
     ctx: &HandlerContext,
-) -> Result<crate::State<T>, BoxError> {
+) -> Result<crate::state::State<T>, BoxError> {
     ctx.state::<T>().ok_or_else(|| {
         format!(
             "no application state of type `{}` was given to the runtime (RuntimeBuilder::state)",

@@ -53,6 +53,7 @@ use crate::cosmos::store::bounded;
 use crate::document;
 use crate::document::outbox::STATUS_PENDING;
 use crate::partition_key;
+use crate::telemetry::metrics::{AfterCommitOutcome, LeftBecause};
 
 /// How long after an eager publish or stamp failed every document of the container is left to
 /// the relay: the relay meets the same failure and handles it by its rules (one document at a
@@ -62,53 +63,6 @@ pub(crate) const PAUSE_AFTER_FAILURE: Duration = Duration::from_secs(60);
 /// How long the drain remembers a document version this path stamped, so a page read before
 /// the stamp does not publish it again. Past a page's handler timeout and poll interval.
 const REMEMBERED_FOR: Duration = Duration::from_secs(600);
-
-/// What happened after one commit, per document (the `after_commit` counter's attributes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AfterCommitOutcome {
-    /// Published and stamped delivered.
-    Published,
-    /// Never publishable: stamped `undeliverable` (logged at Error), as the relay would.
-    Undeliverable,
-    /// Left to the relay.
-    Left(LeftBecause),
-}
-
-/// Why a committed document was left to the relay.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LeftBecause {
-    /// Another Outbox Document of its partition-key value was pending.
-    EarlierPending,
-    /// A lease of the container's processor is failing (or was, a moment ago, for this path).
-    RelayFailing,
-    /// The pending check could not be read.
-    CheckFailed,
-    /// Its publish failed (or was not tried, after an earlier document of the batch failed).
-    PublishFailed,
-    /// Published, but its stamp did not land: the relay publishes it again.
-    StampFailed,
-}
-
-impl AfterCommitOutcome {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::Published => "published",
-            Self::Undeliverable => "undeliverable",
-            Self::Left(_) => "left_to_relay",
-        }
-    }
-
-    pub(crate) fn reason(self) -> Option<&'static str> {
-        match self {
-            Self::Left(LeftBecause::EarlierPending) => Some("earlier_pending"),
-            Self::Left(LeftBecause::RelayFailing) => Some("relay_failing"),
-            Self::Left(LeftBecause::CheckFailed) => Some("check_failed"),
-            Self::Left(LeftBecause::PublishFailed) => Some("publish_failed"),
-            Self::Left(LeftBecause::StampFailed) => Some("stamp_failed"),
-            _ => None,
-        }
-    }
-}
 
 /// One Outbox Document a batch committed: its id, its body as written, and the ETag the batch
 /// returned for it.
@@ -559,7 +513,7 @@ impl AfterCommit {
         const OPERATION: &str = "query_items";
         // Ids and versions only: the batch's own documents are pending too, and need not be
         // sent back whole.
-        let query = crate::operator::outbox::outbox_query("c.id, c._etag", STATUS_PENDING)?;
+        let query = crate::cosmos::outbox_query::outbox_query("c.id, c._etag", STATUS_PENDING)?;
         let sdk_key = partition_key::sdk_key(key)?;
         let read = async {
             let mut others = Vec::new();

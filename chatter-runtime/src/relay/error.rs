@@ -198,7 +198,7 @@ pub enum DrainError {
         message_id: String,
         /// The resolver's error.
         #[source]
-        source: crate::BoxError,
+        source: crate::registry::BoxError,
     },
     /// The broker can never take the message a standalone relay's body resolver built for a
     /// document ([`BrokerError::is_permanent`], e.g. a destination no queue can be named): the

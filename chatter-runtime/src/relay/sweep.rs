@@ -221,7 +221,7 @@ impl Sweeper {
     ) -> Result<Swept, SweepError> {
         const OPERATION: &str = "query_items";
         let timeout = self.options.processor.store_timeout;
-        let query = crate::operator::outbox::outbox_query("*", STATUS_PENDING)?;
+        let query = crate::cosmos::outbox_query::outbox_query("*", STATUS_PENDING)?;
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();

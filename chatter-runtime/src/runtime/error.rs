@@ -90,7 +90,7 @@ pub enum StartError {
         /// The handler's path.
         handler: &'static str,
         /// Where it was written.
-        location: crate::registration::SourceLocation,
+        location: crate::registry::SourceLocation,
         /// The state type.
         state_type: &'static str,
     },

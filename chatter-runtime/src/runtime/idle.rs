@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
+use crate::cosmos::outbox_query::{gate_fields, outbox_query};
 use crate::cosmos::store::query_each;
 use crate::cosmos::{CosmosConnection, CosmosStoreError};
 use crate::document;
-use crate::operator::outbox::{gate_fields, outbox_query};
 use crate::relay::drain::InFlightLimit;
 use crate::relay::resolver::PendingFilter;
 

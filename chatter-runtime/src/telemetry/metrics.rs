@@ -70,6 +70,53 @@ const BATCH_SIZE_BUCKETS: [f64; 10] =
 /// `DateTimeOffset` has it. A `_ts` outside it records no lag.
 const TS_RANGE: std::ops::RangeInclusive<i64> = -62_135_596_800..=253_402_300_799;
 
+/// What happened after one commit, per document (the `after_commit` counter's attributes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterCommitOutcome {
+    /// Published and stamped delivered.
+    Published,
+    /// Never publishable: stamped `undeliverable` (logged at Error), as the relay would.
+    Undeliverable,
+    /// Left to the relay.
+    Left(LeftBecause),
+}
+
+/// Why a committed document was left to the relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeftBecause {
+    /// Another Outbox Document of its partition-key value was pending.
+    EarlierPending,
+    /// A lease of the container's processor is failing (or was, a moment ago, for this path).
+    RelayFailing,
+    /// The pending check could not be read.
+    CheckFailed,
+    /// Its publish failed (or was not tried, after an earlier document of the batch failed).
+    PublishFailed,
+    /// Published, but its stamp did not land: the relay publishes it again.
+    StampFailed,
+}
+
+impl AfterCommitOutcome {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Published => "published",
+            Self::Undeliverable => "undeliverable",
+            Self::Left(_) => "left_to_relay",
+        }
+    }
+
+    pub(crate) fn reason(self) -> Option<&'static str> {
+        match self {
+            Self::Left(LeftBecause::EarlierPending) => Some("earlier_pending"),
+            Self::Left(LeftBecause::RelayFailing) => Some("relay_failing"),
+            Self::Left(LeftBecause::CheckFailed) => Some("check_failed"),
+            Self::Left(LeftBecause::PublishFailed) => Some("publish_failed"),
+            Self::Left(LeftBecause::StampFailed) => Some("stamp_failed"),
+            _ => None,
+        }
+    }
+}
+
 /// How a document handed to the relay resolved (`drain.documents`' outcome). A failure is no
 /// outcome: a publish that failed records none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -265,7 +312,7 @@ impl SourceMetrics {
     }
 
     /// What publish after commit did with one committed document.
-    pub(crate) fn after_commit(&self, outcome: crate::relay::after_commit::AfterCommitOutcome) {
+    pub(crate) fn after_commit(&self, outcome: AfterCommitOutcome) {
         guarded(|| {
             let mut attributes = vec![
                 KeyValue::new(attribute::SOURCE_IDENTITY, self.source_identity.clone()),

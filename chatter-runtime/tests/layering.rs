@@ -1,0 +1,216 @@
+//! The library's modules stand in floors, each importing only from the floors below it, and its
+//! own code names a thing where it lives, never through the crate root's re-exports (which are
+//! the users' door, not the house's stairs). This test reads the sources as text: doc comments
+//! and comment lines are left out, as they are links for readers, not imports.
+//!
+//! Run it alone with `cargo test -p chatter-runtime --test layering`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// The floors, ground first. A module may use the modules of lower floors and its own.
+const FLOORS: &[&[&str]] = &[
+    &[
+        "message",
+        "error_chain",
+        "backoff",
+        "partition_key",
+        "deadline",
+        "state",
+    ],
+    &["document"],
+    &["broker", "cosmos"],
+    &["telemetry"],
+    &["atomic_write"],
+    &["registry"],
+    &["relay", "inbox"],
+    &["pipeline"],
+    &["runtime"],
+    // Faces and tools over everything: the error index, the operator's queries, the test seams.
+    &["error", "error_report", "operator", "testing"],
+];
+
+/// Imports that still run upward, each with why it is not yet moved. The test fails when one
+/// of them is gone (so the list only shrinks) and when a new one appears.
+const KNOWN_UPWARD: &[(&str, &str)] = &[
+    // `ensure_for` provisions a command's container: it belongs above the registry.
+    ("cosmos/provision.rs", "registry"),
+];
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("src is readable") {
+        let path = entry.expect("an entry").path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// `relay/drain.rs` -> `relay`; `state.rs` -> `state`; `lib.rs` -> `lib`.
+fn top_module(relative: &str) -> &str {
+    let first = relative.split('/').next().expect("a path");
+    first.strip_suffix(".rs").unwrap_or(first)
+}
+
+fn floor_of(module: &str) -> Option<usize> {
+    FLOORS.iter().position(|floor| floor.contains(&module))
+}
+
+/// Every `crate::<name>` in the file's code lines, with its line number; a `#[cfg(test)]`
+/// module is left out (a unit test may build what it checks from anywhere).
+fn crate_paths(text: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    let mut test_attribute = false;
+    let mut test_depth = 0usize;
+    for (number, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        if test_depth > 0 {
+            test_depth += trimmed.matches('{').count();
+            test_depth = test_depth.saturating_sub(trimmed.matches('}').count());
+            continue;
+        }
+        if trimmed.starts_with("#[cfg(test)]") {
+            test_attribute = true;
+            continue;
+        }
+        if test_attribute && trimmed.starts_with("mod ") && trimmed.ends_with('{') {
+            test_depth = 1;
+            test_attribute = false;
+            continue;
+        }
+        test_attribute = false;
+        if trimmed.starts_with("//") {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find("crate::") {
+            let before = rest[..at].chars().next_back();
+            rest = &rest[at + "crate::".len()..];
+            // `chatter_runtime::crate::` cannot occur; skip `$crate::` and `foo_crate::`.
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
+                continue;
+            }
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                found.push((number + 1, name));
+            }
+        }
+    }
+    found
+}
+
+/// The names `lib.rs` re-exports with `pub use` (the root's public surface).
+fn root_reexports(lib: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut in_use = false;
+    let mut depth = 0usize;
+    for line in lib.lines() {
+        let trimmed = line.trim();
+        if depth == 0 && trimmed.starts_with("pub mod ") && trimmed.ends_with('{') {
+            // `pub mod registration { ... }`: its re-exports are the module's, not the root's.
+            depth = 1;
+            continue;
+        }
+        if depth > 0 {
+            depth += trimmed.matches('{').count();
+            depth -= trimmed.matches('}').count();
+            continue;
+        }
+        if trimmed.starts_with("pub use ") {
+            in_use = true;
+        }
+        if in_use {
+            let body = trimmed.trim_start_matches("pub use ");
+            let listed = body.rsplit("::{").next().unwrap_or(body);
+            let listed = if body.contains('{') || !body.contains("::") {
+                listed
+            } else {
+                body.rsplit("::").next().unwrap_or(body)
+            };
+            for name in listed.split(',') {
+                let name = name.trim().trim_end_matches(['}', ';']).trim();
+                if !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_') {
+                    names.insert(name.to_owned());
+                }
+            }
+            if trimmed.ends_with(';') {
+                in_use = false;
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn no_module_imports_from_a_floor_above_it_and_none_names_a_thing_through_the_crate_root() {
+    let root = src();
+    let lib = std::fs::read_to_string(root.join("lib.rs")).expect("lib.rs");
+    let reexports = root_reexports(&lib);
+    assert!(
+        reexports.contains("Runtime") && reexports.contains("Rejection"),
+        "the root's re-exports are read: {reexports:?}"
+    );
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+
+    let mut through_root = Vec::new();
+    let mut upward = BTreeSet::new();
+    for file in &files {
+        let relative = file
+            .strip_prefix(&root)
+            .expect("under src")
+            .to_string_lossy()
+            .replace('\\', "/");
+        if relative == "lib.rs" {
+            continue;
+        }
+        let module = top_module(&relative);
+        let floor = floor_of(module)
+            .unwrap_or_else(|| panic!("{relative}: module `{module}` is on no floor of FLOORS"));
+        let text = std::fs::read_to_string(file).expect("a source file");
+        for (line, name) in crate_paths(&text) {
+            if reexports.contains(&name) {
+                through_root.push(format!("{relative}:{line}: crate::{name}"));
+                continue;
+            }
+            if name == module || name == "__private" {
+                continue;
+            }
+            match floor_of(&name) {
+                Some(target) if target >= floor => {
+                    upward.insert((relative.clone(), name));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    assert!(
+        through_root.is_empty(),
+        "name these where they are defined, not through the crate root's re-exports:\n{}",
+        through_root.join("\n")
+    );
+    let known: BTreeSet<(String, String)> = KNOWN_UPWARD
+        .iter()
+        .map(|(file, module)| ((*file).to_owned(), (*module).to_owned()))
+        .collect();
+    let new: Vec<_> = upward.difference(&known).collect();
+    let gone: Vec<_> = known.difference(&upward).collect();
+    assert!(
+        new.is_empty(),
+        "imports that run upward (or sideways on one floor): {new:?}"
+    );
+    assert!(
+        gone.is_empty(),
+        "no longer upward, strike them from KNOWN_UPWARD: {gone:?}"
+    );
+}
