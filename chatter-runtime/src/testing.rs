@@ -16,9 +16,10 @@ pub use crate::document::outbox_contract::{
 pub use crate::registry::Registry;
 pub use crate::relay::contract::{verify, verify_all};
 pub use crate::relay::delivery::DeliverySettings;
-pub use crate::relay::drain::{Drain, DrainReport, InFlightLimit};
+pub use crate::relay::drain::{Drain, DrainReport};
 pub use crate::relay::error::DrainError;
 pub use crate::relay::identity::{RelaySource, SourceIdentity, distinct_sources};
+pub use crate::relay::in_flight::InFlightLimit;
 pub use crate::relay::suspension::{
     Admission, CONFIRMATION_FAILURE_THRESHOLD, ConfirmationReceipt, DrainGate, ManualClock,
     MonotonicClock, SUSPENSION_WINDOW,

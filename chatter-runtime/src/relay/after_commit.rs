@@ -46,7 +46,7 @@ use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
 use super::dispatch::{Dispatch, Processed, Stamp};
-use super::drain::InFlightLimit;
+use super::in_flight::InFlightLimit;
 use super::suspension::DrainGate;
 use crate::cosmos::CosmosStoreError;
 use crate::cosmos::store::bounded;

@@ -58,13 +58,15 @@ use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::Value;
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::SemaphorePermit;
 
 use super::after_commit::{AfterCommit, AfterCommitInFlight};
 use super::delivery::DeliverySettings;
 use super::diagnostics;
 use super::dispatch::{Dispatch, Processed, Stamp};
 use super::error::DrainError;
+use super::in_flight::InFlightLimit;
+use super::options::DEFAULT_DRAIN_TIMEOUT;
 use super::resolver::{PendingFilter, ResolverFactory};
 use super::suspension::{Admission, ConfirmationReceipt, DrainGate};
 use crate::broker::Broker;
@@ -95,49 +97,6 @@ impl std::ops::AddAssign for DrainReport {
         self.skipped += other.skipped;
         self.undeliverable += other.undeliverable;
         self.dropped += other.dropped;
-    }
-}
-
-/// The most Outbox Documents in flight at once (publishing or being stamped), shared by every
-/// lease of every monitored container of one relay. Clones share the limit.
-#[derive(Debug, Clone)]
-pub struct InFlightLimit {
-    pub(super) permits: Arc<Semaphore>,
-    /// The permits it was made with.
-    size: usize,
-}
-
-/// The default [`InFlightLimit`]: enough to hide a 20 ms store round trip at about 1,400
-/// messages a second (32 / 22 ms), while at about 10 RU a stamp the relay stays near what one
-/// physical partition serves (10,000 RU/s).
-pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 32;
-
-impl InFlightLimit {
-    /// A limit of `permits` documents in flight (at least one; a number past what a semaphore
-    /// can count means as many as it can).
-    pub fn new(permits: usize) -> Self {
-        let size = permits.clamp(1, Semaphore::MAX_PERMITS);
-        Self {
-            permits: Arc::new(Semaphore::new(size)),
-            size,
-        }
-    }
-
-    #[cfg(any(test, feature = "test-support"))]
-    /// The permits not taken now.
-    pub fn available(&self) -> usize {
-        self.permits.available_permits()
-    }
-
-    /// Whether no document is in flight now (every permit returned).
-    pub(crate) fn holds_none(&self) -> bool {
-        self.permits.available_permits() == self.size
-    }
-}
-
-impl Default for InFlightLimit {
-    fn default() -> Self {
-        Self::new(DEFAULT_MAX_IN_FLIGHT)
     }
 }
 
@@ -276,9 +235,6 @@ pub struct Drain {
     /// The documents this process is publishing after their commit, which the drain waits for.
     after_commit: AfterCommitInFlight,
 }
-
-/// The default bound of one publish and of one stamp.
-pub(crate) const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl std::fmt::Debug for Drain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -701,7 +657,7 @@ mod tests {
     fn an_in_flight_limit_past_what_a_semaphore_counts_is_no_panic() {
         assert_eq!(
             InFlightLimit::new(usize::MAX).available(),
-            Semaphore::MAX_PERMITS
+            tokio::sync::Semaphore::MAX_PERMITS
         );
         assert_eq!(InFlightLimit::new(0).available(), 1);
     }

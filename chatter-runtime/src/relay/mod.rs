@@ -28,6 +28,7 @@ pub(crate) mod drain;
 pub(crate) mod error;
 pub(crate) mod host;
 pub(crate) mod identity;
+pub(crate) mod in_flight;
 mod options;
 pub(crate) mod resolver;
 pub(crate) mod standalone;

@@ -5,8 +5,11 @@ use std::time::Duration;
 use cosmos_change_feed::ChangeFeedProcessorOptions;
 
 use super::delivery::DeliverySettings;
-use super::drain::{DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_IN_FLIGHT};
 use super::error::RelayError;
+use super::in_flight::DEFAULT_MAX_IN_FLIGHT;
+
+/// The default bound of one publish and of one stamp.
+pub(crate) const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Settings of the change-feed relay, passed to
 /// [`RuntimeBuilder::relay_options`](crate::RuntimeBuilder::relay_options).

@@ -10,10 +10,10 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::drain::InFlightLimit;
 use super::error::RelayError;
 use super::host::{RelayHost, RelaySpec};
 use super::identity::SourceIdentity;
+use super::in_flight::InFlightLimit;
 use super::options::RelayOptions;
 use super::resolver::{self, BodyResolver, PendingFilter, ResolverFactory};
 use crate::broker::Broker;

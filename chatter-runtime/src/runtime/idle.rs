@@ -8,7 +8,7 @@ use crate::cosmos::outbox_query::{gate_fields, outbox_query};
 use crate::cosmos::store::query_each;
 use crate::cosmos::{CosmosConnection, CosmosStoreError};
 use crate::document;
-use crate::relay::drain::InFlightLimit;
+use crate::relay::in_flight::InFlightLimit;
 use crate::relay::resolver::PendingFilter;
 
 /// How often the pending documents are counted while waiting.

@@ -27,9 +27,9 @@ use crate::error_chain::ErrorChain;
 use crate::pipeline::{Outcome, Pipeline};
 use crate::registry::{CommandRegistration, DocumentReliable, Registry};
 use crate::relay::RelayOptions;
-use crate::relay::drain::InFlightLimit;
 use crate::relay::host::{RelayHost, RelaySpec};
 use crate::relay::identity;
+use crate::relay::in_flight::InFlightLimit;
 use crate::relay::standalone::StandaloneRelay;
 use crate::telemetry::{self, Telemetry};
 
