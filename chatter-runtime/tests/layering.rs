@@ -3,9 +3,9 @@
 //! the users' door, not the house's stairs). This test reads the sources as text: doc comments
 //! and comment lines are left out, as they are links for readers, not imports.
 //!
-//! Run it alone with `cargo test -p chatter-runtime --test layering`.
+//! Files of one folder import each other in no circle either. Run it alone with `cargo test -p chatter-runtime --test layering`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The floors, ground first. A module may use the modules of lower floors and its own.
@@ -62,10 +62,10 @@ fn floor_of(module: &str) -> Option<usize> {
     FLOORS.iter().position(|floor| floor.contains(&module))
 }
 
-/// Every `crate::<name>` in the file's code lines, with its line number; a `#[cfg(test)]`
-/// module is left out (a unit test may build what it checks from anywhere).
-fn crate_paths(text: &str) -> Vec<(usize, String)> {
-    let mut found = Vec::new();
+/// The file's code lines: comment lines and `#[cfg(test)]` modules left out (a unit test may
+/// build what it checks from anywhere), each with its number.
+fn code_lines(text: &str) -> Vec<(usize, &str)> {
+    let mut lines = Vec::new();
     let mut test_attribute = false;
     let mut test_depth = 0usize;
     for (number, line) in text.lines().enumerate() {
@@ -85,23 +85,54 @@ fn crate_paths(text: &str) -> Vec<(usize, String)> {
             continue;
         }
         test_attribute = false;
-        if trimmed.starts_with("//") {
-            continue;
+        if !trimmed.starts_with("//") {
+            lines.push((number + 1, line));
         }
+    }
+    lines
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+/// The first name after every `prefix` (such as `crate::` or `super::`) in the file's code,
+/// each name of a `{a::B, c}` group after it too, with its line number.
+fn names_after(text: &str, prefix: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    for (number, line) in code_lines(text) {
         let mut rest = line;
-        while let Some(at) = rest.find("crate::") {
+        while let Some(at) = rest.find(prefix) {
             let before = rest[..at].chars().next_back();
-            rest = &rest[at + "crate::".len()..];
-            // `chatter_runtime::crate::` cannot occur; skip `$crate::` and `foo_crate::`.
-            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
+            rest = &rest[at + prefix.len()..];
+            // Not `$crate::` or `foo_crate::`, nor `super::` inside `self::super::`.
+            if before.is_some_and(|c| is_ident(c) || c == '$') {
                 continue;
             }
-            let name: String = rest
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_')
-                .collect();
+            if let Some(group) = rest.strip_prefix('{') {
+                let mut depth = 1usize;
+                let mut start = true;
+                for (i, c) in group.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 1 => break,
+                        '}' => depth -= 1,
+                        ',' if depth == 1 => start = true,
+                        c if start && is_ident(c) => {
+                            let name: String =
+                                group[i..].chars().take_while(|c| is_ident(*c)).collect();
+                            found.push((number, name));
+                            start = false;
+                        }
+                        c if !c.is_whitespace() => start = false,
+                        _ => {}
+                    }
+                }
+                continue;
+            }
+            let name: String = rest.chars().take_while(|c| is_ident(*c)).collect();
             if !name.is_empty() {
-                found.push((number + 1, name));
+                found.push((number, name));
             }
         }
     }
@@ -177,7 +208,7 @@ fn no_module_imports_from_a_floor_above_it_and_none_names_a_thing_through_the_cr
         let floor = floor_of(module)
             .unwrap_or_else(|| panic!("{relative}: module `{module}` is on no floor of FLOORS"));
         let text = std::fs::read_to_string(file).expect("a source file");
-        for (line, name) in crate_paths(&text) {
+        for (line, name) in names_after(&text, "crate::") {
             if reexports.contains(&name) {
                 through_root.push(format!("{relative}:{line}: crate::{name}"));
                 continue;
@@ -212,5 +243,83 @@ fn no_module_imports_from_a_floor_above_it_and_none_names_a_thing_through_the_cr
     assert!(
         gone.is_empty(),
         "no longer upward, strike them from KNOWN_UPWARD: {gone:?}"
+    );
+}
+
+/// The files of one folder import each other in no circle: `super::x` and
+/// `crate::folder::x` from a sibling file of `x.rs` are the arrows.
+#[test]
+fn no_files_of_one_folder_import_each_other_in_a_circle() {
+    let root = src();
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    let relative = |file: &Path| {
+        file.strip_prefix(&root)
+            .expect("under src")
+            .to_string_lossy()
+            .replace('\\', "/")
+    };
+    let mut arrows: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let path = relative(file);
+        let Some((folder, stem)) = path.rsplit_once('/') else {
+            continue; // a file of the crate root: its siblings are the floors above
+        };
+        if stem == "mod.rs" {
+            continue;
+        }
+        let sibling = |name: &str| {
+            let candidate = format!("{folder}/{name}.rs");
+            (name != stem.trim_end_matches(".rs") && root.join(&candidate).is_file())
+                .then_some(candidate)
+        };
+        let text = std::fs::read_to_string(file).expect("a source file");
+        let folder_path = format!("crate::{}::", folder.replace('/', "::"));
+        let targets = names_after(&text, "super::")
+            .into_iter()
+            .chain(names_after(&text, &folder_path))
+            .filter_map(|(_, name)| sibling(&name));
+        arrows.entry(path.clone()).or_default().extend(targets);
+    }
+
+    // Depth-first: a file met again while it is still on the path closes a circle.
+    fn visit(
+        file: &str,
+        arrows: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|f| f == file) {
+            let mut circle = path[at..].to_vec();
+            circle.push(file.to_owned());
+            return Some(circle);
+        }
+        if done.contains(file) {
+            return None;
+        }
+        path.push(file.to_owned());
+        for next in arrows.get(file).into_iter().flatten() {
+            if let Some(circle) = visit(next, arrows, path, done) {
+                return Some(circle);
+            }
+        }
+        path.pop();
+        done.insert(file.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    for file in arrows.keys() {
+        let circle = visit(file, &arrows, &mut Vec::new(), &mut done);
+        assert!(
+            circle.is_none(),
+            "files that import each other in a circle: {}",
+            circle.unwrap_or_default().join(" -> ")
+        );
+    }
+    assert!(
+        arrows
+            .get("relay/drain.rs")
+            .is_some_and(|to| to.contains("relay/dispatch.rs")),
+        "the arrows are read: {arrows:?}"
     );
 }
