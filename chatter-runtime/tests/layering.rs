@@ -3,7 +3,8 @@
 //! the users' door, not the house's stairs). This test reads the sources as text: doc comments
 //! and comment lines are left out, as they are links for readers, not imports.
 //!
-//! Files of one folder import each other in no circle either. Run it alone with `cargo test -p chatter-runtime --test layering`.
+//! Files of one folder import each other in no circle either. Run it alone with
+//! `cargo test -p chatter-runtime --test layering`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -37,19 +38,33 @@ const KNOWN_UPWARD: &[(&str, &str)] = &[
     ("cosmos/provision.rs", "registry"),
 ];
 
-fn src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
-}
-
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("src is readable") {
-        let path = entry.expect("an entry").path();
-        if path.is_dir() {
-            sources(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
+/// Every source file of the library: its path under `src/` (with `/`) and its text.
+fn library_files() -> Vec<(String, String)> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("src is readable") {
+            let path = entry.expect("an entry").path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
         }
     }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    walk(&root, &mut files);
+    files
+        .iter()
+        .map(|file| {
+            let relative = file
+                .strip_prefix(&root)
+                .expect("under src")
+                .to_string_lossy()
+                .replace('\\', "/");
+            let text = std::fs::read_to_string(file).expect("a source file");
+            (relative, text)
+        })
+        .collect()
 }
 
 /// `relay/drain.rs` -> `relay`; `state.rs` -> `state`; `lib.rs` -> `lib`.
@@ -169,7 +184,7 @@ fn root_reexports(lib: &str) -> BTreeSet<String> {
             };
             for name in listed.split(',') {
                 let name = name.trim().trim_end_matches(['}', ';']).trim();
-                if !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_') {
+                if !name.is_empty() && name.chars().all(is_ident) {
                     names.insert(name.to_owned());
                 }
             }
@@ -183,32 +198,27 @@ fn root_reexports(lib: &str) -> BTreeSet<String> {
 
 #[test]
 fn no_module_imports_from_a_floor_above_it_and_none_names_a_thing_through_the_crate_root() {
-    let root = src();
-    let lib = std::fs::read_to_string(root.join("lib.rs")).expect("lib.rs");
-    let reexports = root_reexports(&lib);
+    let files = library_files();
+    let (_, lib) = files
+        .iter()
+        .find(|(relative, _)| relative == "lib.rs")
+        .expect("lib.rs");
+    let reexports = root_reexports(lib);
     assert!(
         reexports.contains("Runtime") && reexports.contains("Rejection"),
         "the root's re-exports are read: {reexports:?}"
     );
-    let mut files = Vec::new();
-    sources(&root, &mut files);
 
     let mut through_root = Vec::new();
     let mut upward = BTreeSet::new();
-    for file in &files {
-        let relative = file
-            .strip_prefix(&root)
-            .expect("under src")
-            .to_string_lossy()
-            .replace('\\', "/");
+    for (relative, text) in &files {
         if relative == "lib.rs" {
             continue;
         }
-        let module = top_module(&relative);
+        let module = top_module(relative);
         let floor = floor_of(module)
             .unwrap_or_else(|| panic!("{relative}: module `{module}` is on no floor of FLOORS"));
-        let text = std::fs::read_to_string(file).expect("a source file");
-        for (line, name) in names_after(&text, "crate::") {
+        for (line, name) in names_after(text, "crate::") {
             if reexports.contains(&name) {
                 through_root.push(format!("{relative}:{line}: crate::{name}"));
                 continue;
@@ -250,18 +260,13 @@ fn no_module_imports_from_a_floor_above_it_and_none_names_a_thing_through_the_cr
 /// `crate::folder::x` from a sibling file of `x.rs` are the arrows.
 #[test]
 fn no_files_of_one_folder_import_each_other_in_a_circle() {
-    let root = src();
-    let mut files = Vec::new();
-    sources(&root, &mut files);
-    let relative = |file: &Path| {
-        file.strip_prefix(&root)
-            .expect("under src")
-            .to_string_lossy()
-            .replace('\\', "/")
-    };
+    let files = library_files();
+    let paths: BTreeSet<&str> = files
+        .iter()
+        .map(|(relative, _)| relative.as_str())
+        .collect();
     let mut arrows: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for file in &files {
-        let path = relative(file);
+    for (path, text) in &files {
         let Some((folder, stem)) = path.rsplit_once('/') else {
             continue; // a file of the crate root: its siblings are the floors above
         };
@@ -270,14 +275,13 @@ fn no_files_of_one_folder_import_each_other_in_a_circle() {
         }
         let sibling = |name: &str| {
             let candidate = format!("{folder}/{name}.rs");
-            (name != stem.trim_end_matches(".rs") && root.join(&candidate).is_file())
+            (name != stem.trim_end_matches(".rs") && paths.contains(candidate.as_str()))
                 .then_some(candidate)
         };
-        let text = std::fs::read_to_string(file).expect("a source file");
         let folder_path = format!("crate::{}::", folder.replace('/', "::"));
-        let targets = names_after(&text, "super::")
+        let targets = names_after(text, "super::")
             .into_iter()
-            .chain(names_after(&text, &folder_path))
+            .chain(names_after(text, &folder_path))
             .filter_map(|(_, name)| sibling(&name));
         arrows.entry(path.clone()).or_default().extend(targets);
     }

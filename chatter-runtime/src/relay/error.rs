@@ -11,23 +11,30 @@ use crate::cosmos::CosmosStoreError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RelayError {
-    /// The change-feed settings of the [`RelayOptions`](crate::relay::RelayOptions) cannot work together.
+    /// The change-feed settings of the [`RelayOptions`](crate::relay::RelayOptions) cannot work
+    /// together.
     #[error("invalid relay options")]
     InvalidOptions(#[source] cosmos_change_feed::InvalidOptions),
-    /// [`RelayOptions::publish_timeout`](crate::relay::RelayOptions::publish_timeout) is zero: no publish could ever finish.
+    /// [`RelayOptions::publish_timeout`](crate::relay::RelayOptions::publish_timeout) is zero: no
+    /// publish could ever finish.
     #[error("invalid relay options: `publish_timeout` must be greater than zero")]
     ZeroPublishTimeout,
-    /// [`RelayOptions::max_in_flight`](crate::relay::RelayOptions::max_in_flight) is zero: no document could ever be published.
+    /// [`RelayOptions::max_in_flight`](crate::relay::RelayOptions::max_in_flight) is zero: no
+    /// document could ever be published.
     #[error("invalid relay options: `max_in_flight` must be greater than zero")]
     ZeroMaxInFlight,
-    /// [`RelayOptions::backlog_interval`](crate::relay::RelayOptions::backlog_interval) is zero: the estimates would run back to back.
+    /// [`RelayOptions::backlog_interval`](crate::relay::RelayOptions::backlog_interval) is zero:
+    /// the estimates would run back to back.
     #[error("invalid relay options: `backlog_interval` must be greater than zero")]
     ZeroBacklogInterval,
-    /// [`RelayOptions::sweep_interval`](crate::relay::RelayOptions::sweep_interval) is zero: the sweeps would run back to back.
+    /// [`RelayOptions::sweep_interval`](crate::relay::RelayOptions::sweep_interval) is zero: the
+    /// sweeps would run back to back.
     #[error("invalid relay options: `sweep_interval` must be greater than zero")]
     ZeroSweepInterval,
-    /// [`RelayOptions::handler_timeout`](crate::relay::RelayOptions::handler_timeout) is not greater than one document's publish and stamp
-    /// ([`RelayOptions::publish_timeout`](crate::relay::RelayOptions::publish_timeout) plus [`RelayOptions::store_timeout`](crate::relay::RelayOptions::store_timeout)): a slow stamp
+    /// [`RelayOptions::handler_timeout`](crate::relay::RelayOptions::handler_timeout) is not
+    /// greater than one document's publish and stamp
+    /// ([`RelayOptions::publish_timeout`](crate::relay::RelayOptions::publish_timeout) plus
+    /// [`RelayOptions::store_timeout`](crate::relay::RelayOptions::store_timeout)): a slow stamp
     /// would have its page cancelled after the publish, and the message published again.
     #[error(
         "invalid relay options: `handler_timeout` ({handler_timeout:?}) must be greater than \
