@@ -453,5 +453,5 @@ fn read_failed(what: &str, at: &Container, error: &CosmosStoreError) -> Failure 
 
 /// An error and its causes on one line.
 fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    chatter_runtime::ErrorChain(error).to_string()
+    chatter_runtime::error::ErrorChain(error).to_string()
 }

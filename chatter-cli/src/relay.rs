@@ -38,7 +38,9 @@ use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, NatsBroker, RabbitMqBroker};
 use chatter_runtime::cosmos::CosmosConnection;
-use chatter_runtime::{RelayOptions, RunningRelays, StandaloneRelay};
+use chatter_runtime::{
+    RelayOptions, standalone_relay::RunningRelays, standalone_relay::StandaloneRelay,
+};
 use serde::Deserialize;
 
 use crate::{Failure, chain, connect_store};

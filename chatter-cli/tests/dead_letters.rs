@@ -10,7 +10,8 @@ use std::time::Duration;
 use async_nats::jetstream::stream::Config;
 use chatter_runtime::broker::{Broker, NatsBroker, RabbitMqBroker, Subscription};
 use chatter_runtime::{
-    ATTEMPTS_CONTEXT_KEY, BrokeredMessage, DEAD_LETTER_REASON_CONTEXT_KEY, dead_letter_destination,
+    BrokeredMessage, broker::dead_letter_destination, constants::ATTEMPTS_CONTEXT_KEY,
+    constants::DEAD_LETTER_REASON_CONTEXT_KEY,
 };
 use common::{chatter_on_broker, stderr, stdout};
 use serde_json::Value;

@@ -302,7 +302,7 @@ async fn the_readme_relay_file_starts_and_logs_the_leases_it_owns_on_stderr() {
     let cosmos = chatter_runtime::cosmos::CosmosConnection::connect(emulator.endpoint(), None)
         .await
         .unwrap();
-    chatter_runtime::cosmos::provision::ensure_container(
+    chatter_runtime::provision::ensure_container(
         &cosmos,
         "shop",
         "orders",
@@ -310,7 +310,7 @@ async fn the_readme_relay_file_starts_and_logs_the_leases_it_owns_on_stderr() {
     )
     .await
     .unwrap();
-    chatter_runtime::cosmos::provision::ensure_lease_container(&cosmos, "shop", "orders-leases")
+    chatter_runtime::provision::ensure_lease_container(&cosmos, "shop", "orders-leases")
         .await
         .unwrap();
     let url_file = config_file(RABBITMQ);

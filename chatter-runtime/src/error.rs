@@ -20,12 +20,13 @@
 //! are built with struct literals. A two-state result that is complete by nature
 //! ([`ReadOutcome`](crate::cosmos::ReadOutcome): found or not found) stays exhaustive too.
 
-pub use crate::atomic_write::StageError;
+pub use crate::atomic_write::{ReadError, StageError};
 pub use crate::broker::{BrokerError, Refusal, TransportError};
 pub use crate::cosmos::CosmosStoreError;
 pub use crate::document::DocumentError;
 pub use crate::document::outbox_contract::{ContractViolation, ContractViolations};
 pub use crate::error_chain::ErrorChain;
+pub use crate::inbox::{InboxError, InboxOptionsError, InboxSetupError};
 pub use crate::partition_key::PartitionKeyError;
 pub use crate::pipeline::{BatchFailure, PipelineError};
 pub use crate::registry::{RegistrationProblem, RegistryError};
@@ -33,8 +34,9 @@ pub use crate::relay::contract::{
     MonitoredContainerError, MonitoredContainerViolation, MonitoredContainersError,
 };
 pub use crate::relay::delivery::DeliverySettingsError;
-pub use crate::relay::error::RelayError;
-pub use crate::runtime::{DispatchError, StartError};
+pub use crate::relay::error::{DrainError, RelayError};
+pub use crate::relay::standalone::StandaloneRelayError;
+pub use crate::runtime::{DispatchError, RelayNotIdle, StartError};
 pub use cosmos_change_feed::{
     ChangeFeedError, InvalidOptions, ProcessorOption, RequestError, StoreError,
 };

@@ -29,7 +29,7 @@
 //! - A redelivered command conflicts on its inbox marker: nothing commits again and the
 //!   delivery is acknowledged ([`Outcome::Duplicate`]).
 //! - A delivery that fails is delivered again, counted; one that can never succeed, or fails
-//!   too often, is dead-lettered to `<destination>.dead-letter` ([`dead_letter_destination`]).
+//!   too often, is dead-lettered to `<destination>.dead-letter` ([`dead_letter_destination`](broker::dead_letter_destination)).
 //! - An outbox document the broker could never take is stamped `undeliverable` and logged; a
 //!   lease whose delivered stamps keep failing is suspended for a while instead of republishing.
 //!
@@ -37,11 +37,17 @@
 //!
 //! | module | what you find there |
 //! | --- | --- |
-//! | crate root | what an application writes: [`start`], [`Runtime`], [`RuntimeBuilder`], [`HandlerContext`], [`BrokeredMessage`], [`RelayOptions`], the derive and `#[handler]` |
-//! | [`broker`] | the [`Broker`](broker::Broker) trait, [`InMemoryBroker`](broker::InMemoryBroker), `RabbitMqBroker` (feature `rabbitmq`) |
-//! | [`cosmos`] | [`CosmosConnection`](cosmos::CosmosConnection) and, for development, [`provision`](cosmos::provision) |
-//! | [`error`] | every error type, and [`ErrorChain`] to print one with its causes |
+//! | crate root | what a handler and a `main` write: [`start`], [`Runtime`], [`RuntimeBuilder`], [`RelayOptions`], [`Report`]; [`HandlerContext`], [`BrokeredMessage`], [`Rejection`], [`Outcome`], [`State`], [`ETag`], [`Versioned`], [`Query`], [`BoxError`]; the derive and `#[handler]` |
+//! | [`broker`] | the [`Broker`](broker::Broker) trait, [`InMemoryBroker`](broker::InMemoryBroker), `RabbitMqBroker` (feature `rabbitmq`), `NatsBroker` (feature `nats`), dead-letter destinations and surveys |
+//! | [`constants`] | the runtime's defaults and the context keys it writes on a message |
+//! | [`cosmos`] | [`CosmosConnection`](cosmos::CosmosConnection), reading back what chatter wrote, request charges |
+//! | [`error`] | every error type, and [`ErrorChain`](error::ErrorChain) to print one with its causes |
+//! | [`health`] | what [`Runtime::health`] reports: consumers and relay leases |
+//! | [`inbox`] | the standalone inbox: handling by message id for side effects outside Cosmos |
+//! | [`operator`] | what the `chatter` command runs: lease and outbox surveys, requeue and give-up repairs |
+//! | [`provision`] | creating databases and containers, for development and tests |
 //! | [`registration`] | what the derive registers for a command ([`CommandRegistration`](registration::CommandRegistration)) |
+//! | [`standalone_relay`] | the standalone outbox relay for any container, and its body-resolver seam |
 //! | [`telemetry`] | the OpenTelemetry metrics and spans, and how to turn them on or off |
 //!
 //! The change-feed processor under the relay is its own crate, `cosmos-change-feed`, usable
@@ -52,7 +58,10 @@
 //! | feature | default | what |
 //! | --- | --- | --- |
 //! | `embedded` | yes | the SDK's in-memory Cosmos DB emulator when `CHATTER_COSMOS_ENDPOINT` is unset (nothing persisted) |
+//! | `tls` | yes | `https://` endpoints (a Cosmos account) through rustls; without it only plain `http://` ones (`chatter-emulator`) |
+//! | `entra-id` | yes | Microsoft Entra ID instead of an account key (`CHATTER_COSMOS_CREDENTIAL`); implies `tls` |
 //! | `rabbitmq` | no | `broker::RabbitMqBroker` through `lapin` |
+//! | `nats` | no | `broker::NatsBroker`: NATS JetStream through `async-nats` |
 //! | `test-support` | no | the `testing` module: internals for chatter's own integration tests, with no stability promise |
 //!
 //! Registrations are collected with `inventory`, which only sees crates linked into the binary:
@@ -64,45 +73,55 @@
 // holds everything else to `pub(crate)`.
 #![cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
 
+/// An error variant's `error.type` attribute: its public path under [`error`], which the `use`
+/// checks exists (a renamed or moved variant fails to compile instead of naming a dead path).
+macro_rules! error_type {
+    ($type:ident :: $variant:ident) => {{
+        #[allow(unused_imports)]
+        use crate::error::$type::$variant as _;
+        concat!(
+            "chatter_runtime::error::",
+            stringify!($type),
+            "::",
+            stringify!($variant)
+        )
+    }};
+}
+
 mod atomic_write;
 mod backoff;
 pub mod broker;
+pub mod constants;
 pub mod cosmos;
 mod deadline;
 mod document;
 pub mod error;
 mod error_chain;
 mod error_report;
+pub mod health;
 pub mod inbox;
 mod message;
 pub mod operator;
 mod partition_key;
 mod pipeline;
+pub mod provision;
 mod registry;
 mod relay;
 mod runtime;
+pub mod standalone_relay;
 mod state;
 pub mod telemetry;
 #[cfg(feature = "test-support")]
 pub mod testing;
 
-pub use atomic_write::{ETag, HandlerContext, Query, ReadError, Versioned};
+pub use atomic_write::{ETag, HandlerContext, Query, Versioned};
 pub use chatter_macros::{DocumentReliable, handler};
-pub use error::{DispatchError, ErrorChain, PipelineError, StageError, StartError};
 pub use error_report::Report;
 pub use message::BrokeredMessage;
-pub use pipeline::{BatchFailure, Outcome, Rejection};
+pub use pipeline::{Outcome, Rejection};
 pub use registry::{BoxError, DocumentReliable};
-pub use relay::{
-    BodyResolver, DrainContext, RelayOptions, RunningRelays, StandaloneRelay,
-    StandaloneRelayBuilder, StandaloneRelayError,
-};
-pub use runtime::{
-    ATTEMPTS_CONTEXT_KEY, ConsumerHealth, ConsumerState, DEAD_LETTER_REASON_CONTEXT_KEY,
-    DEFAULT_CONSUMER_CONCURRENCY, DEFAULT_DELIVERY_TIMEOUT, DEFAULT_LANE_WAIT_LIMIT,
-    DEFAULT_MAX_DELIVERY_ATTEMPTS, DEFAULT_SHUTDOWN_DRAIN, Health, LeaseHealth, RelayNotIdle,
-    Runtime, RuntimeBuilder, dead_letter_destination, start,
-};
+pub use relay::RelayOptions;
+pub use runtime::{Runtime, RuntimeBuilder, start};
 pub use state::State;
 
 /// What `#[derive(DocumentReliable)]` registers for a command, as

@@ -49,7 +49,7 @@ pub fn record_every_instrument(drain: &Drain, lease_token: &str, document: &serd
     metrics.document(DrainOutcome::Admitted);
     metrics.document(DrainOutcome::Skipped);
     metrics.lag(document);
-    metrics.failure(lease_token, "chatter_runtime::DrainError::Publish");
+    metrics.failure(lease_token, "chatter_runtime::error::DrainError::Publish");
     metrics.undeliverable();
     metrics.suspension(lease_token);
     metrics.id_mismatch();

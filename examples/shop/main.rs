@@ -25,10 +25,11 @@ use std::time::Duration;
 
 use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, InMemoryBroker};
-use chatter_runtime::cosmos::{self, CosmosConnection, ReadOutcome, provision};
+use chatter_runtime::cosmos::{self, CosmosConnection, ReadOutcome};
+use chatter_runtime::provision;
 use chatter_runtime::{
-    BoxError, DEAD_LETTER_REASON_CONTEXT_KEY, DocumentReliable, HandlerContext, Rejection, Report,
-    Runtime, dead_letter_destination, handler,
+    BoxError, DocumentReliable, HandlerContext, Rejection, Report, Runtime,
+    broker::dead_letter_destination, constants::DEAD_LETTER_REASON_CONTEXT_KEY, handler,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;

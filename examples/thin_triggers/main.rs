@@ -14,9 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, InMemoryBroker};
-use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection, provision};
+use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection};
+use chatter_runtime::provision;
 use chatter_runtime::{
-    BodyResolver, BoxError, BrokeredMessage, DrainContext, Report, StandaloneRelay,
+    BoxError, BrokeredMessage, Report, standalone_relay::BodyResolver,
+    standalone_relay::DrainContext, standalone_relay::StandaloneRelay,
 };
 use serde_json::json;
 

@@ -48,10 +48,11 @@ use std::time::{Duration, Instant};
 
 use chatter_emulator::EmulatorServer;
 use chatter_runtime::broker::{Broker, RabbitMqBroker};
-use chatter_runtime::cosmos::{CosmosConnection, provision};
+use chatter_runtime::cosmos::CosmosConnection;
+use chatter_runtime::provision;
 use chatter_runtime::{
-    BoxError, BrokeredMessage, DEFAULT_CONSUMER_CONCURRENCY, DocumentReliable, HandlerContext,
-    Runtime, handler,
+    BoxError, BrokeredMessage, DocumentReliable, HandlerContext, Runtime,
+    constants::DEFAULT_CONSUMER_CONCURRENCY, handler,
 };
 use chatter_tests::rabbitmq;
 use chatter_tests::runtime::registry_at;

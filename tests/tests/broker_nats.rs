@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use async_nats::jetstream::stream::Config;
 use chatter_runtime::BrokeredMessage;
+use chatter_runtime::broker::dead_letter_destination;
 use chatter_runtime::broker::{
     Broker, BrokerContract, BrokerError, DeadLetterAction, DeadLetters,
     NATS_DEAD_LETTER_REASON_HEADER, Refusal,
 };
-use chatter_runtime::dead_letter_destination;
 use chatter_tests::broker::{assert_quiet_for, next_delivery};
 use chatter_tests::nats::{self, NatsServer, TestStream};
 use chatter_tests::proxy::TcpProxy;

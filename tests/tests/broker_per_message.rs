@@ -12,10 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, InMemoryBroker, MessagingSystems, Refusal};
-use chatter_runtime::cosmos::{CosmosConnection, provision};
+use chatter_runtime::cosmos::CosmosConnection;
+use chatter_runtime::provision;
 use chatter_runtime::{
-    BoxError, BrokeredMessage, DocumentReliable, HandlerContext, Outcome, Runtime, StartError,
-    handler,
+    BoxError, BrokeredMessage, DocumentReliable, HandlerContext, Outcome, Runtime,
+    error::StartError, handler,
 };
 use chatter_tests::broker::Received;
 use chatter_tests::relay::fast_relay;
@@ -355,7 +356,7 @@ async fn a_send_is_checked_against_the_broker_its_message_names_not_the_default(
             )
             .await
             .unwrap_err();
-        let chain = chatter_runtime::ErrorChain(&error).to_string();
+        let chain = chatter_runtime::error::ErrorChain(&error).to_string();
         assert!(chain.contains("whitespace"), "{message_id}: {chain}");
     }
     runtime.shutdown().await;

@@ -11,8 +11,8 @@ use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::{
-    BoxError, DEFAULT_CONSUMER_CONCURRENCY, DocumentReliable, HandlerContext, Runtime, StartError,
-    handler,
+    BoxError, DocumentReliable, HandlerContext, Runtime, constants::DEFAULT_CONSUMER_CONCURRENCY,
+    error::StartError, handler,
 };
 use chatter_tests::broker::next_delivery;
 use chatter_tests::store::{embedded, provisioned};

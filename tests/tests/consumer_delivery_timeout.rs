@@ -5,10 +5,11 @@
 use std::time::Duration;
 
 use chatter_runtime::broker::InMemoryBroker;
-use chatter_runtime::cosmos::{CosmosConnection, provision};
+use chatter_runtime::cosmos::CosmosConnection;
+use chatter_runtime::provision;
 use chatter_runtime::{
-    BoxError, DocumentReliable, HandlerContext, Runtime, StartError, dead_letter_destination,
-    handler,
+    BoxError, DocumentReliable, HandlerContext, Runtime, broker::dead_letter_destination,
+    error::StartError, handler,
 };
 use chatter_tests::broker::{publish_command, settled};
 use chatter_tests::runtime::{Attempts, consuming};

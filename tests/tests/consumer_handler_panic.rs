@@ -6,11 +6,12 @@
 use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, InMemoryBroker};
-use chatter_runtime::cosmos::{CosmosConnection, provision};
+use chatter_runtime::cosmos::CosmosConnection;
+use chatter_runtime::provision;
 use chatter_runtime::{
-    ATTEMPTS_CONTEXT_KEY, BoxError, DEAD_LETTER_REASON_CONTEXT_KEY, DispatchError,
-    DocumentReliable, HandlerContext, Outcome, PipelineError, Runtime, dead_letter_destination,
-    handler,
+    BoxError, DocumentReliable, HandlerContext, Outcome, Runtime, broker::dead_letter_destination,
+    constants::ATTEMPTS_CONTEXT_KEY, constants::DEAD_LETTER_REASON_CONTEXT_KEY,
+    error::DispatchError, error::PipelineError, handler,
 };
 use chatter_tests::broker::{next_delivery, publish_command, settled};
 use chatter_tests::runtime::{Attempts, consuming};

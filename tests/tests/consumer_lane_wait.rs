@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::{
-    BoxError, BrokeredMessage, DocumentReliable, HandlerContext, Runtime, StartError, handler,
+    BoxError, BrokeredMessage, DocumentReliable, HandlerContext, Runtime, error::StartError,
+    handler,
 };
 use chatter_tests::logs;
 use chatter_tests::store::{embedded, provisioned};

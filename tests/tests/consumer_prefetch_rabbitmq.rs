@@ -149,7 +149,7 @@ async fn a_consumer_holds_as_many_unacked_deliveries_as_its_concurrency() {
     );
     assert_eq!(rabbitmq::delete_queue(&direct, &commands, WAIT).await, 0);
     // The start declared its dead-letter queue too.
-    let dead_letters = chatter_runtime::dead_letter_destination(&commands);
+    let dead_letters = chatter_runtime::broker::dead_letter_destination(&commands);
     rabbitmq::delete_queue(&direct, &dead_letters, WAIT).await;
 }
 

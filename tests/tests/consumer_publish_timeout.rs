@@ -6,10 +6,11 @@
 use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, BrokerError, InMemoryBroker, Subscription};
-use chatter_runtime::cosmos::{CosmosConnection, provision};
+use chatter_runtime::cosmos::CosmosConnection;
+use chatter_runtime::provision;
 use chatter_runtime::{
-    ATTEMPTS_CONTEXT_KEY, BoxError, BrokeredMessage, DocumentReliable, HandlerContext,
-    RelayOptions, Runtime, handler,
+    BoxError, BrokeredMessage, DocumentReliable, HandlerContext, RelayOptions, Runtime,
+    constants::ATTEMPTS_CONTEXT_KEY, handler,
 };
 use chatter_tests::broker::publish_command;
 use chatter_tests::runtime::Attempts;

@@ -102,7 +102,7 @@ async fn deliveries_waiting_in_a_lane_when_the_channel_closes_are_not_handled() 
     runtime.shutdown().await;
     rabbitmq::delete_queue(&direct, &queue, WAIT).await;
     // The start declared its dead-letter queue too.
-    let dead_letters = chatter_runtime::dead_letter_destination(&queue);
+    let dead_letters = chatter_runtime::broker::dead_letter_destination(&queue);
     rabbitmq::delete_queue(&direct, &dead_letters, WAIT).await;
 }
 
@@ -172,6 +172,6 @@ async fn a_retry_copy_is_not_published_when_the_channel_closed_during_its_delay(
     );
     runtime.shutdown().await;
     assert_eq!(rabbitmq::delete_queue(&direct, &queue, WAIT).await, 0);
-    let dead_letters = chatter_runtime::dead_letter_destination(&queue);
+    let dead_letters = chatter_runtime::broker::dead_letter_destination(&queue);
     rabbitmq::delete_queue(&direct, &dead_letters, WAIT).await;
 }

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use chatter_runtime::cosmos::provision::{ensure_container, ensure_lease_container};
 use chatter_runtime::cosmos::{
     ContainerClient, CosmosConnection, CosmosStoreError, ReadOutcome, partition_key, read_item,
 };
+use chatter_runtime::provision::{ensure_container, ensure_lease_container};
 use chatter_runtime::testing::{
     BatchOperation, create_item, execute_batch, patch_item, read_container_properties, upsert_item,
 };

@@ -6,7 +6,8 @@
 use std::sync::{Arc, Mutex};
 
 use azure_core::credentials::{AccessToken, TokenCredential, TokenRequestOptions};
-use chatter_runtime::cosmos::{CosmosConnection, CosmosStoreError, partition_key, provision};
+use chatter_runtime::cosmos::{CosmosConnection, CosmosStoreError, partition_key};
+use chatter_runtime::provision;
 use chatter_runtime::testing::upsert_item;
 use chatter_tests::store::emulator_server;
 use serde_json::{Value, json};
@@ -109,7 +110,7 @@ async fn a_credential_that_hands_out_no_token_fails_the_connect_saying_so() {
     assert!(error.to_string().contains(emulator.endpoint()), "{error}");
     assert!(error.to_string().contains("CHATTER_COSMOS_KEY"), "{error}");
     // The credential's own reason is in the chain.
-    let chain = chatter_runtime::ErrorChain(&error).to_string();
+    let chain = chatter_runtime::error::ErrorChain(&error).to_string();
     assert!(
         chain.contains("no managed identity on this machine"),
         "{chain}"

@@ -7,8 +7,8 @@ use std::time::Duration;
 use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::Broker;
 use chatter_runtime::{
-    ATTEMPTS_CONTEXT_KEY, BoxError, DEAD_LETTER_REASON_CONTEXT_KEY, DocumentReliable,
-    HandlerContext, Runtime, dead_letter_destination, handler,
+    BoxError, DocumentReliable, HandlerContext, Runtime, broker::dead_letter_destination,
+    constants::ATTEMPTS_CONTEXT_KEY, constants::DEAD_LETTER_REASON_CONTEXT_KEY, handler,
 };
 use chatter_tests::broker::{acked, next_delivery};
 use chatter_tests::rabbitmq;
@@ -169,9 +169,9 @@ async fn start_refuses_a_quorum_queue_whose_delivery_limit_is_not_above_max_deli
         .start()
         .await
         .unwrap_err();
-    let text = chatter_runtime::ErrorChain(&error).to_string();
+    let text = chatter_runtime::error::ErrorChain(&error).to_string();
     assert!(
-        matches!(error, chatter_runtime::StartError::Broker { .. }),
+        matches!(error, chatter_runtime::error::StartError::Broker { .. }),
         "{text}"
     );
     assert!(
@@ -420,9 +420,9 @@ async fn start_refuses_a_dead_letter_queue_declared_otherwise() {
         .start()
         .await
         .unwrap_err();
-    let text = chatter_runtime::ErrorChain(&error).to_string();
+    let text = chatter_runtime::error::ErrorChain(&error).to_string();
     assert!(
-        matches!(error, chatter_runtime::StartError::Broker { .. }),
+        matches!(error, chatter_runtime::error::StartError::Broker { .. }),
         "{text}"
     );
     assert!(

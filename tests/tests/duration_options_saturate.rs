@@ -5,10 +5,11 @@
 use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, InMemoryBroker};
-use chatter_runtime::cosmos::{CosmosConnection, provision};
+use chatter_runtime::cosmos::CosmosConnection;
+use chatter_runtime::provision;
 use chatter_runtime::{
-    BoxError, DocumentReliable, HandlerContext, RelayOptions, Runtime, dead_letter_destination,
-    handler,
+    BoxError, DocumentReliable, HandlerContext, RelayOptions, Runtime,
+    broker::dead_letter_destination, handler,
 };
 use chatter_tests::broker::{next_delivery, publish_command};
 use chatter_tests::runtime::consuming;

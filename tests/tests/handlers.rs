@@ -7,11 +7,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, InMemoryBroker};
-use chatter_runtime::cosmos::{CosmosConnection, provision};
+use chatter_runtime::cosmos::CosmosConnection;
+use chatter_runtime::provision;
 use chatter_runtime::{
-    BatchFailure, BoxError, DEAD_LETTER_REASON_CONTEXT_KEY, DispatchError, DocumentReliable,
-    HandlerContext, PipelineError, Query, Rejection, RelayOptions, Runtime, RuntimeBuilder,
-    StartError, State, dead_letter_destination, handler,
+    BoxError, DocumentReliable, HandlerContext, Query, Rejection, RelayOptions, Runtime,
+    RuntimeBuilder, State, broker::dead_letter_destination,
+    constants::DEAD_LETTER_REASON_CONTEXT_KEY, error::BatchFailure, error::DispatchError,
+    error::PipelineError, error::StartError, handler,
 };
 use chatter_tests::broker::{next_delivery, publish_command, settled};
 use serde::{Deserialize, Serialize};
@@ -367,7 +369,7 @@ async fn a_failed_write_names_its_document_and_operation() {
             meaning: "a document with this id already exists in the partition",
         }
     );
-    let text = chatter_runtime::ErrorChain(&error).to_string();
+    let text = chatter_runtime::error::ErrorChain(&error).to_string();
     assert!(
         text.contains("create of document 'seat:D4' failed with 409"),
         "{text}"
@@ -531,7 +533,7 @@ async fn relay_idle_waits_for_the_relay_and_refuses_without_one() {
         .unwrap();
     let error = writer.relay_idle(Duration::from_secs(1)).await.unwrap_err();
     assert!(
-        matches!(error, chatter_runtime::RelayNotIdle::NoRelay),
+        matches!(error, chatter_runtime::error::RelayNotIdle::NoRelay),
         "{error}"
     );
     writer.shutdown().await;

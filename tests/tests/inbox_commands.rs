@@ -7,11 +7,13 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, InMemoryBroker};
-use chatter_runtime::cosmos::{CosmosConnection, inbox_id, partition_key, provision};
+use chatter_runtime::cosmos::{CosmosConnection, inbox_id, partition_key};
+use chatter_runtime::provision;
 use chatter_runtime::testing::upsert_item;
 use chatter_runtime::{
-    BoxError, DEAD_LETTER_REASON_CONTEXT_KEY, DocumentReliable, HandlerContext, Rejection, Runtime,
-    StartError, dead_letter_destination, handler,
+    BoxError, DocumentReliable, HandlerContext, Rejection, Runtime,
+    broker::dead_letter_destination, constants::DEAD_LETTER_REASON_CONTEXT_KEY, error::StartError,
+    handler,
 };
 use chatter_tests::broker::{next_delivery, publish_command, settled};
 use chatter_tests::store::find_document;

@@ -10,10 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, InMemoryBroker};
-use chatter_runtime::cosmos::{inbox_id, provision};
+use chatter_runtime::cosmos::inbox_id;
+use chatter_runtime::provision;
 use chatter_runtime::{
-    BoxError, DocumentReliable, HandlerContext, RelayOptions, Runtime, dead_letter_destination,
-    handler,
+    BoxError, DocumentReliable, HandlerContext, RelayOptions, Runtime,
+    broker::dead_letter_destination, handler,
 };
 use chatter_tests::broker::{publish_command, settled};
 use chatter_tests::store::{emulator_server, find_document};
@@ -120,7 +121,7 @@ async fn a_send_from_an_inbox_command_without_a_lease_is_refused_with_the_fix() 
     )
     .await;
     let letter = chatter_tests::broker::next_delivery(&mut dead, Duration::from_secs(30)).await;
-    let reason = letter.message.context[chatter_runtime::DEAD_LETTER_REASON_CONTEXT_KEY]
+    let reason = letter.message.context[chatter_runtime::constants::DEAD_LETTER_REASON_CONTEXT_KEY]
         .as_str()
         .unwrap()
         .to_owned();

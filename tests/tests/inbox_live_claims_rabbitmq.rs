@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::Broker;
-use chatter_runtime::cosmos::{CosmosConnection, inbox_id, provision};
+use chatter_runtime::cosmos::{CosmosConnection, inbox_id};
+use chatter_runtime::provision;
 use chatter_tests::process::ChildProcess;
 use chatter_tests::proxy::TcpProxy;
 use chatter_tests::rabbitmq::{self, URI};

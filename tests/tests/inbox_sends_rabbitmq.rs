@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, RabbitMqBroker};
-use chatter_runtime::cosmos::{CosmosConnection, inbox_id, provision};
+use chatter_runtime::cosmos::{CosmosConnection, inbox_id};
+use chatter_runtime::provision;
 use chatter_runtime::{
     BoxError, BrokeredMessage, DocumentReliable, HandlerContext, Runtime, handler,
 };

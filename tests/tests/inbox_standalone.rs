@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use chatter_runtime::cosmos::{CosmosConnection, inbox_id, partition_key, provision};
+use chatter_runtime::cosmos::{CosmosConnection, inbox_id, partition_key};
 use chatter_runtime::inbox::{
     InboxError, InboxOptions, InboxOptionsError, InboxOutcome, InboxSetupError, StandaloneInbox,
 };
+use chatter_runtime::provision;
 use chatter_runtime::testing::upsert_item;
 use chatter_tests::store::{emulator_server, find_document, wire_keys};
 use serde_json::{Value, json};

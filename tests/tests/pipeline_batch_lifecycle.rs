@@ -5,11 +5,13 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use chatter_runtime::BrokeredMessage;
-use chatter_runtime::cosmos::{self, CosmosConnection, provision};
+use chatter_runtime::cosmos::{self, CosmosConnection};
+use chatter_runtime::provision;
 use chatter_runtime::{
-    BoxError, DispatchError, DocumentReliable, ErrorChain, HandlerContext, Runtime, handler,
+    BoxError, DocumentReliable, HandlerContext, Runtime, error::DispatchError, error::ErrorChain,
+    handler,
 };
-use chatter_runtime::{Outcome, PipelineError};
+use chatter_runtime::{Outcome, error::PipelineError};
 use chatter_tests::store::{
     INBOX_MARKER_WIRE_KEYS, OUTBOX_WIRE_KEYS, document, find_document, keys_then, wire_keys,
 };

@@ -8,10 +8,12 @@ use std::time::Duration;
 
 use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, InMemoryBroker};
-use chatter_runtime::cosmos::{CosmosConnection, provision};
+use chatter_runtime::cosmos::CosmosConnection;
+use chatter_runtime::provision;
 use chatter_runtime::{
-    ATTEMPTS_CONTEXT_KEY, BoxError, DEAD_LETTER_REASON_CONTEXT_KEY, DEFAULT_MAX_DELIVERY_ATTEMPTS,
-    DocumentReliable, HandlerContext, Runtime, dead_letter_destination, handler,
+    BoxError, DocumentReliable, HandlerContext, Runtime, broker::dead_letter_destination,
+    constants::ATTEMPTS_CONTEXT_KEY, constants::DEAD_LETTER_REASON_CONTEXT_KEY,
+    constants::DEFAULT_MAX_DELIVERY_ATTEMPTS, handler,
 };
 use chatter_tests::broker::{next_delivery, publish_command};
 use chatter_tests::runtime::consuming;

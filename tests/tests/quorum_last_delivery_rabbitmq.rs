@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, RabbitMqBroker};
 use chatter_runtime::{
-    BoxError, BrokeredMessage, DEAD_LETTER_REASON_CONTEXT_KEY, DocumentReliable, HandlerContext,
-    Runtime, dead_letter_destination, handler,
+    BoxError, BrokeredMessage, DocumentReliable, HandlerContext, Runtime,
+    broker::dead_letter_destination, constants::DEAD_LETTER_REASON_CONTEXT_KEY, handler,
 };
 use chatter_tests::broker::acked;
 use chatter_tests::proxy::TcpProxy;

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chatter_runtime::broker::InMemoryBroker;
-use chatter_runtime::{Runtime, StartError};
+use chatter_runtime::{Runtime, error::StartError};
 use chatter_tests::relay::fast_relay;
 use chatter_tests::runtime::writer;
 use chatter_tests::store::{embedded, emulator_server, provisioned_with_leases};

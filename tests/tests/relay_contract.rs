@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use azure_data_cosmos::models::{ContainerProperties, PartitionKeyDefinition, TimeToLive};
-use chatter_runtime::cosmos::provision::{ensure_container, ensure_database};
 use chatter_runtime::cosmos::{ContainerClient, CosmosConnection};
 use chatter_runtime::error::{
     MonitoredContainerError, MonitoredContainerViolation, MonitoredContainersError,
 };
+use chatter_runtime::provision::{ensure_container, ensure_database};
 use chatter_runtime::registration::PartitionKeyPath;
 use chatter_runtime::testing::{RelaySource, SourceIdentity, verify, verify_all};
 use chatter_tests::store::embedded;

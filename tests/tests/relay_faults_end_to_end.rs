@@ -18,7 +18,9 @@ use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, BrokerError};
 use chatter_runtime::cosmos::{self, ContainerClient};
 use chatter_runtime::testing::{ManualClock, MonotonicClock, OutboxDocument};
-use chatter_runtime::{BoxError, DocumentReliable, ErrorChain, HandlerContext, Runtime, handler};
+use chatter_runtime::{
+    BoxError, DocumentReliable, HandlerContext, Runtime, error::ErrorChain, handler,
+};
 use chatter_tests::broker::Received;
 use chatter_tests::logs::capture;
 use chatter_tests::rabbitmq;

@@ -11,7 +11,7 @@ use chatter_runtime::cosmos::{self, CosmosConnection};
 use chatter_runtime::testing::Registry;
 use chatter_runtime::testing::distinct_sources;
 use chatter_runtime::{
-    BoxError, DocumentReliable, HandlerContext, Outcome, Runtime, StartError, handler,
+    BoxError, DocumentReliable, HandlerContext, Outcome, Runtime, error::StartError, handler,
 };
 use chatter_tests::store::{document, embedded, provisioned_with_leases};
 use chatter_tests::wait::eventually;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use chatter_emulator::RunningEmulator;
 use chatter_runtime::broker::InMemoryBroker;
-use chatter_runtime::{RelayNotIdle, Runtime};
+use chatter_runtime::{Runtime, error::RelayNotIdle};
 use chatter_tests::broker::Intercepted;
 use chatter_tests::relay::fast_relay;
 use chatter_tests::runtime::seed;

@@ -8,15 +8,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, InMemoryBroker, Subscription};
-use chatter_runtime::cosmos::{ContainerClient, CosmosConnection, outbox_id, provision};
+use chatter_runtime::cosmos::{ContainerClient, CosmosConnection, outbox_id};
+use chatter_runtime::provision;
 use chatter_runtime::registration::PartitionKeyPath;
 use chatter_runtime::testing::{
     Admission, DeliverySettings, Drain, DrainError, OutboxDocument, drain_with_pending_filter,
     drain_with_resolver,
 };
 use chatter_runtime::{
-    BodyResolver, BoxError, BrokeredMessage, DrainContext, RelayOptions, Runtime, StandaloneRelay,
-    StandaloneRelayError, StartError,
+    BoxError, BrokeredMessage, RelayOptions, Runtime, error::StandaloneRelayError,
+    error::StartError, standalone_relay::BodyResolver, standalone_relay::DrainContext,
+    standalone_relay::StandaloneRelay,
 };
 use chatter_tests::broker::{assert_quiet_for, next_delivery};
 use chatter_tests::logs::capture;
@@ -514,7 +516,9 @@ async fn a_failed_stamp_after_no_message_is_the_store_error_not_a_confirmation_f
 async fn the_builder_refuses_what_cannot_work() {
     let cosmos = CosmosConnection::embedded().await.unwrap();
     let builder = || StandaloneRelay::builder(&cosmos, (DB, TRIGGERS), (DB, LEASES));
-    let refused = |b: chatter_runtime::StandaloneRelayBuilder| b.build().unwrap_err().to_string();
+    let refused = |b: chatter_runtime::standalone_relay::StandaloneRelayBuilder| {
+        b.build().unwrap_err().to_string()
+    };
     assert_eq!(
         refused(builder()),
         "A container partition-key path is required."

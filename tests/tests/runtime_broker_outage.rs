@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chatter_runtime::BrokeredMessage;
 use chatter_runtime::broker::{Broker, BrokerError, RabbitMqBroker};
-use chatter_runtime::{ConsumerState, Runtime};
+use chatter_runtime::{Runtime, health::ConsumerState};
 use chatter_tests::broker::Received;
 use chatter_tests::proxy::TcpProxy;
 use chatter_tests::rabbitmq;
@@ -170,6 +170,6 @@ async fn ride_out(cut: impl Fn(&TcpProxy), configure: impl Fn(RabbitMqBroker) ->
     rabbitmq::delete_queue(&direct, &events, WAIT).await;
     // The commands' queue and, declared at start, its dead-letter queue.
     rabbitmq::delete_queue(&direct, commands, WAIT).await;
-    let dead_letters = chatter_runtime::dead_letter_destination(commands);
+    let dead_letters = chatter_runtime::broker::dead_letter_destination(commands);
     rabbitmq::delete_queue(&direct, &dead_letters, WAIT).await;
 }

@@ -12,8 +12,9 @@ use std::time::Duration;
 use async_nats::jetstream::stream::Config;
 use chatter_runtime::broker::{Broker, NatsBroker};
 use chatter_runtime::{
-    ATTEMPTS_CONTEXT_KEY, BoxError, BrokeredMessage, DEAD_LETTER_REASON_CONTEXT_KEY,
-    DocumentReliable, HandlerContext, Runtime, StartError, dead_letter_destination, handler,
+    BoxError, BrokeredMessage, DocumentReliable, HandlerContext, Runtime,
+    broker::dead_letter_destination, constants::ATTEMPTS_CONTEXT_KEY,
+    constants::DEAD_LETTER_REASON_CONTEXT_KEY, error::StartError, handler,
 };
 use chatter_tests::broker::{acked, assert_quiet_for};
 use chatter_tests::nats::{self, NatsServer};

@@ -7,9 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, BrokerError, InMemoryBroker, Subscription};
-use chatter_runtime::cosmos::{ContainerClient, CosmosConnection, provision};
+use chatter_runtime::cosmos::{ContainerClient, CosmosConnection};
+use chatter_runtime::provision;
 use chatter_runtime::testing::OutboxDocument;
-use chatter_runtime::{BoxError, BrokeredMessage, RelayOptions, Runtime, StandaloneRelay};
+use chatter_runtime::{
+    BoxError, BrokeredMessage, RelayOptions, Runtime, standalone_relay::StandaloneRelay,
+};
 use chatter_tests::broker::next_delivery;
 use chatter_tests::store::{created, provisioned};
 use futures::FutureExt;
@@ -167,7 +170,7 @@ async fn a_standalone_relays_max_in_flight_bounds_its_own_publishes_beside_a_pip
 #[tokio::test]
 async fn the_start_check_of_the_nats_duplicate_window_uses_the_longest_republish_bound_of_every_relay()
  {
-    use chatter_runtime::StartError;
+    use chatter_runtime::error::StartError;
     use chatter_tests::nats::{self, NatsServer, TestStream};
 
     let server = NatsServer::start().await;

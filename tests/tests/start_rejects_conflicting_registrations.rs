@@ -2,7 +2,7 @@
 //! source locations of each. This binary holds only the conflicting registrations below.
 
 use chatter_runtime::error::RegistrationProblem;
-use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, StartError, handler};
+use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, error::StartError, handler};
 use serde::{Deserialize, Serialize};
 
 /// Claims the name `orders.create`.
@@ -211,7 +211,8 @@ async fn send_invoice(_c: SendInvoice, _ctx: &mut HandlerContext) -> Result<(), 
 #[tokio::test]
 async fn two_inbox_commands_on_one_idempotency_container_are_refused() {
     use chatter_runtime::__private::{HandlerRegistration, inventory};
-    use chatter_runtime::cosmos::{CosmosConnection, provision};
+    use chatter_runtime::cosmos::CosmosConnection;
+    use chatter_runtime::provision;
     let cosmos = CosmosConnection::embedded().await.unwrap();
     provision::ensure_for::<SendReceipt>(&cosmos).await.unwrap();
     let inbox_commands = [SendReceipt::registration(), SendInvoice::registration()];

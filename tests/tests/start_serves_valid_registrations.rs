@@ -2,12 +2,13 @@
 
 use std::sync::Mutex;
 
-use chatter_runtime::cosmos::{CosmosConnection, provision};
+use chatter_runtime::cosmos::CosmosConnection;
+use chatter_runtime::provision;
 use chatter_runtime::{
-    BoxError, DispatchError, DocumentReliable, ErrorChain, HandlerContext, Runtime, StartError,
-    handler,
+    BoxError, DocumentReliable, HandlerContext, Runtime, error::DispatchError, error::ErrorChain,
+    error::StartError, handler,
 };
-use chatter_runtime::{Outcome, PipelineError};
+use chatter_runtime::{Outcome, error::PipelineError};
 use serde::{Deserialize, Serialize};
 
 /// Places an order.

@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use chatter_runtime::cosmos::provision;
 use chatter_runtime::error::RelayError;
+use chatter_runtime::provision;
 use chatter_runtime::{
-    BoxError, DocumentReliable, ErrorChain, HandlerContext, RelayOptions, Runtime, StartError,
-    handler,
+    BoxError, DocumentReliable, HandlerContext, RelayOptions, Runtime, error::ErrorChain,
+    error::StartError, handler,
 };
 use chatter_tests::store::emulator_server;
 use serde::{Deserialize, Serialize};

@@ -281,7 +281,7 @@ async fn a_failed_publish_records_the_lag_no_outcome_and_an_error_span() {
             .attributes
             .iter()
             .any(|kv| kv.key.as_str() == "error.type"
-                && kv.value.as_str() == "chatter_runtime::BrokerError::Timeout"),
+                && kv.value.as_str() == "chatter_runtime::error::BrokerError::Timeout"),
         "{:?}",
         spans[0].attributes
     );
@@ -545,10 +545,10 @@ async fn a_document_drained_twice_gives_two_send_spans_under_the_persisted_paren
 /// A body resolver that builds no message for `msg-none` and one for any other document.
 struct DropsNone;
 
-impl chatter_runtime::BodyResolver for DropsNone {
+impl chatter_runtime::standalone_relay::BodyResolver for DropsNone {
     async fn resolve(
         &self,
-        context: &chatter_runtime::DrainContext<'_>,
+        context: &chatter_runtime::standalone_relay::DrainContext<'_>,
     ) -> Result<Option<BrokeredMessage>, chatter_runtime::BoxError> {
         Ok((context.message_id != "msg-none")
             .then(|| BrokeredMessage::json(context.message_id, "orders", "{}")))

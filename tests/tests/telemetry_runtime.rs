@@ -170,7 +170,7 @@ async fn a_change_feed_fault_is_counted_by_source_lease_and_error_type() {
     let failure = metrics.of(FAILURES).remove(0);
     assert_eq!(
         failure.attributes.get("error.type").map(String::as_str),
-        Some("chatter_runtime::DrainError::Confirmation")
+        Some("chatter_runtime::error::DrainError::Confirmation")
     );
     let processor = eventually_leases(&runtime).await;
     assert_eq!(

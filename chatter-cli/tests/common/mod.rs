@@ -6,7 +6,8 @@ use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
 use chatter_emulator::{EmulatorServer, RunningEmulator};
-use chatter_runtime::cosmos::{CosmosConnection, provision};
+use chatter_runtime::cosmos::CosmosConnection;
+use chatter_runtime::provision;
 
 pub(crate) const DB: &str = "shop";
 pub(crate) const KEY_ENV: &str = "CHATTER_COSMOS_KEY";

@@ -60,7 +60,8 @@ pub(crate) fn contract_doc(ident: &Ident, c: &Checked) -> String {
         container = c.container,
         lease = c.lease,
         attempts = c.max_delivery_attempts.map_or_else(
-            || "the runtime default, `chatter_runtime::DEFAULT_MAX_DELIVERY_ATTEMPTS`".to_owned(),
+            || "the runtime default, `chatter_runtime::constants::DEFAULT_MAX_DELIVERY_ATTEMPTS`"
+                .to_owned(),
             |n| n.to_string()
         ),
     )

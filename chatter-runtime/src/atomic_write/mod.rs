@@ -271,7 +271,7 @@ impl HandlerContext {
     /// Stages a replace of the document `id` with `doc` that commits only while the stored
     /// document is still the version `etag` names (from [`read`](Self::read) or
     /// [`query`](Self::query)): if another delivery changed it since, the whole batch fails as
-    /// a conflict ([`BatchFailure::Conflict`](crate::BatchFailure::Conflict)), nothing commits,
+    /// a conflict ([`BatchFailure::Conflict`](crate::error::BatchFailure::Conflict)), nothing commits,
     /// and the delivery is tried again (the handler then reads the new version).
     pub fn replace_if_match(
         &mut self,

@@ -119,15 +119,15 @@ impl BrokerError {
     /// The error's type and variant, as metrics and spans name it (`error.type`).
     pub(crate) fn type_name(&self) -> &'static str {
         match self {
-            Self::InvalidDestination { .. } => "chatter_runtime::BrokerError::InvalidDestination",
-            Self::InvalidMessage { .. } => "chatter_runtime::BrokerError::InvalidMessage",
-            Self::Rejected { .. } => "chatter_runtime::BrokerError::Rejected",
-            Self::Refused { .. } => "chatter_runtime::BrokerError::Refused",
-            Self::Undecodable { .. } => "chatter_runtime::BrokerError::Undecodable",
-            Self::SettlementLost { .. } => "chatter_runtime::BrokerError::SettlementLost",
-            Self::Timeout { .. } => "chatter_runtime::BrokerError::Timeout",
-            Self::Misconfigured { .. } => "chatter_runtime::BrokerError::Misconfigured",
-            Self::Transport { .. } => "chatter_runtime::BrokerError::Transport",
+            Self::InvalidDestination { .. } => error_type!(BrokerError::InvalidDestination),
+            Self::InvalidMessage { .. } => error_type!(BrokerError::InvalidMessage),
+            Self::Rejected { .. } => error_type!(BrokerError::Rejected),
+            Self::Refused { .. } => error_type!(BrokerError::Refused),
+            Self::Undecodable { .. } => error_type!(BrokerError::Undecodable),
+            Self::SettlementLost { .. } => error_type!(BrokerError::SettlementLost),
+            Self::Timeout { .. } => error_type!(BrokerError::Timeout),
+            Self::Misconfigured { .. } => error_type!(BrokerError::Misconfigured),
+            Self::Transport { .. } => error_type!(BrokerError::Transport),
         }
     }
 

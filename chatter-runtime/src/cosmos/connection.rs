@@ -36,7 +36,7 @@ type ContainerKey = (String, String);
 /// Container handles are *derived*, never provisioned: [`container`]
 /// resolves an existing container's metadata once per `(database, container)` pair and hands
 /// out the same handle afterwards. Creating containers is left to the application (or to
-/// [`provision`](super::provision) in development and tests).
+/// [`provision`](crate::provision) in development and tests).
 ///
 /// [`container`]: CosmosConnection::container
 #[derive(Clone)]

@@ -17,7 +17,6 @@ pub(crate) mod charge;
 mod connection;
 mod error;
 pub(crate) mod outbox_query;
-pub mod provision;
 pub(crate) mod store;
 
 pub use charge::RequestCharges;

@@ -251,7 +251,7 @@ impl std::fmt::Debug for StandaloneInbox {
 
 impl StandaloneInbox {
     /// Checks `options`, then the idempotency container: it exists, is partitioned by the
-    /// options' path (chatter never creates it; `cosmos::provision::ensure_container` does in
+    /// options' path (chatter never creates it; `provision::ensure_container` does in
     /// development), and its default time-to-live, when markers carry no ttl of their own,
     /// keeps a pending marker longer than its claim can be live.
     ///

@@ -172,18 +172,18 @@ impl PipelineError {
     /// The error's type and variant, as spans name it (`error.type`).
     pub(crate) fn type_name(&self) -> &'static str {
         match self {
-            Self::MissingMessageId { .. } => "chatter_runtime::PipelineError::MissingMessageId",
-            Self::NotJson { .. } => "chatter_runtime::PipelineError::NotJson",
-            Self::Decode { .. } => "chatter_runtime::PipelineError::Decode",
-            Self::Marker { .. } => "chatter_runtime::PipelineError::Marker",
-            Self::Handler { .. } => "chatter_runtime::PipelineError::Handler",
-            Self::Rejected { .. } => "chatter_runtime::PipelineError::Rejected",
-            Self::HandlerPanicked { .. } => "chatter_runtime::PipelineError::HandlerPanicked",
-            Self::TimedOut { .. } => "chatter_runtime::PipelineError::TimedOut",
-            Self::BatchFailed { .. } => "chatter_runtime::PipelineError::BatchFailed",
-            Self::Cosmos { .. } => "chatter_runtime::PipelineError::Cosmos",
-            Self::Publish { .. } => "chatter_runtime::PipelineError::Publish",
-            Self::Inbox { .. } => "chatter_runtime::PipelineError::Inbox",
+            Self::MissingMessageId { .. } => error_type!(PipelineError::MissingMessageId),
+            Self::NotJson { .. } => error_type!(PipelineError::NotJson),
+            Self::Decode { .. } => error_type!(PipelineError::Decode),
+            Self::Marker { .. } => error_type!(PipelineError::Marker),
+            Self::Handler { .. } => error_type!(PipelineError::Handler),
+            Self::Rejected { .. } => error_type!(PipelineError::Rejected),
+            Self::HandlerPanicked { .. } => error_type!(PipelineError::HandlerPanicked),
+            Self::TimedOut { .. } => error_type!(PipelineError::TimedOut),
+            Self::BatchFailed { .. } => error_type!(PipelineError::BatchFailed),
+            Self::Cosmos { .. } => error_type!(PipelineError::Cosmos),
+            Self::Publish { .. } => error_type!(PipelineError::Publish),
+            Self::Inbox { .. } => error_type!(PipelineError::Inbox),
         }
     }
 

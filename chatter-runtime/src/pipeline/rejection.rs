@@ -4,7 +4,7 @@
 /// order is closed): return it as the handler's error (`Err(Rejection::new(..).into())`, or
 /// `?` on a `Result<_, Rejection>`). Nothing is committed, the delivery is not retried, and it
 /// is dead-lettered at once with the reason; [`Runtime::dispatch`](crate::Runtime::dispatch)
-/// returns it as [`PipelineError::Rejected`](crate::PipelineError::Rejected).
+/// returns it as [`PipelineError::Rejected`](crate::error::PipelineError::Rejected).
 ///
 /// To emit an event about the refusal (e.g. `SeatUnavailable`) and commit it, do not reject:
 /// send the event and return `Ok`.

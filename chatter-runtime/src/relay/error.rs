@@ -268,21 +268,21 @@ impl DrainError {
     /// The error's type and variant, as metrics and spans name it (`error.type`).
     pub(crate) fn type_name(&self) -> &'static str {
         match self {
-            Self::Suspended { .. } => "chatter_runtime::DrainError::Suspended",
-            Self::Publish { .. } => "chatter_runtime::DrainError::Publish",
-            Self::Refused { .. } => "chatter_runtime::DrainError::Refused",
-            Self::Confirmation { .. } => "chatter_runtime::DrainError::Confirmation",
-            Self::Cancelled { .. } => "chatter_runtime::DrainError::Cancelled",
-            Self::LeaseLost { .. } => "chatter_runtime::DrainError::LeaseLost",
-            Self::Resolver { .. } => "chatter_runtime::DrainError::Resolver",
+            Self::Suspended { .. } => error_type!(DrainError::Suspended),
+            Self::Publish { .. } => error_type!(DrainError::Publish),
+            Self::Refused { .. } => error_type!(DrainError::Refused),
+            Self::Confirmation { .. } => error_type!(DrainError::Confirmation),
+            Self::Cancelled { .. } => error_type!(DrainError::Cancelled),
+            Self::LeaseLost { .. } => error_type!(DrainError::LeaseLost),
+            Self::Resolver { .. } => error_type!(DrainError::Resolver),
             Self::ResolvedMessageRefused { .. } => {
-                "chatter_runtime::DrainError::ResolvedMessageRefused"
+                error_type!(DrainError::ResolvedMessageRefused)
             }
             Self::PendingFilterPanicked { .. } => {
-                "chatter_runtime::DrainError::PendingFilterPanicked"
+                error_type!(DrainError::PendingFilterPanicked)
             }
-            Self::DroppedStamp { .. } => "chatter_runtime::DrainError::DroppedStamp",
-            Self::UndeliverableStamp { .. } => "chatter_runtime::DrainError::UndeliverableStamp",
+            Self::DroppedStamp { .. } => error_type!(DrainError::DroppedStamp),
+            Self::UndeliverableStamp { .. } => error_type!(DrainError::UndeliverableStamp),
         }
     }
 }

@@ -38,6 +38,4 @@ pub(crate) mod sweep;
 
 pub use options::RelayOptions;
 pub use resolver::{BodyResolver, DrainContext};
-pub use standalone::{
-    RunningRelays, StandaloneRelay, StandaloneRelayBuilder, StandaloneRelayError,
-};
+pub use standalone::{RunningRelays, StandaloneRelay, StandaloneRelayBuilder};

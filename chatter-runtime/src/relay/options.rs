@@ -153,11 +153,11 @@ impl RelayOptions {
     /// lease has already read past (a read of the change feed from its checkpoint no longer
     /// returns them), so no drain would ever publish them. Each is logged at Error, counted
     /// (`chatter.messaging.outbox.stranded`), shown in
-    /// [`LeaseHealth::stranded`](crate::LeaseHealth::stranded) and written back unchanged (an
+    /// [`LeaseHealth::stranded`](crate::health::LeaseHealth::stranded) and written back unchanged (an
     /// ETag-guarded no-op patch), which puts it at the end of the change feed, where it is
     /// published as usual. A document the lease has not read yet is never written. The same
     /// sweep records each lease's oldest pending document's age
-    /// ([`LeaseHealth::oldest_pending_age`](crate::LeaseHealth::oldest_pending_age), the
+    /// ([`LeaseHealth::oldest_pending_age`](crate::health::LeaseHealth::oldest_pending_age), the
     /// `chatter.messaging.outbox.pending.oldest_age` gauge). Default **60 s**; the sweep runs
     /// whether metrics are on or off. Each sweep queries the pending documents of every owned
     /// feed range, and reads the change feed after the checkpoints only when some are older than

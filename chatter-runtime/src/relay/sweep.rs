@@ -25,7 +25,7 @@
 //!
 //! The same sweep records the age of the oldest pending document of each owned lease (the
 //! `chatter.messaging.outbox.pending.oldest_age` gauge and
-//! [`LeaseHealth::oldest_pending_age`](crate::LeaseHealth::oldest_pending_age)): a stall users
+//! [`LeaseHealth::oldest_pending_age`](crate::health::LeaseHealth::oldest_pending_age)): a stall users
 //! can alert on, whatever its cause.
 //!
 //! Cost: one query of the pending Outbox Documents of each owned feed range per sweep, and,

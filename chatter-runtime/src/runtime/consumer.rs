@@ -94,7 +94,7 @@ pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// 25 minutes, below RabbitMQ's default consumer timeout of 30 minutes.
 pub const DEFAULT_LANE_WAIT_LIMIT: Duration = Duration::from_secs(25 * 60);
 
-pub use crate::message::{ATTEMPTS_CONTEXT_KEY, DEAD_LETTER_REASON_CONTEXT_KEY};
+use crate::message::{ATTEMPTS_CONTEXT_KEY, DEAD_LETTER_REASON_CONTEXT_KEY};
 
 /// What a consumer task needs.
 pub(super) struct Consumer {

@@ -28,7 +28,7 @@ pub enum StartError {
     #[error(
         "command `{command}` writes to container `{database}/{container}`, which could not be reached \
          (chatter never creates containers: create it; in development, with \
-         `chatter_runtime::cosmos::provision::ensure_container`)"
+         `chatter_runtime::provision::ensure_container`)"
     )]
     Container {
         /// The command.

@@ -5,10 +5,9 @@ mod error;
 mod health;
 mod idle;
 
-pub use crate::broker::dead_letter_destination;
 pub use consumer::{
-    ATTEMPTS_CONTEXT_KEY, DEAD_LETTER_REASON_CONTEXT_KEY, DEFAULT_CONSUMER_CONCURRENCY,
-    DEFAULT_DELIVERY_TIMEOUT, DEFAULT_LANE_WAIT_LIMIT, DEFAULT_MAX_DELIVERY_ATTEMPTS,
+    DEFAULT_CONSUMER_CONCURRENCY, DEFAULT_DELIVERY_TIMEOUT, DEFAULT_LANE_WAIT_LIMIT,
+    DEFAULT_MAX_DELIVERY_ATTEMPTS,
 };
 pub use error::{DispatchError, StartError};
 pub use health::{ConsumerHealth, ConsumerState, Health, LeaseHealth};
@@ -20,7 +19,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::broker::{Broker, InMemoryBroker, MessagingSystems};
+use crate::broker::{Broker, InMemoryBroker, MessagingSystems, dead_letter_destination};
 use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::{CosmosConnection, RequestCharges};
 use crate::error_chain::ErrorChain;
@@ -213,7 +212,7 @@ impl RuntimeBuilder {
     /// How long a consumer gives one delivery attempt, from decoding its body to the batch
     /// committing (default [`DEFAULT_DELIVERY_TIMEOUT`], 5 minutes). An attempt that takes
     /// longer (a handler that hangs, a store that does not answer) fails with
-    /// [`PipelineError::TimedOut`](crate::PipelineError::TimedOut), logged at `error`, and is
+    /// [`PipelineError::TimedOut`](crate::error::PipelineError::TimedOut), logged at `error`, and is
     /// retried like any failure, so its partition-key value's later deliveries are not held
     /// behind it for long. The handler's future is dropped where it waits: a handler that calls
     /// other services should not leave half-done work behind at an `.await` (its staged writes
@@ -786,7 +785,7 @@ impl Runtime {
 
     /// Handles `command` in process under the caller-supplied message id, through the same batch
     /// lifecycle as a brokered delivery. A handler that panics returns
-    /// [`PipelineError::HandlerPanicked`](crate::PipelineError::HandlerPanicked) instead of
+    /// [`PipelineError::HandlerPanicked`](crate::error::PipelineError::HandlerPanicked) instead of
     /// unwinding into the caller. No delivery timeout applies: the caller awaits it.
     pub async fn dispatch<T: DocumentReliable>(
         &self,

@@ -73,7 +73,7 @@ async fn run() -> Result<(), BoxError> {
     let delivery_timeout = env("CHATTER_TEST_DELIVERY_TIMEOUT_MS")
         .and_then(|ms| ms.parse().ok())
         .map_or(
-            chatter_runtime::DEFAULT_DELIVERY_TIMEOUT,
+            chatter_runtime::constants::DEFAULT_DELIVERY_TIMEOUT,
             Duration::from_millis,
         );
     let runtime = Runtime::builder()

@@ -111,7 +111,7 @@ impl Visit for Fields {
         // As a subscriber shows it: the error and its causes.
         self.fields.insert(
             field.name().to_owned(),
-            chatter_runtime::ErrorChain(value).to_string(),
+            chatter_runtime::error::ErrorChain(value).to_string(),
         );
     }
 }

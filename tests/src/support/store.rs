@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use chatter_emulator::{EmulatorServer, RunningEmulator};
-use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection, provision};
+use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection};
+use chatter_runtime::provision;
 use serde_json::Value;
 
 /// A connection to a fresh embedded store (the SDK's in-memory emulator in this process).

@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 
 use chatter_emulator::EmulatorServer;
 use chatter_runtime::broker::{Broker, InMemoryBroker};
-use chatter_runtime::cosmos::{CosmosConnection, provision};
-use chatter_runtime::{BrokeredMessage, DocumentReliable, dead_letter_destination};
+use chatter_runtime::cosmos::CosmosConnection;
+use chatter_runtime::provision;
+use chatter_runtime::{BrokeredMessage, DocumentReliable, broker::dead_letter_destination};
 use serde_json::{Value, json};
 
 use super::broker::SimBroker;

@@ -7,9 +7,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection, provision};
+use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection};
+use chatter_runtime::provision;
 use chatter_runtime::{
-    BodyResolver, BoxError, BrokeredMessage, DrainContext, RelayOptions, StandaloneRelay,
+    BoxError, BrokeredMessage, RelayOptions, standalone_relay::BodyResolver,
+    standalone_relay::DrainContext, standalone_relay::StandaloneRelay,
 };
 use serde_json::json;
 

@@ -9,9 +9,9 @@ use std::borrow::Cow;
 
 use azure_data_cosmos::models::{ContainerProperties, PartitionKeyDefinition, TimeToLive};
 
-use super::connection::CosmosConnection;
-use super::error::CosmosStoreError;
-use super::store::read_container_properties;
+use crate::cosmos::store::read_container_properties;
+use crate::cosmos::{CosmosConnection, CosmosStoreError};
+use crate::registry::DocumentReliable;
 
 /// The partition-key path of a lease container.
 pub const LEASE_PARTITION_KEY_PATH: &str = "/id";
@@ -85,7 +85,7 @@ pub async fn ensure_lease_container(
 /// Ensures the containers command `C` needs, from its registration: its container with its
 /// partition-key path(s), and its lease container, in its database (what the derive's
 /// `#[cosmos]` and `#[partition_key]` name, so nothing is spelled twice).
-pub async fn ensure_for<C: crate::registry::DocumentReliable>(
+pub async fn ensure_for<C: DocumentReliable>(
     connection: &CosmosConnection,
 ) -> Result<(), CosmosStoreError> {
     let registration = C::registration();

@@ -1,0 +1,4 @@
+//! What [`Runtime::health`](crate::Runtime::health) reports: each consumer's state and each
+//! relay lease's progress, so a fault that stops progress is visible, not only logged.
+
+pub use crate::runtime::{ConsumerHealth, ConsumerState, Health, LeaseHealth};
