@@ -1,4 +1,13 @@
-//! `start()`: collect the registrations, validate them, connect, build the pipeline, consume.
+//! The runtime: what `start()` builds from the registrations, and the running [`Runtime`].
+//!
+//! | file | concern |
+//! | --- | --- |
+//! | `builder.rs` | [`RuntimeBuilder`]: what a runtime is given, and its settings |
+//! | `start.rs` | `start()`, phase by phase: settings, the store, the commands' containers, the brokers, the relay, the consumers |
+//! | `consumer.rs` | one command's consumer: decode, per-key lanes, retries, dead letters |
+//! | `health.rs` | what [`Runtime::health`] reports |
+//! | `idle.rs` | [`Runtime::relay_idle`] and the shutdown drain: counting what is still pending |
+//! | `error.rs` | why a start or a dispatch failed |
 
 mod builder;
 mod consumer;
