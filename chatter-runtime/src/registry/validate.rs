@@ -44,88 +44,22 @@ impl Registry {
         handlers.sort_by_key(|h| (h.location.file, h.location.line, h.handler_name));
 
         let mut problems = Vec::new();
-        let mut kept: Vec<&'static CommandRegistration> = Vec::new();
-        let mut by_name: HashMap<&str, &'static CommandRegistration> = HashMap::new();
-        let mut by_destination: HashMap<&str, &'static CommandRegistration> = HashMap::new();
-        let mut by_container: HashMap<(&str, &str), &'static CommandRegistration> = HashMap::new();
-        let mut by_identity: HashMap<(&str, &str), &'static CommandRegistration> = HashMap::new();
-        for &command in &commands {
-            if let Some(first) = by_name.get(command.command_name) {
-                problems.push(RegistrationProblem::DuplicateCommandName {
-                    name: command.command_name,
-                    first_type: (first.type_name)(),
-                    first: first.location,
-                    second_type: (command.type_name)(),
-                    second: command.location,
-                });
-                continue;
-            }
-            by_name.insert(command.command_name, command);
-            if let Some(first) = by_destination.insert(command.destination, command) {
-                problems.push(RegistrationProblem::DuplicateDestination {
-                    destination: command.destination,
-                    first_name: first.command_name,
-                    first: first.location,
-                    second_name: command.command_name,
-                    second: command.location,
-                });
-            }
-            let container_key = (command.database, command.container);
-            match by_container.get(&container_key) {
-                Some(first) => problems.extend(container_conflicts(first, command)),
-                None => {
-                    by_container.insert(container_key, command);
-                }
-            }
-            if let Some(declared) = command.declared_source_identity {
-                let key = (declared.monitored, declared.lease);
-                match by_identity.get(&key) {
-                    Some(first) if containers(first) != containers(command) => {
-                        problems.push(RegistrationProblem::ConflictingSourceIdentity {
-                            monitored: declared.monitored,
-                            lease: declared.lease,
-                            first_containers: containers(first),
-                            first_name: first.command_name,
-                            first: first.location,
-                            second_containers: containers(command),
-                            second_name: command.command_name,
-                            second: command.location,
-                        })
-                    }
-                    Some(_) => {}
-                    None => {
-                        by_identity.insert(key, command);
-                    }
-                }
-            }
-            kept.push(command);
+        let kept = distinct_commands(&commands, &mut problems);
+        let handler_of = one_handler_each(&kept, &handlers, &mut problems);
+        let registry = Self::pair(kept, &handler_of, &mut problems);
+        if problems.is_empty() {
+            Ok(registry)
+        } else {
+            Err(RegistryError { problems })
         }
+    }
 
-        let mut handler_of: HashMap<TypeId, &'static HandlerRegistration> = HashMap::new();
-        for &handler in &handlers {
-            let command = (handler.command)();
-            let type_id = (command.type_id)();
-            if !kept.iter().any(|c| (c.type_id)() == type_id) {
-                problems.push(RegistrationProblem::HandlerForUnregisteredCommand {
-                    handler: handler.handler_name,
-                    command: command.command_name,
-                    location: handler.location,
-                });
-                continue;
-            }
-            if let Some(first) = handler_of.get(&type_id) {
-                problems.push(RegistrationProblem::DuplicateHandler {
-                    command: command.command_name,
-                    first_handler: first.handler_name,
-                    first: first.location,
-                    second_handler: handler.handler_name,
-                    second: handler.location,
-                });
-                continue;
-            }
-            handler_of.insert(type_id, handler);
-        }
-
+    /// Each kept command with its handler; a command without one is a problem.
+    fn pair(
+        kept: Vec<&'static CommandRegistration>,
+        handler_of: &HashMap<TypeId, &'static HandlerRegistration>,
+        problems: &mut Vec<RegistrationProblem>,
+    ) -> Self {
         let mut registry = Registry::default();
         for command in kept {
             let type_id = (command.type_id)();
@@ -146,11 +80,7 @@ impl Registry {
                 handler,
             });
         }
-        if problems.is_empty() {
-            Ok(registry)
-        } else {
-            Err(RegistryError { problems })
-        }
+        registry
     }
 
     /// Every registered command, ordered by source location.
@@ -175,6 +105,116 @@ impl Registry {
             .get(destination)
             .map(|&i| &self.commands[i])
     }
+}
+
+/// The commands kept, in order: the second of two with one name is dropped; two with one
+/// destination, two that share a container but disagree on it, and two that declare one
+/// source identity for different containers are problems.
+fn distinct_commands(
+    commands: &[&'static CommandRegistration],
+    problems: &mut Vec<RegistrationProblem>,
+) -> Vec<&'static CommandRegistration> {
+    let mut kept: Vec<&'static CommandRegistration> = Vec::new();
+    let mut by_name: HashMap<&str, &'static CommandRegistration> = HashMap::new();
+    let mut by_destination: HashMap<&str, &'static CommandRegistration> = HashMap::new();
+    let mut by_container: HashMap<(&str, &str), &'static CommandRegistration> = HashMap::new();
+    let mut by_identity: HashMap<(&str, &str), &'static CommandRegistration> = HashMap::new();
+    for &command in commands {
+        if let Some(first) = by_name.get(command.command_name) {
+            problems.push(RegistrationProblem::DuplicateCommandName {
+                name: command.command_name,
+                first_type: (first.type_name)(),
+                first: first.location,
+                second_type: (command.type_name)(),
+                second: command.location,
+            });
+            continue;
+        }
+        by_name.insert(command.command_name, command);
+        if let Some(first) = by_destination.insert(command.destination, command) {
+            problems.push(RegistrationProblem::DuplicateDestination {
+                destination: command.destination,
+                first_name: first.command_name,
+                first: first.location,
+                second_name: command.command_name,
+                second: command.location,
+            });
+        }
+        let container_key = (command.database, command.container);
+        match by_container.get(&container_key) {
+            Some(first) => problems.extend(container_conflicts(first, command)),
+            None => {
+                by_container.insert(container_key, command);
+            }
+        }
+        if let Some(problem) = identity_conflict(&mut by_identity, command) {
+            problems.push(problem);
+        }
+        kept.push(command);
+    }
+    kept
+}
+
+/// Two commands that declare one source identity (monitored, lease) for different containers.
+fn identity_conflict(
+    by_identity: &mut HashMap<(&'static str, &'static str), &'static CommandRegistration>,
+    command: &'static CommandRegistration,
+) -> Option<RegistrationProblem> {
+    let declared = command.declared_source_identity?;
+    let key = (declared.monitored, declared.lease);
+    match by_identity.get(&key) {
+        Some(first) if containers(first) != containers(command) => {
+            Some(RegistrationProblem::ConflictingSourceIdentity {
+                monitored: declared.monitored,
+                lease: declared.lease,
+                first_containers: containers(first),
+                first_name: first.command_name,
+                first: first.location,
+                second_containers: containers(command),
+                second_name: command.command_name,
+                second: command.location,
+            })
+        }
+        Some(_) => None,
+        None => {
+            by_identity.insert(key, command);
+            None
+        }
+    }
+}
+
+/// The handler of each kept command, by its type: a handler of a command not kept, and a
+/// second handler of one command, are problems.
+fn one_handler_each(
+    kept: &[&'static CommandRegistration],
+    handlers: &[&'static HandlerRegistration],
+    problems: &mut Vec<RegistrationProblem>,
+) -> HashMap<TypeId, &'static HandlerRegistration> {
+    let mut handler_of: HashMap<TypeId, &'static HandlerRegistration> = HashMap::new();
+    for &handler in handlers {
+        let command = (handler.command)();
+        let type_id = (command.type_id)();
+        if !kept.iter().any(|c| (c.type_id)() == type_id) {
+            problems.push(RegistrationProblem::HandlerForUnregisteredCommand {
+                handler: handler.handler_name,
+                command: command.command_name,
+                location: handler.location,
+            });
+            continue;
+        }
+        if let Some(first) = handler_of.get(&type_id) {
+            problems.push(RegistrationProblem::DuplicateHandler {
+                command: command.command_name,
+                first_handler: first.handler_name,
+                first: first.location,
+                second_handler: handler.handler_name,
+                second: handler.location,
+            });
+            continue;
+        }
+        handler_of.insert(type_id, handler);
+    }
+    handler_of
 }
 
 fn containers(c: &CommandRegistration) -> String {

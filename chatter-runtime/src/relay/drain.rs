@@ -416,44 +416,65 @@ impl Drain {
             minted: AtomicBool::new(false),
             finished: false,
         };
-        let mut lease_lost = false;
-        let outcomes = {
-            let work = async {
-                match admission {
-                    Admission::OneAtATime => {
-                        let mut outcomes = Vec::with_capacity(groups.len());
-                        for group in &groups {
-                            outcomes.push(self.drain_group(&page, group, false).await);
-                            if page.stop.load(Ordering::Acquire) {
-                                break;
-                            }
+        let (outcomes, lease_lost) = self.drain_groups(&page, &groups, admission, lost).await;
+        page.finish();
+        self.settle_page(lease_token, outcomes, skipped, lease_lost)
+    }
+
+    /// Drains the page's groups (one at a time for a lease on probation, else all at once)
+    /// until they finish or `lost` completes: then nothing new starts, and what is in flight
+    /// finishes, so no stamp is cut off. Whether the lease was lost.
+    async fn drain_groups(
+        &self,
+        page: &PageInFlight<'_>,
+        groups: &[Vec<Pending<'_>>],
+        admission: Admission,
+        lost: impl Future<Output = ()>,
+    ) -> (Vec<GroupOutcome>, bool) {
+        let work = async {
+            match admission {
+                Admission::OneAtATime => {
+                    let mut outcomes = Vec::with_capacity(groups.len());
+                    for group in groups {
+                        outcomes.push(self.drain_group(page, group, false).await);
+                        if page.stop.load(Ordering::Acquire) {
+                            break;
                         }
-                        outcomes
                     }
-                    _ => {
-                        futures::future::join_all(
-                            groups
-                                .iter()
-                                .map(|group| self.drain_group(&page, group, true)),
-                        )
-                        .await
-                    }
+                    outcomes
                 }
-            };
-            tokio::pin!(work);
-            tokio::select! {
-                // The loss first: once it is known, no further document starts.
-                biased;
-                () = lost => {
-                    // Nothing new starts; what is in flight finishes, so no stamp is cut off.
-                    lease_lost = true;
-                    page.stop.store(true, Ordering::Release);
-                    work.await
+                _ => {
+                    futures::future::join_all(
+                        groups
+                            .iter()
+                            .map(|group| self.drain_group(page, group, true)),
+                    )
+                    .await
                 }
-                outcomes = &mut work => outcomes,
             }
         };
-        page.finish();
+        tokio::pin!(work);
+        tokio::select! {
+            // The loss first: once it is known, no further document starts.
+            biased;
+            () = lost => {
+                page.stop.store(true, Ordering::Release);
+                (work.await, true)
+            }
+            outcomes = &mut work => (outcomes, false),
+        }
+    }
+
+    /// The page's report from its groups' outcomes, or its first failure (a lost lease first):
+    /// confirmation failures and refusals recorded with the gate once per page, the other
+    /// failures logged.
+    fn settle_page(
+        &self,
+        lease_token: &str,
+        outcomes: Vec<GroupOutcome>,
+        skipped: usize,
+        lease_lost: bool,
+    ) -> Result<DrainReport, DrainError> {
         let mut report = DrainReport {
             skipped,
             ..DrainReport::default()

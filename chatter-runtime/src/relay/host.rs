@@ -25,8 +25,8 @@ use super::resolver::{PendingFilter, ResolverFactory};
 use super::suspension::DrainGate;
 use super::sweep::{SweepFinding, SweepFindings, Sweeper};
 use crate::broker::Broker;
-use crate::cosmos::CosmosConnection;
 use crate::cosmos::charge::RequestMeter;
+use crate::cosmos::{ContainerClient, CosmosConnection};
 use crate::partition_key::PartitionKeyPath;
 use crate::telemetry::Telemetry;
 
@@ -255,23 +255,42 @@ struct Shared<'a> {
     telemetry: &'a Telemetry,
 }
 
+/// Starts one processor: its containers opened, its drain built, its companions (backlog
+/// estimator, state publisher, stranded-document sweep) made from the same containers.
 async fn start_one(
     broker: &Arc<dyn Broker>,
     source: &RelaySpec,
     shared: &Shared<'_>,
 ) -> Result<Started, RelayError> {
-    let Shared {
-        instance,
-        charges,
-        telemetry,
-    } = *shared;
-    let options = &source.options;
+    let (monitored, leases) = open_containers(source).await?;
+    let drain = build_drain(broker, source, &monitored, shared);
+    let companions = Companions::of(source, shared.instance, &drain, &monitored, &leases);
+    let after_commit = drain.after_commit();
+    let gate = Arc::clone(drain.gate());
+    let processor = start_processor(source, shared, drain, monitored, leases).await?;
+    tracing::info!(processor = source.processor_name, instance = shared.instance, container = %format!("{}/{}", source.database, source.container), "chatter relay started");
+    Ok((
+        processor,
+        gate,
+        companions.backlogs,
+        companions.estimator,
+        companions.state,
+        companions.sweeper,
+        after_commit,
+    ))
+}
+
+/// The monitored and lease containers of `source`, each bounded by the store timeout.
+async fn open_containers(
+    source: &RelaySpec,
+) -> Result<(Arc<ContainerClient>, Arc<ContainerClient>), RelayError> {
+    let store_timeout = source.options.processor.store_timeout;
     let container = |database: &str, name: &str| {
         let (database, name) = (database.to_owned(), name.to_owned());
         async move {
             source
                 .cosmos
-                .container_within(&database, &name, options.processor.store_timeout)
+                .container_within(&database, &name, store_timeout)
                 .await
                 .map_err(|e| RelayError::Container {
                     database: source.database.clone(),
@@ -283,6 +302,18 @@ async fn start_one(
     };
     let monitored = container(&source.database, &source.container).await?;
     let leases = container(&source.lease_database, &source.lease_container).await?;
+    Ok((monitored, leases))
+}
+
+/// The drain of `source`'s pages: its resolver, pending filter, timeouts, in-flight limit,
+/// request meter and telemetry.
+fn build_drain(
+    broker: &Arc<dyn Broker>,
+    source: &RelaySpec,
+    monitored: &Arc<ContainerClient>,
+    shared: &Shared<'_>,
+) -> Drain {
+    let options = &source.options;
     let drain = Drain::new(
         source.processor_name.clone(),
         broker.clone(),
@@ -294,119 +325,142 @@ async fn start_one(
     .with_pending_filter(source.pending_filter.clone())
     .with_timeouts(options.publish_timeout, options.processor.store_timeout)
     .with_in_flight_limit(source.in_flight.clone())
-    .with_request_meter(Arc::clone(charges))
-    .with_telemetry(telemetry);
+    .with_request_meter(Arc::clone(shared.charges))
+    .with_telemetry(shared.telemetry);
     #[cfg(feature = "test-support")]
     let drain = match &options.suspension_clock {
         Some(clock) => drain.with_clock(std::sync::Arc::clone(&clock.0)),
         None => drain,
     };
+    drain
+}
+
+/// What runs beside a processor, over the same containers and options.
+struct Companions {
+    backlogs: Backlogs,
+    estimator: Option<backlog::Estimator>,
+    state: super::state::StatePublisher,
+    sweeper: Sweeper,
+}
+
+impl Companions {
+    fn of(
+        source: &RelaySpec,
+        instance: &str,
+        drain: &Drain,
+        monitored: &Arc<ContainerClient>,
+        leases: &Arc<ContainerClient>,
+    ) -> Self {
+        let options = &source.options;
+        let backlogs = Backlogs::default();
+        // With metrics on, the backlog is estimated from the same containers and options.
+        let estimator = drain.metrics().map(|metrics| backlog::Estimator {
+            processor_name: source.processor_name.clone(),
+            instance: instance.to_owned(),
+            monitored: Arc::clone(monitored),
+            leases: Arc::clone(leases),
+            options: options.clone(),
+            metrics: Arc::clone(metrics),
+            last: Arc::clone(&backlogs.last),
+        });
+        let state = super::state::StatePublisher {
+            processor_name: source.processor_name.clone(),
+            instance: instance.to_owned(),
+            leases: Arc::clone(leases),
+            gate: Arc::clone(drain.gate()),
+            every: options.processor.lease_renew_interval,
+            store_timeout: options.processor.store_timeout,
+        };
+        // Always on, metrics or not: a stranded document is repaired whatever is exported.
+        let sweeper = Sweeper {
+            processor_name: source.processor_name.clone(),
+            instance: instance.to_owned(),
+            monitored: Arc::clone(monitored),
+            leases: Arc::clone(leases),
+            partition_key_paths: source.partition_key_paths,
+            pending_filter: source.pending_filter.clone(),
+            options: options.clone(),
+            metrics: drain.metrics().cloned(),
+            findings: SweepFindings::default(),
+        };
+        Self {
+            backlogs,
+            estimator,
+            state,
+            sweeper,
+        }
+    }
+}
+
+/// The change-feed processor of `source`, each of its pages handed to `drain`.
+async fn start_processor(
+    source: &RelaySpec,
+    shared: &Shared<'_>,
+    drain: Drain,
+    monitored: Arc<ContainerClient>,
+    leases: Arc<ContainerClient>,
+) -> Result<RunningProcessor, RelayError> {
     let fault_metrics = drain.metrics().cloned();
-    let backlogs = Backlogs::default();
-    // With metrics on, the backlog is estimated from the same containers and options.
-    let estimator = drain.metrics().map(|metrics| backlog::Estimator {
-        processor_name: source.processor_name.clone(),
-        instance: instance.to_owned(),
-        monitored: Arc::clone(&monitored),
-        leases: Arc::clone(&leases),
-        options: options.clone(),
-        metrics: Arc::clone(metrics),
-        last: Arc::clone(&backlogs.last),
-    });
-    let state = super::state::StatePublisher {
-        processor_name: source.processor_name.clone(),
-        instance: instance.to_owned(),
-        leases: Arc::clone(&leases),
-        gate: Arc::clone(drain.gate()),
-        every: options.processor.lease_renew_interval,
-        store_timeout: options.processor.store_timeout,
-    };
-    // Always on, metrics or not: a stranded document is repaired whatever is exported.
-    let sweeper = Sweeper {
-        processor_name: source.processor_name.clone(),
-        instance: instance.to_owned(),
-        monitored: Arc::clone(&monitored),
-        leases: Arc::clone(&leases),
-        partition_key_paths: source.partition_key_paths,
-        pending_filter: source.pending_filter.clone(),
-        options: options.clone(),
-        metrics: drain.metrics().cloned(),
-        findings: SweepFindings::default(),
-    };
     let read_metrics = drain.metrics().cloned();
-    let after_commit = drain.after_commit();
-    let page_charges = Arc::clone(charges);
-    let gate = Arc::clone(drain.gate());
-    let processor_name = source.processor_name.clone();
+    let page_charges = Arc::clone(shared.charges);
     let label = format!("{}/{}", source.database, source.container);
-    let fault_source = processor_name.clone();
-    let released_gate = Arc::clone(&gate);
-    let processor =
-        ChangeFeedProcessor::builder(&source.processor_name, instance, monitored, leases)
-            .options(options.processor.clone())
-            .on_fault(move |fault: &LeaseFault<'_>| {
-                diagnostics::change_feed_fault(
-                    fault_metrics.as_deref(),
-                    &fault_source,
-                    fault.lease_token,
-                    fault.error,
-                );
-            })
-            // Suspension and refusal state belongs to the owner: a lease that leaves this
-            // instance is forgotten, and one that comes back starts with a clean record.
-            .on_lease_released(move |lease_token: &str| released_gate.forget(lease_token))
-            // An empty read is lease progress too: counted as a batch of 0, so an idle lease
-            // is told apart from a stalled one.
-            .on_empty_read(move |lease_token: &str| {
-                if let Some(metrics) = &read_metrics {
-                    metrics.batch(lease_token, 0);
+    let fault_source = source.processor_name.clone();
+    let released_gate = Arc::clone(drain.gate());
+    ChangeFeedProcessor::builder(&source.processor_name, shared.instance, monitored, leases)
+        .options(source.options.processor.clone())
+        .on_fault(move |fault: &LeaseFault<'_>| {
+            diagnostics::change_feed_fault(
+                fault_metrics.as_deref(),
+                &fault_source,
+                fault.lease_token,
+                fault.error,
+            );
+        })
+        // Suspension and refusal state belongs to the owner: a lease that leaves this
+        // instance is forgotten, and one that comes back starts with a clean record.
+        .on_lease_released(move |lease_token: &str| released_gate.forget(lease_token))
+        // An empty read is lease progress too: counted as a batch of 0, so an idle lease
+        // is told apart from a stalled one.
+        .on_empty_read(move |lease_token: &str| {
+            if let Some(metrics) = &read_metrics {
+                metrics.batch(lease_token, 0);
+            }
+        })
+        .start(move |batch| {
+            let drain = drain.clone();
+            let label = label.clone();
+            // The read that returned documents is part of what relaying them costs.
+            page_charges.relay(batch.request_charge);
+            async move {
+                // A lease lost mid-page stops the page: never two instances drain it.
+                let report = drain
+                    .drain_while_owned(
+                        &batch.lease_token,
+                        &batch.documents,
+                        batch.lease_lost.lost(),
+                    )
+                    .await?;
+                if report.published > 0 || report.undeliverable > 0 {
+                    tracing::info!(
+                        container = label,
+                        lease = batch.lease_token,
+                        published = report.published,
+                        skipped = report.skipped,
+                        undeliverable = report.undeliverable,
+                        read_request_charge = batch.request_charge,
+                        "chatter relay drained a page"
+                    );
                 }
-            })
-            .start(move |batch| {
-                let drain = drain.clone();
-                let label = label.clone();
-                // The read that returned documents is part of what relaying them costs.
-                page_charges.relay(batch.request_charge);
-                async move {
-                    // A lease lost mid-page stops the page: never two instances drain it.
-                    let report = drain
-                        .drain_while_owned(
-                            &batch.lease_token,
-                            &batch.documents,
-                            batch.lease_lost.lost(),
-                        )
-                        .await?;
-                    if report.published > 0 || report.undeliverable > 0 {
-                        tracing::info!(
-                            container = label,
-                            lease = batch.lease_token,
-                            published = report.published,
-                            skipped = report.skipped,
-                            undeliverable = report.undeliverable,
-                            read_request_charge = batch.request_charge,
-                            "chatter relay drained a page"
-                        );
-                    }
-                    Ok(())
-                }
-                .boxed()
-            })
-            .await
-            .map_err(|e| RelayError::Processor {
-                database: source.database.clone(),
-                container: source.container.clone(),
-                source: e,
-            })?;
-    tracing::info!(processor = processor_name, instance, container = %format!("{}/{}", source.database, source.container), "chatter relay started");
-    Ok((
-        processor,
-        gate,
-        backlogs,
-        estimator,
-        state,
-        sweeper,
-        after_commit,
-    ))
+                Ok(())
+            }
+            .boxed()
+        })
+        .await
+        .map_err(|e| RelayError::Processor {
+            database: source.database.clone(),
+            container: source.container.clone(),
+            source: e,
+        })
 }
 
 /// A started processor, its gate, its backlog estimates and (metrics on) what makes them, its

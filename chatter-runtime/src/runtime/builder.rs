@@ -8,13 +8,13 @@ use crate::cosmos::CosmosConnection;
 use crate::registry::Registry;
 use crate::relay::RelayOptions;
 use crate::relay::standalone::StandaloneRelay;
-use crate::telemetry::{self};
+use crate::telemetry;
 
 use super::consumer::{
     DEFAULT_CONSUMER_CONCURRENCY, DEFAULT_DELIVERY_TIMEOUT, DEFAULT_LANE_WAIT_LIMIT,
 };
 
-/// Configures a [`Runtime`] before starting it.
+/// Configures a [`Runtime`](super::Runtime) before starting it.
 #[must_use = "a builder does nothing until `.start().await`"]
 pub struct RuntimeBuilder {
     pub(super) registry: Option<Registry>,
@@ -37,7 +37,7 @@ pub struct RuntimeBuilder {
     pub(super) standalone: Vec<StandaloneRelay>,
 }
 
-/// How long [`Runtime::shutdown`] waits by default for the relay to publish what is pending.
+/// How long [`Runtime::shutdown`](super::Runtime::shutdown) waits by default for the relay to publish what is pending.
 pub const DEFAULT_SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
 
 impl Default for RuntimeBuilder {
@@ -95,7 +95,7 @@ impl RuntimeBuilder {
         self
     }
 
-    /// How long [`Runtime::shutdown`] lets the relay publish the Outbox Documents still pending
+    /// How long [`Runtime::shutdown`](super::Runtime::shutdown) lets the relay publish the Outbox Documents still pending
     /// before it stops (default [`DEFAULT_SHUTDOWN_DRAIN`]; zero: not at all; `Duration::MAX`:
     /// until nothing is pending, however long). What is left stays pending for another
     /// instance or the next start: nothing is lost either way.
@@ -123,7 +123,7 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Uses this broker instead of a new [`InMemoryBroker`]: the consumers' broker, and the
+    /// Uses this broker instead of a new [`InMemoryBroker`](crate::broker::InMemoryBroker): the consumers' broker, and the
     /// relay's for every message unless brokers are also given by messaging system
     /// ([`broker_for`](Self::broker_for)).
     pub fn broker(mut self, broker: impl Broker) -> Self {
@@ -141,7 +141,7 @@ impl RuntimeBuilder {
     /// ([`Refusal::UnknownMessagingSystem`](crate::broker::Refusal::UnknownMessagingSystem)):
     /// its document stays pending and its lease shows as blocked, naming the missing system.
     /// A blank name, or one given twice, fails [`start`](Self::start)
-    /// ([`StartError::MessagingSystem`]). See [`MessagingSystems`](crate::broker::MessagingSystems).
+    /// ([`StartError::MessagingSystem`](super::StartError::MessagingSystem)). See [`MessagingSystems`](crate::broker::MessagingSystems).
     pub fn broker_for(mut self, messaging_system: impl Into<String>, broker: impl Broker) -> Self {
         self.brokers_by_system
             .push((messaging_system.into(), Arc::new(broker)));
@@ -149,7 +149,7 @@ impl RuntimeBuilder {
     }
 
     /// Whether to consume each command's destination from the broker (default `true`). With
-    /// `false` commands are only handled through [`Runtime::dispatch`].
+    /// `false` commands are only handled through [`Runtime::dispatch`](super::Runtime::dispatch).
     pub fn consume(mut self, consume: bool) -> Self {
         self.consume = consume;
         self
@@ -168,7 +168,7 @@ impl RuntimeBuilder {
     /// `n = 1` every delivery is handled in arrival order, one at a time.
     ///
     /// [`start`](Self::start) refuses 0 and anything above 65535 (the largest prefetch) with
-    /// [`StartError::ConsumerConcurrency`].
+    /// [`StartError::ConsumerConcurrency`](super::StartError::ConsumerConcurrency).
     pub fn consumer_concurrency(mut self, n: usize) -> Self {
         self.consumer_concurrency = n;
         self
@@ -191,9 +191,9 @@ impl RuntimeBuilder {
     /// other services should not leave half-done work behind at an `.await` (its staged writes
     /// and messages are discarded with it). An attempt that timed out may still have committed:
     /// the retry finds its inbox marker, and a last attempt asks the marker before it is
-    /// dead-lettered. [`Runtime::dispatch`] is not bounded: its caller awaits it.
+    /// dead-lettered. [`Runtime::dispatch`](super::Runtime::dispatch) is not bounded: its caller awaits it.
     ///
-    /// [`start`](Self::start) refuses zero with [`StartError::ZeroDeliveryTimeout`]. A huge value
+    /// [`start`](Self::start) refuses zero with [`StartError::ZeroDeliveryTimeout`](super::StartError::ZeroDeliveryTimeout). A huge value
     /// (`Duration::MAX`) leaves attempts unbounded (a last attempt's marker read too, saturating
     /// at about 100 years).
     pub fn delivery_timeout(mut self, timeout: Duration) -> Self {
@@ -209,7 +209,7 @@ impl RuntimeBuilder {
     /// past which the broker closes the channel and requeues every delivery on it. A returned
     /// delivery loses its place: its key's deliveries queued behind it may be handled first.
     ///
-    /// [`start`](Self::start) refuses zero with [`StartError::ZeroLaneWaitLimit`].
+    /// [`start`](Self::start) refuses zero with [`StartError::ZeroLaneWaitLimit`](super::StartError::ZeroLaneWaitLimit).
     pub fn lane_wait_limit(mut self, limit: Duration) -> Self {
         self.lane_wait_limit = limit;
         self

@@ -48,12 +48,8 @@ impl RuntimeBuilder {
     /// the relay's publish timeout ([`StartError::Broker`]).
     pub async fn start(self) -> Result<Runtime, StartError> {
         // Settings, before anything connects.
-        let concurrency = self.checked_concurrency()?;
-        check_messaging_systems(&self.brokers_by_system)?;
-        let registry = match self.registry {
-            Some(registry) => registry,
-            None => Registry::from_inventory()?,
-        };
+        let concurrency = self.checked_settings()?;
+        let registry = self.registry.map_or_else(Registry::from_inventory, Ok)?;
         check_state(&registry, &self.state)?;
         // The store, and every relay processor's identity against the others, before any
         // container is read.
@@ -71,10 +67,9 @@ impl RuntimeBuilder {
             self.inbox_clock_margin,
         )
         .await?;
-        let broker: Arc<dyn Broker> = match self.broker {
-            Some(broker) => broker,
-            None => Arc::new(InMemoryBroker::new()),
-        };
+        let broker = self
+            .broker
+            .unwrap_or_else(|| Arc::new(InMemoryBroker::new()));
         // The relay, and a handler's sends (`ctx.send`'s check, a keyless command's direct
         // publishes), go through the broker each message names; the consumers (and their retry
         // copies and dead letters, which keep the delivery's context) use the default.
@@ -130,8 +125,9 @@ impl RuntimeBuilder {
     }
 
     /// The consumer concurrency as the prefetch a broker is asked for, after checking the
-    /// settings that cannot work: the concurrency, the delivery timeout, the relay options.
-    fn checked_concurrency(&self) -> Result<u16, StartError> {
+    /// settings that cannot work: the concurrency, the delivery timeout, the lane wait limit,
+    /// the relay options and the brokers' messaging-system names.
+    fn checked_settings(&self) -> Result<u16, StartError> {
         let concurrency = u16::try_from(self.consumer_concurrency)
             .ok()
             .filter(|n| *n >= 1)
@@ -147,6 +143,7 @@ impl RuntimeBuilder {
         if let Some(options) = &self.relay {
             options.validate()?;
         }
+        check_messaging_systems(&self.brokers_by_system)?;
         Ok(concurrency)
     }
 }
