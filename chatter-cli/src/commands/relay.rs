@@ -41,10 +41,19 @@ use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::{
     RelayOptions, standalone_relay::RunningRelays, standalone_relay::StandaloneRelay,
 };
+use clap::Args;
 use serde::Deserialize;
 
-use crate::{Failure, chain, connect_store};
+use crate::{Account, Failure, broker_url, chain, connect_store};
 use chatter_runtime::error::RelayError;
+
+#[derive(Debug, Args)]
+pub(crate) struct RelayArgs {
+    /// The relay configuration (TOML: `[cosmos]`, `[broker]`, one `[[relay]]` per monitored
+    /// container).
+    #[arg(long)]
+    config: PathBuf,
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -211,13 +220,26 @@ fn install_logs() {
     }
 }
 
-/// Runs the relays `path` describes until SIGINT or SIGTERM.
-pub(crate) async fn run(
-    path: &Path,
-    endpoint_flag: Option<&str>,
-    key_file_flag: Option<&Path>,
-) -> Result<u8, Failure> {
+/// Runs the relays `--config` describes until SIGINT or SIGTERM; the flags' account wins over
+/// the file's.
+pub(crate) async fn run(args: &RelayArgs, account: &Account) -> Result<u8, Failure> {
     install_logs();
+    let config = read_config(&args.config)?;
+    let endpoint = account.endpoint.clone().or(config.cosmos.endpoint.clone());
+    let key_file = account.key_file.clone().or(config.cosmos.key_file.clone());
+    let cosmos = connect_store(endpoint.as_deref(), key_file.as_deref()).await?;
+    let relays = config
+        .relay
+        .iter()
+        .map(|section| relay(&cosmos, section))
+        .collect::<Result<Vec<_>, _>>()?;
+    let running = start_on_broker(&config.broker, relays).await?;
+    serve(running).await;
+    Ok(0)
+}
+
+/// The configuration at `path`, with one `[[relay]]` at least.
+fn read_config(path: &Path) -> Result<Config, Failure> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Failure::Input(format!("cannot read {}: {e}", path.display())))?;
     // The message and the line only: toml's own rendering quotes the line, which could be a
@@ -241,44 +263,45 @@ pub(crate) async fn run(
             path.display()
         )));
     }
-    let endpoint = endpoint_flag
-        .map(str::to_owned)
-        .or(config.cosmos.endpoint.clone());
-    let key_file = key_file_flag
-        .map(Path::to_path_buf)
-        .or(config.cosmos.key_file.clone());
-    let cosmos = connect_store(endpoint.as_deref(), key_file.as_deref()).await?;
-    let relays = config
-        .relay
-        .iter()
-        .map(|section| relay(&cosmos, section))
-        .collect::<Result<Vec<_>, _>>()?;
-    let url = crate::dead_letters::broker_url(
-        config.broker.url_file.as_deref(),
+    Ok(config)
+}
+
+/// Connects to the broker `section` names and starts `relays` on it.
+async fn start_on_broker(
+    section: &BrokerSection,
+    relays: Vec<StandaloneRelay>,
+) -> Result<RunningRelays, Failure> {
+    let url = broker_url::read(
+        section.url_file.as_deref(),
         "url_file (in the file's [broker])",
     )?;
     let unreachable = |e: chatter_runtime::broker::BrokerError| {
-        Failure::Store(crate::dead_letters::scrub(
+        Failure::Store(broker_url::scrub(
             &format!("cannot reach the broker: {}", chain(&e)),
             &url,
         ))
     };
-    let running = match config.broker.kind {
+    match section.kind {
         BrokerKind::Rabbitmq => {
             start(
                 relays,
                 RabbitMqBroker::connect(&url).await.map_err(unreachable)?,
             )
-            .await?
+            .await
         }
         BrokerKind::Nats => {
             start(
                 relays,
                 NatsBroker::connect(&url).await.map_err(unreachable)?,
             )
-            .await?
+            .await
         }
-    };
+    }
+}
+
+/// Logs which leases the relays own whenever that changes, until SIGINT or SIGTERM; then stops
+/// them gracefully.
+async fn serve(running: RunningRelays) {
     println!("chatter relay started; SIGINT or SIGTERM stops it");
     // Leases are taken after the start (at the first acquire round): say which once they are.
     let mut owned: Vec<(String, Vec<String>)> = running
@@ -308,7 +331,6 @@ pub(crate) async fn run(
     }
     println!("stopping: pages in flight finish, leases are released");
     running.shutdown().await;
-    Ok(0)
 }
 
 async fn start(

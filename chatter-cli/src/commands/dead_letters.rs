@@ -1,7 +1,7 @@
 //! `chatter dead-letters list|replay|discard`: a command's dead letters on RabbitMQ or NATS
 //! JetStream (`<destination>.dead-letter`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use chatter_runtime::broker::{
     DeadLetter, DeadLetterAction, DeadLetterOutcome, DeadLetterSelection, DeadLetters, NatsBroker,
@@ -10,11 +10,9 @@ use chatter_runtime::broker::{
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
+use super::{Confirm, confirmed};
 use crate::tables::{columns, counted};
-use crate::{Confirm, Failure, chain};
-
-/// The environment variable holding the broker's URL (it may carry a password).
-pub(crate) const BROKER_URL_ENV: &str = "CHATTER_BROKER_URL";
+use crate::{Failure, broker_url, chain};
 
 /// How many dead letters `list` shows unless `--limit` says otherwise.
 const DEFAULT_LIMIT: usize = 100;
@@ -90,23 +88,10 @@ struct Report<'a> {
     outcome: Option<&'a DeadLetterOutcome>,
 }
 
+/// Runs `command` on the broker it names (no store).
 pub(crate) async fn run(command: &DeadLettersCommand, json: bool) -> Result<u8, Failure> {
     match command {
-        DeadLettersCommand::List(list) => {
-            let broker = connect(&list.at).await?;
-            let letters = broker
-                .list(&list.at.destination, list.limit)
-                .await
-                .map_err(|e| {
-                    Failure::Store(format!("cannot read the dead letters: {}", chain(&e)))
-                })?;
-            if json {
-                crate::tables::print(true, letters.as_slice(), table);
-            } else {
-                print!("{}", table(&letters));
-            }
-            Ok(u8::from(!letters.is_empty()))
-        }
+        DeadLettersCommand::List(args) => list(args, json).await,
         DeadLettersCommand::Replay(change) => settle(change, DeadLetterAction::Replay, json).await,
         DeadLettersCommand::Discard(change) => {
             settle(change, DeadLetterAction::Discard, json).await
@@ -114,6 +99,33 @@ pub(crate) async fn run(command: &DeadLettersCommand, json: bool) -> Result<u8, 
     }
 }
 
+/// `dead-letters list`: exit code 1 when there is any.
+async fn list(list: &List, json: bool) -> Result<u8, Failure> {
+    let broker = connect(&list.at).await?;
+    let letters = broker
+        .list(&list.at.destination, list.limit)
+        .await
+        .map_err(|e| Failure::Store(format!("cannot read the dead letters: {}", chain(&e))))?;
+    if json {
+        crate::tables::print(true, letters.as_slice(), table);
+    } else {
+        print!("{}", table(&letters));
+    }
+    Ok(u8::from(!letters.is_empty()))
+}
+
+/// The dead letters a replay or a discard takes, as read once: exactly these are shown, and
+/// taken.
+struct Picked {
+    selected: Vec<DeadLetter>,
+    /// The ids asked for that are not among the dead letters read.
+    not_found: Vec<String>,
+    /// How many dead letters were read ([`MOST`] when there may be more).
+    read: usize,
+}
+
+/// `dead-letters replay|discard`: shows what `action` takes, asks, takes it. Exit code 1 when an
+/// id was not found, a dead letter was refused or the run stopped part-way, or it was declined.
 async fn settle(change: &Change, action: DeadLetterAction, json: bool) -> Result<u8, Failure> {
     let verb = match action {
         DeadLetterAction::Replay => "replay",
@@ -121,10 +133,61 @@ async fn settle(change: &Change, action: DeadLetterAction, json: bool) -> Result
     };
     let broker = connect(&change.at).await?;
     let destination = &change.at.destination;
-    let selection = if change.select.all {
+    let picked = pick(broker.as_ref(), destination, &change.select).await?;
+    let report = |outcome: Option<&DeadLetterOutcome>| {
+        if json {
+            let report = Report {
+                selected: &picked.selected,
+                not_found: &picked.not_found,
+                dry_run: change.confirm.dry_run,
+                outcome,
+            };
+            crate::tables::print(true, &report, |_| String::new());
+        }
+    };
+    let shown = preview(verb, action, destination, &picked);
+    let asking = !picked.selected.is_empty() && !change.confirm.yes && !change.confirm.dry_run;
+    if !json {
+        print!("{shown}");
+    } else if asking {
+        // Nobody is asked about a change they were not shown.
+        eprint!("{shown}");
+    }
+    let problems = !picked.not_found.is_empty();
+    if picked.selected.is_empty() || change.confirm.dry_run {
+        if change.confirm.dry_run && !json {
+            println!("dry run: nothing was changed");
+        }
+        report(None);
+        return Ok(u8::from(problems));
+    }
+    if asking && !confirmed(picked.selected.len())? {
+        eprintln!("chatter: nothing was changed");
+        report(None);
+        return Ok(1);
+    }
+    // Exactly the dead letters shown: one that arrived since is not taken.
+    let outcome = broker
+        .settle(destination, &picked.selected, action)
+        .await
+        .map_err(|e| Failure::Store(format!("{verb} did not start: {}", chain(&e))))?;
+    print_outcome(verb, &outcome, json);
+    report(Some(&outcome));
+    Ok(u8::from(
+        problems || !outcome.refused.is_empty() || outcome.failed.is_some(),
+    ))
+}
+
+/// Reads the dead letters of `destination` (at most [`MOST`]) and picks those `select` names.
+async fn pick(
+    broker: &dyn DeadLetters,
+    destination: &str,
+    select: &Select,
+) -> Result<Picked, Failure> {
+    let selection = if select.all {
         DeadLetterSelection::All
     } else {
-        DeadLetterSelection::Ids(change.select.ids.clone())
+        DeadLetterSelection::Ids(select.ids.clone())
     };
     let letters = broker
         .list(destination, MOST)
@@ -143,17 +206,17 @@ async fn settle(change: &Change, action: DeadLetterAction, json: bool) -> Result
             .cloned()
             .collect(),
     };
-    let report = |outcome: Option<&DeadLetterOutcome>| {
-        if json {
-            let report = Report {
-                selected: &selected,
-                not_found: &not_found,
-                dry_run: change.confirm.dry_run,
-                outcome,
-            };
-            crate::tables::print(true, &report, |_| String::new());
-        }
-    };
+    Ok(Picked {
+        selected,
+        not_found,
+        read,
+    })
+}
+
+/// What `verb` will take, for a person: the dead letters, the ids not found, and whether some
+/// were left unread.
+fn preview(verb: &str, action: DeadLetterAction, destination: &str, picked: &Picked) -> String {
+    let selected = &picked.selected;
     let mut shown = String::new();
     if selected.is_empty() {
         shown.push_str(&format!(
@@ -171,42 +234,23 @@ async fn settle(change: &Change, action: DeadLetterAction, json: bool) -> Result
             } else {
                 format!("these {} dead letters", selected.len())
             },
-            table(&selected)
+            table(selected)
         ));
     }
-    for id in &not_found {
+    for id in &picked.not_found {
         shown.push_str(&format!("not found: {id}\n"));
     }
-    if read == MOST {
+    if picked.read == MOST {
         shown.push_str(&format!(
             "only the first {MOST} dead letters were read; run again for the rest\n"
         ));
     }
-    let asking = !selected.is_empty() && !change.confirm.yes && !change.confirm.dry_run;
-    if !json {
-        print!("{shown}");
-    } else if asking {
-        // Nobody is asked about a change they were not shown.
-        eprint!("{shown}");
-    }
-    let problems = !not_found.is_empty();
-    if selected.is_empty() || change.confirm.dry_run {
-        if change.confirm.dry_run && !json {
-            println!("dry run: nothing was changed");
-        }
-        report(None);
-        return Ok(u8::from(problems));
-    }
-    if asking && !crate::repair::confirmed(selected.len())? {
-        eprintln!("chatter: nothing was changed");
-        report(None);
-        return Ok(1);
-    }
-    // Exactly the dead letters shown: one that arrived since is not taken.
-    let outcome = broker
-        .settle(destination, &selected, action)
-        .await
-        .map_err(|e| Failure::Store(format!("{verb} did not start: {}", chain(&e))))?;
+    shown
+}
+
+/// What `verb` did: each refusal and the count for a person (not with `--json`, whose report
+/// holds them), and on standard error where it stopped, if it did.
+fn print_outcome(verb: &str, outcome: &DeadLetterOutcome, json: bool) {
     if !json {
         for (id, why) in &outcome.refused {
             println!("not {verb}ed {id}: {why}");
@@ -222,66 +266,13 @@ async fn settle(change: &Change, action: DeadLetterAction, json: bool) -> Result
             outcome.done.len()
         );
     }
-    report(Some(&outcome));
-    Ok(u8::from(
-        problems || !outcome.refused.is_empty() || outcome.failed.is_some(),
-    ))
-}
-
-/// The broker's URL from `file`, else from `CHATTER_BROKER_URL` (never a flag: it may hold a
-/// password, and is never printed). `file_hint` names where the subcommand takes the file
-/// (`--broker-url-file`, or `url_file` in a relay's file).
-pub(crate) fn broker_url(file: Option<&Path>, file_hint: &str) -> Result<String, Failure> {
-    match file {
-        Some(path) => Ok(std::fs::read_to_string(path)
-            .map_err(|e| {
-                Failure::Input(format!(
-                    "cannot read the broker URL file {}: {e}",
-                    path.display()
-                ))
-            })?
-            .trim()
-            .to_owned()),
-        None => std::env::var(BROKER_URL_ENV)
-            .ok()
-            .filter(|url| !url.trim().is_empty())
-            .ok_or_else(|| {
-                Failure::Input(format!(
-                    "no broker URL: set {BROKER_URL_ENV} or {file_hint}"
-                ))
-            }),
-    }
-}
-
-/// `message` without the secret part of `url` (what precedes its host: scheme, user and
-/// password), wherever a client library quoted the URL as given.
-pub(crate) fn scrub(message: &str, url: &str) -> String {
-    match url.rfind('@') {
-        Some(at) if at > 0 => {
-            // The user stays when `//` shows where it starts and a `:` where it ends.
-            let secret = match url.find("://") {
-                Some(scheme) if scheme + 3 < at => {
-                    let userinfo = &url[scheme + 3..at];
-                    match userinfo.split_once(':') {
-                        Some((user, _)) => {
-                            (&url[..at], format!("{}{user}:***", &url[..scheme + 3]))
-                        }
-                        None => (&url[..at], format!("{}***", &url[..scheme + 3])),
-                    }
-                }
-                _ => (&url[..at], "***".to_owned()),
-            };
-            message.replace(secret.0, &secret.1)
-        }
-        _ => message.to_owned(),
-    }
 }
 
 /// The broker `at` names (errors name its URL without the password).
 async fn connect(at: &At) -> Result<Box<dyn DeadLetters>, Failure> {
-    let url = broker_url(at.broker_url_file.as_deref(), "pass --broker-url-file")?;
+    let url = broker_url::read(at.broker_url_file.as_deref(), "pass --broker-url-file")?;
     let unreachable = |e: chatter_runtime::broker::BrokerError| {
-        Failure::Store(scrub(
+        Failure::Store(broker_url::scrub(
             &format!("cannot reach the broker: {}", chain(&e)),
             &url,
         ))

@@ -1,14 +1,135 @@
 //! `outbox requeue` and `outbox give-up`: the change is planned and shown first, applied only
 //! once confirmed (or `--yes`), never with `--dry-run`.
 
-use std::io::{BufRead, Write};
-
 use chatter_runtime::cosmos::CosmosConnection;
-use chatter_runtime::operator::{AppliedChange, RepairPlan, apply};
+use chatter_runtime::operator::{
+    AppliedChange, RepairPlan, Selection, apply, plan_give_up, plan_requeue,
+};
+use clap::Args;
 use serde::Serialize;
 
+use super::Source;
+use crate::Failure;
+use crate::commands::{Confirm, Container, confirmed, read_failed};
 use crate::tables::{columns, counted};
-use crate::{Confirm, Container, Failure, read_failed};
+
+#[derive(Debug, Args)]
+pub(crate) struct Requeue {
+    #[command(flatten)]
+    at: Container,
+    #[command(flatten)]
+    select: RequeueSelection,
+    /// Requeue documents that still violate the contract too (a relay that publishes each
+    /// document as its message checks them again and stamps them `undeliverable` again unless
+    /// the violation no longer applies).
+    #[arg(long, conflicts_with = "body_resolver")]
+    force: bool,
+    #[command(flatten)]
+    source: Source,
+    #[command(flatten)]
+    confirm: Confirm,
+}
+
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+struct RequeueSelection {
+    /// These documents (document id or message id; repeat the flag for several).
+    #[arg(long = "id")]
+    ids: Vec<String>,
+    /// Every undeliverable document for this destination.
+    #[arg(long)]
+    destination: Option<String>,
+    /// Every undeliverable document with a violation containing this text (needs `--force`:
+    /// they still violate it).
+    #[arg(long, conflicts_with = "body_resolver")]
+    violation: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct GiveUp {
+    #[command(flatten)]
+    at: Container,
+    #[command(flatten)]
+    select: GiveUpSelection,
+    /// Why, kept in the document (`chatterOperatorReason`) for whoever looks next.
+    #[arg(long)]
+    reason: String,
+    #[command(flatten)]
+    confirm: Confirm,
+}
+
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+struct GiveUpSelection {
+    /// These documents (document id or message id; repeat the flag for several).
+    #[arg(long = "id")]
+    ids: Vec<String>,
+    /// Every pending document for this destination.
+    #[arg(long)]
+    destination: Option<String>,
+}
+
+/// `outbox requeue`: plans the requeue of the selected documents, then runs the plan.
+pub(super) async fn requeue(
+    cosmos: &CosmosConnection,
+    requeue: &Requeue,
+    json: bool,
+) -> Result<u8, Failure> {
+    let selection = match &requeue.select {
+        RequeueSelection {
+            destination: Some(d),
+            ..
+        } => Selection::Destination(d.clone()),
+        RequeueSelection {
+            violation: Some(v), ..
+        } => Selection::Violation(v.clone()),
+        RequeueSelection { ids, .. } => Selection::Ids(ids.clone()),
+    };
+    let at = &requeue.at;
+    let plan = plan_requeue(
+        cosmos,
+        &at.database,
+        &at.container,
+        &selection,
+        requeue.source.message_source(),
+        requeue.force,
+    )
+    .await
+    .map_err(|error| read_failed("the outbox", at, &error))?;
+    run_plan(cosmos, at, json, "requeue", plan, &requeue.confirm).await
+}
+
+/// `outbox give-up`: refuses an empty reason, plans giving up the selected documents, then runs
+/// the plan.
+pub(super) async fn give_up(
+    cosmos: &CosmosConnection,
+    give_up: &GiveUp,
+    json: bool,
+) -> Result<u8, Failure> {
+    if give_up.reason.trim().is_empty() {
+        return Err(Failure::Input(
+            "--reason must say why (it is kept in the document)".into(),
+        ));
+    }
+    let selection = match &give_up.select {
+        GiveUpSelection {
+            destination: Some(d),
+            ..
+        } => Selection::Destination(d.clone()),
+        GiveUpSelection { ids, .. } => Selection::Ids(ids.clone()),
+    };
+    let at = &give_up.at;
+    let plan = plan_give_up(
+        cosmos,
+        &at.database,
+        &at.container,
+        &selection,
+        give_up.reason.trim(),
+    )
+    .await
+    .map_err(|error| read_failed("the outbox", at, &error))?;
+    run_plan(cosmos, at, json, "give-up", plan, &give_up.confirm).await
+}
 
 /// What a repair command prints with `--json`.
 #[derive(Serialize)]
@@ -22,7 +143,7 @@ struct Report<'a> {
 /// Shows `plan` (what `verb` changes), asks, applies it. Exit code 0 when every selected document
 /// was changed (or would be, in a dry run), 1 when one was refused, not found or failed, or the
 /// change was declined.
-pub(crate) async fn run_plan(
+async fn run_plan(
     cosmos: &CosmosConnection,
     at: &Container,
     json: bool,
@@ -75,29 +196,6 @@ pub(crate) async fn run_plan(
     let failed = applied.iter().any(|change| change.failed.is_some());
     report(Some(applied));
     Ok(u8::from(problems || failed))
-}
-
-/// Asks on the terminal whether to apply `count` changes; anything but `y`/`yes` (or no input
-/// at all) is no.
-pub(crate) fn confirmed(count: usize) -> Result<bool, Failure> {
-    eprint!(
-        "apply {}? [y/N] ",
-        if count == 1 {
-            "this change".to_owned()
-        } else {
-            format!("these {count} changes")
-        }
-    );
-    let _ = std::io::stderr().flush();
-    let mut answer = String::new();
-    std::io::stdin()
-        .lock()
-        .read_line(&mut answer)
-        .map_err(|e| Failure::Input(format!("cannot read the answer: {e}")))?;
-    Ok(matches!(
-        answer.trim().to_ascii_lowercase().as_str(),
-        "y" | "yes"
-    ))
 }
 
 fn plan_table(verb: &str, plan: &RepairPlan) -> String {
