@@ -168,13 +168,13 @@ async fn state_documents(cosmos: &chatter_runtime::cosmos::CosmosConnection) -> 
 async fn suspended_relay() -> (
     chatter_emulator::RunningEmulator,
     chatter_runtime::cosmos::CosmosConnection,
-    chatter_runtime::standalone_relay::RunningRelays,
+    chatter_runtime::relay::RunningRelays,
     std::sync::Arc<chatter_runtime::testing::ManualClock>,
 ) {
     use chatter_runtime::broker::InMemoryBroker;
     use chatter_runtime::cosmos::partition_key;
     use chatter_runtime::testing::{OutboxDocument, create_item};
-    use chatter_runtime::{BrokeredMessage, RelayOptions, standalone_relay::StandaloneRelay};
+    use chatter_runtime::{BrokeredMessage, relay::RelayOptions, relay::StandaloneRelay};
     use serde_json::json;
 
     let (emulator, cosmos) = served_store_with_leases("orders", "orders-leases").await;

@@ -12,7 +12,7 @@
 //! 2. Write one [`#[handler]`](macro@handler): `async fn(command, &mut HandlerContext)`. On the
 //!    [`HandlerContext`] stage document writes and [`send`](HandlerContext::send) messages;
 //!    nothing is written until the handler returns `Ok`.
-//! 3. Call [`start()`] (or [`Runtime::builder()`] for a broker, a store or [`RelayOptions`] of
+//! 3. Call [`start()`] (or [`Runtime::builder()`] for a broker, a store or [`RelayOptions`](relay::RelayOptions) of
 //!    your own). It validates every registration in the binary, checks the containers, consumes
 //!    each command's destination and runs the relay. [`Runtime::shutdown`] stops it gracefully.
 //!
@@ -37,7 +37,7 @@
 //!
 //! | module | what you find there |
 //! | --- | --- |
-//! | crate root | what a handler and a `main` write: [`start`], [`Runtime`], [`RuntimeBuilder`], [`RelayOptions`], [`Report`]; [`HandlerContext`], [`BrokeredMessage`], [`Rejection`], [`Outcome`], [`State`], [`ETag`], [`Versioned`], [`Query`], [`BoxError`]; the derive and `#[handler]` |
+//! | crate root | what a handler and a `main` write: [`start`], [`Runtime`], [`RuntimeBuilder`], [`Report`]; [`HandlerContext`], [`BrokeredMessage`], [`Rejection`], [`Outcome`], [`State`], [`ETag`], [`Versioned`], [`Query`], [`BoxError`]; the derive and `#[handler]` |
 //! | [`broker`] | the [`Broker`](broker::Broker) trait, [`InMemoryBroker`](broker::InMemoryBroker), `RabbitMqBroker` (feature `rabbitmq`), `NatsBroker` (feature `nats`), dead-letter destinations and surveys |
 //! | [`constants`] | the runtime's defaults and the context keys it writes on a message |
 //! | [`cosmos`] | [`CosmosConnection`](cosmos::CosmosConnection), reading back what chatter wrote, request charges |
@@ -46,8 +46,8 @@
 //! | [`inbox`] | the standalone inbox: handling by message id for side effects outside Cosmos |
 //! | [`operator`] | what the `chatter` command runs: lease and outbox surveys, requeue and give-up repairs |
 //! | [`provision`] | creating databases and containers, for development and tests |
+//! | [`relay`] | the change-feed relay's [`RelayOptions`](relay::RelayOptions), and the standalone relay for any container with its body-resolver seam |
 //! | [`registration`] | what the derive registers for a command ([`CommandRegistration`](registration::CommandRegistration)) |
-//! | [`standalone_relay`] | the standalone outbox relay for any container, and its body-resolver seam |
 //! | [`telemetry`] | the OpenTelemetry metrics and spans, and how to turn them on or off |
 //!
 //! The change-feed processor under the relay is its own crate, `cosmos-change-feed`, usable
@@ -106,9 +106,8 @@ mod partition_key;
 mod pipeline;
 pub mod provision;
 mod registry;
-mod relay;
+pub mod relay;
 mod runtime;
-pub mod standalone_relay;
 mod state;
 pub mod telemetry;
 #[cfg(feature = "test-support")]
@@ -120,7 +119,6 @@ pub use error_report::Report;
 pub use message::BrokeredMessage;
 pub use pipeline::{Outcome, Rejection};
 pub use registry::{BoxError, DocumentReliable};
-pub use relay::RelayOptions;
 pub use runtime::{Runtime, RuntimeBuilder, start};
 pub use state::State;
 

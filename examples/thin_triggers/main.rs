@@ -17,8 +17,8 @@ use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection};
 use chatter_runtime::provision;
 use chatter_runtime::{
-    BoxError, BrokeredMessage, Report, standalone_relay::BodyResolver,
-    standalone_relay::DrainContext, standalone_relay::StandaloneRelay,
+    BoxError, BrokeredMessage, Report, relay::BodyResolver, relay::DrainContext,
+    relay::StandaloneRelay,
 };
 use serde_json::json;
 

@@ -14,9 +14,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use chatter_runtime::RelayOptions;
 use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::CosmosConnection;
+use chatter_runtime::relay::RelayOptions;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
 use chatter_tests::store::provisioned_with_leases;
 use serde::{Deserialize, Serialize};

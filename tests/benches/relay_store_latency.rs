@@ -33,8 +33,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use chatter_emulator::RunningEmulator;
-use chatter_runtime::RelayOptions;
 use chatter_runtime::cosmos::CosmosConnection;
+use chatter_runtime::relay::RelayOptions;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
 use chatter_tests::rabbitmq;
 use chatter_tests::runtime::seed;

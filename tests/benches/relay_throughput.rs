@@ -107,9 +107,9 @@ use azure_data_cosmos::options::{
     ChangeFeedOptions, ChangeFeedStartFrom, MaxItemCountHint, PatchItemOptions, PatchStrategy,
 };
 use chatter_runtime::BrokeredMessage;
-use chatter_runtime::RelayOptions;
 use chatter_runtime::broker::{Broker, BrokerError, InMemoryBroker, Subscription};
 use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection};
+use chatter_runtime::relay::RelayOptions;
 use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Runtime, handler};
 use chatter_tests::callgrind::{self, Invocation};
 use chatter_tests::runtime::seed;

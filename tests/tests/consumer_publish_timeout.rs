@@ -9,8 +9,8 @@ use chatter_runtime::broker::{Broker, BrokerError, InMemoryBroker, Subscription}
 use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::provision;
 use chatter_runtime::{
-    BoxError, BrokeredMessage, DocumentReliable, HandlerContext, RelayOptions, Runtime,
-    constants::ATTEMPTS_CONTEXT_KEY, handler,
+    BoxError, BrokeredMessage, DocumentReliable, HandlerContext, Runtime,
+    constants::ATTEMPTS_CONTEXT_KEY, handler, relay::RelayOptions,
 };
 use chatter_tests::broker::publish_command;
 use chatter_tests::runtime::Attempts;

@@ -8,8 +8,8 @@ use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::provision;
 use chatter_runtime::{
-    BoxError, DocumentReliable, HandlerContext, RelayOptions, Runtime,
-    broker::dead_letter_destination, handler,
+    BoxError, DocumentReliable, HandlerContext, Runtime, broker::dead_letter_destination, handler,
+    relay::RelayOptions,
 };
 use chatter_tests::broker::{next_delivery, publish_command};
 use chatter_tests::runtime::consuming;

@@ -10,10 +10,10 @@ use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::provision;
 use chatter_runtime::{
-    BoxError, DocumentReliable, HandlerContext, Query, Rejection, RelayOptions, Runtime,
-    RuntimeBuilder, State, broker::dead_letter_destination,
-    constants::DEAD_LETTER_REASON_CONTEXT_KEY, error::BatchFailure, error::DispatchError,
-    error::PipelineError, error::StartError, handler,
+    BoxError, DocumentReliable, HandlerContext, Query, Rejection, Runtime, RuntimeBuilder, State,
+    broker::dead_letter_destination, constants::DEAD_LETTER_REASON_CONTEXT_KEY,
+    error::BatchFailure, error::DispatchError, error::PipelineError, error::StartError, handler,
+    relay::RelayOptions,
 };
 use chatter_tests::broker::{next_delivery, publish_command, settled};
 use serde::{Deserialize, Serialize};

@@ -13,8 +13,8 @@ use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::inbox_id;
 use chatter_runtime::provision;
 use chatter_runtime::{
-    BoxError, DocumentReliable, HandlerContext, RelayOptions, Runtime,
-    broker::dead_letter_destination, handler,
+    BoxError, DocumentReliable, HandlerContext, Runtime, broker::dead_letter_destination, handler,
+    relay::RelayOptions,
 };
 use chatter_tests::broker::{publish_command, settled};
 use chatter_tests::store::{emulator_server, find_document};

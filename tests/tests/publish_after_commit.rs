@@ -9,7 +9,7 @@ use std::time::Duration;
 use chatter_emulator::RunningEmulator;
 use chatter_runtime::broker::{Broker as _, BrokerError, InMemoryBroker};
 use chatter_runtime::cosmos::CosmosConnection;
-use chatter_runtime::{RelayOptions, Runtime};
+use chatter_runtime::{Runtime, relay::RelayOptions};
 use chatter_tests::broker::{Intercepted, Interception, next_delivery};
 use chatter_tests::runtime::writer;
 use chatter_tests::store::{emulator_server, outbox_document, provisioned_with_leases};

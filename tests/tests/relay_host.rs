@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use chatter_runtime::RelayOptions;
 use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::{self, CosmosConnection};
+use chatter_runtime::relay::RelayOptions;
 use chatter_runtime::testing::Registry;
 use chatter_runtime::testing::distinct_sources;
 use chatter_runtime::{

@@ -16,9 +16,8 @@ use chatter_runtime::testing::{
     drain_with_resolver,
 };
 use chatter_runtime::{
-    BoxError, BrokeredMessage, RelayOptions, Runtime, error::StandaloneRelayError,
-    error::StartError, standalone_relay::BodyResolver, standalone_relay::DrainContext,
-    standalone_relay::StandaloneRelay,
+    BoxError, BrokeredMessage, Runtime, error::StandaloneRelayError, error::StartError,
+    relay::BodyResolver, relay::DrainContext, relay::RelayOptions, relay::StandaloneRelay,
 };
 use chatter_tests::broker::{assert_quiet_for, next_delivery};
 use chatter_tests::logs::capture;
@@ -516,9 +515,8 @@ async fn a_failed_stamp_after_no_message_is_the_store_error_not_a_confirmation_f
 async fn the_builder_refuses_what_cannot_work() {
     let cosmos = CosmosConnection::embedded().await.unwrap();
     let builder = || StandaloneRelay::builder(&cosmos, (DB, TRIGGERS), (DB, LEASES));
-    let refused = |b: chatter_runtime::standalone_relay::StandaloneRelayBuilder| {
-        b.build().unwrap_err().to_string()
-    };
+    let refused =
+        |b: chatter_runtime::relay::StandaloneRelayBuilder| b.build().unwrap_err().to_string();
     assert_eq!(
         refused(builder()),
         "A container partition-key path is required."

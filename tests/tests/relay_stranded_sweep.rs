@@ -16,7 +16,7 @@ use chatter_runtime::broker::{BrokerError, InMemoryBroker, Refusal, Subscription
 use chatter_runtime::cosmos::{ContainerClient, CosmosConnection};
 use chatter_runtime::provision;
 use chatter_runtime::testing::OutboxDocument;
-use chatter_runtime::{BrokeredMessage, Runtime, standalone_relay::StandaloneRelay};
+use chatter_runtime::{BrokeredMessage, Runtime, relay::StandaloneRelay};
 use chatter_tests::broker::{Intercepted, next_delivery};
 use chatter_tests::logs::capture;
 use chatter_tests::relay::fast_relay;

@@ -11,7 +11,7 @@ use chatter_runtime::cosmos::{ContainerClient, CosmosConnection};
 use chatter_runtime::provision;
 use chatter_runtime::testing::OutboxDocument;
 use chatter_runtime::{
-    BoxError, BrokeredMessage, RelayOptions, Runtime, standalone_relay::StandaloneRelay,
+    BoxError, BrokeredMessage, Runtime, relay::RelayOptions, relay::StandaloneRelay,
 };
 use chatter_tests::broker::next_delivery;
 use chatter_tests::store::{created, provisioned};

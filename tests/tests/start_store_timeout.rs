@@ -6,8 +6,8 @@ use std::time::Duration;
 use chatter_runtime::error::RelayError;
 use chatter_runtime::provision;
 use chatter_runtime::{
-    BoxError, DocumentReliable, HandlerContext, RelayOptions, Runtime, error::ErrorChain,
-    error::StartError, handler,
+    BoxError, DocumentReliable, HandlerContext, Runtime, error::ErrorChain, error::StartError,
+    handler, relay::RelayOptions,
 };
 use chatter_tests::store::emulator_server;
 use serde::{Deserialize, Serialize};

@@ -545,10 +545,10 @@ async fn a_document_drained_twice_gives_two_send_spans_under_the_persisted_paren
 /// A body resolver that builds no message for `msg-none` and one for any other document.
 struct DropsNone;
 
-impl chatter_runtime::standalone_relay::BodyResolver for DropsNone {
+impl chatter_runtime::relay::BodyResolver for DropsNone {
     async fn resolve(
         &self,
-        context: &chatter_runtime::standalone_relay::DrainContext<'_>,
+        context: &chatter_runtime::relay::DrainContext<'_>,
     ) -> Result<Option<BrokeredMessage>, chatter_runtime::BoxError> {
         Ok((context.message_id != "msg-none")
             .then(|| BrokeredMessage::json(context.message_id, "orders", "{}")))

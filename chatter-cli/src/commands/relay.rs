@@ -38,9 +38,7 @@ use std::time::Duration;
 
 use chatter_runtime::broker::{Broker, NatsBroker, RabbitMqBroker};
 use chatter_runtime::cosmos::CosmosConnection;
-use chatter_runtime::{
-    RelayOptions, standalone_relay::RunningRelays, standalone_relay::StandaloneRelay,
-};
+use chatter_runtime::{relay::RelayOptions, relay::RunningRelays, relay::StandaloneRelay};
 use clap::Args;
 use serde::Deserialize;
 

@@ -27,7 +27,7 @@ pub enum MessageSource {
     /// `undeliverable`.
     #[default]
     Document,
-    /// A standalone relay's [`BodyResolver`](crate::standalone_relay::BodyResolver) builds each message (thin
+    /// A standalone relay's [`BodyResolver`](crate::relay::BodyResolver) builds each message (thin
     /// triggers): the contract is not evaluated, a document needs only its identity and key.
     BodyResolver,
 }

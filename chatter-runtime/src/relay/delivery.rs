@@ -25,7 +25,7 @@ impl Default for DeliverySettings {
     }
 }
 
-/// Why the delivered status or ttl of the [`RelayOptions`](crate::RelayOptions) are refused (with the .NET module's texts).
+/// Why the delivered status or ttl of the [`RelayOptions`](crate::relay::RelayOptions) are refused (with the .NET module's texts).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum DeliverySettingsError {

@@ -18,7 +18,7 @@ pub(crate) const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 ///
 /// ```
 /// use std::time::Duration;
-/// use chatter_runtime::RelayOptions;
+/// use chatter_runtime::relay::RelayOptions;
 ///
 /// let options = RelayOptions::default()
 ///     .poll_interval(Duration::from_millis(250))

@@ -58,11 +58,11 @@ pub struct LeaseHealth {
     /// pending and are published once it is fixed, without a restart.
     pub blocked: Option<String>,
     /// The pending Outbox Documents after its checkpoint, as last estimated (every
-    /// [`RelayOptions::backlog_interval`](crate::RelayOptions::backlog_interval)); `None` with
+    /// [`RelayOptions::backlog_interval`](crate::relay::RelayOptions::backlog_interval)); `None` with
     /// metrics off or before the first estimate.
     pub backlog: Option<u64>,
     /// The age of the oldest pending Outbox Document of its feed range (by its last write), as
-    /// last swept (every [`RelayOptions::sweep_interval`](crate::RelayOptions::sweep_interval));
+    /// last swept (every [`RelayOptions::sweep_interval`](crate::relay::RelayOptions::sweep_interval));
     /// `None` when none is pending or before the first sweep. A stall to alert on, whatever
     /// holds the document back; also the `chatter.messaging.outbox.pending.oldest_age` gauge.
     pub oldest_pending_age: Option<Duration>,

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use chatter_runtime::RelayOptions;
+use chatter_runtime::relay::RelayOptions;
 
 /// Short relay timings so draining, balancing and hand-overs happen within seconds: poll every
 /// 100 ms, renew owned leases every 400 ms, try to acquire leases every 250 ms, leases expire

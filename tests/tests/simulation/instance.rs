@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::testing::MonotonicClock;
-use chatter_runtime::{RelayOptions, Runtime};
+use chatter_runtime::{Runtime, relay::RelayOptions};
 use tokio::sync::oneshot;
 
 use super::broker::SimBroker;

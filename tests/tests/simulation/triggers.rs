@@ -10,8 +10,8 @@ use std::time::Duration;
 use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection};
 use chatter_runtime::provision;
 use chatter_runtime::{
-    BoxError, BrokeredMessage, RelayOptions, standalone_relay::BodyResolver,
-    standalone_relay::DrainContext, standalone_relay::StandaloneRelay,
+    BoxError, BrokeredMessage, relay::BodyResolver, relay::DrainContext, relay::RelayOptions,
+    relay::StandaloneRelay,
 };
 use serde_json::json;
 
