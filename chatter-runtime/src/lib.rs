@@ -16,7 +16,42 @@
 //!    your own). It validates every registration in the binary, checks the containers, consumes
 //!    each command's destination and runs the relay. [`Runtime::shutdown`] stops it gracefully.
 //!
-//! The README's quick start is a complete program, compiled and run with the tests.
+//! ```rust,no_run,standalone_crate
+//! use chatter_runtime::{BoxError, DocumentReliable, HandlerContext, Report, handler};
+//! use serde::{Deserialize, Serialize};
+//! use serde_json::json;
+//!
+//! #[derive(Serialize, Deserialize, DocumentReliable)]
+//! #[cosmos(database = "shop", container = "orders", lease = "orders-leases")]
+//! #[partition_key(path = "/orderId")]
+//! #[serde(rename_all = "camelCase")]
+//! struct CreateOrder {
+//!     order_id: String,
+//!     quantity: u32,
+//! }
+//!
+//! #[handler]
+//! async fn create_order(cmd: CreateOrder, ctx: &mut HandlerContext) -> Result<(), BoxError> {
+//!     // Staged, then committed in one batch with the inbox marker and the outbox document.
+//!     ctx.upsert(json!({ "id": cmd.order_id, "orderId": cmd.order_id, "quantity": cmd.quantity }))?;
+//!     let event = json!({ "orderId": cmd.order_id });
+//!     ctx.send_json(&format!("{}:OrderCreated", ctx.message_id()), "order-events", &event)?;
+//!     Ok(())
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Report> {
+//!     // Consumes `CreateOrder`'s destination and relays what its handler sends.
+//!     let runtime = chatter_runtime::start().await?;
+//!     // ... until your service is asked to stop; then the work in flight finishes:
+//!     runtime.shutdown().await;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! The README's quick start is a complete program, compiled and run with the tests; the
+//! chapters of the guide are the pages of the modules below, starting with
+//! [`registration`] (commands and handlers).
 //!
 //! # What happens to one command
 //!
@@ -125,6 +160,8 @@ pub use state::State;
 /// What `#[derive(DocumentReliable)]` registers for a command, as
 /// [`DocumentReliable::registration`] and [`Runtime::commands`] return it, and the return
 /// types `#[handler]` accepts ([`IntoHandlerResult`](registration::IntoHandlerResult)).
+///
+#[doc = include_str!("../docs/handlers.md")]
 pub mod registration {
     pub use crate::partition_key::PartitionKeyPath;
     pub use crate::registry::{

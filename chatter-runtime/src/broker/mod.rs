@@ -20,6 +20,8 @@
 //! A broker that counts a message's deliveries itself and redelivers it after a delay (JetStream)
 //! says so through [`Delivery::delivery_count`]: the runtime's consumers then retry a failed
 //! delivery with [`Delivery::nack_after`] instead of publishing a copy of it.
+//!
+#![doc = include_str!("../../docs/brokers.md")]
 
 mod dead_letters;
 mod error;

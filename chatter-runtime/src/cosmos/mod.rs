@@ -12,6 +12,8 @@
 //! | nothing, no `embedded` | an error naming the variables |
 //!
 //! `chatter-emulator` serves the same in-memory emulator over HTTP for multi-process setups.
+//!
+#![doc = include_str!("../../docs/store.md")]
 
 pub(crate) mod charge;
 mod connection;

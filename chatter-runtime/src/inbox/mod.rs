@@ -20,6 +20,8 @@
 //! **The at-least-once edge**: a handler that ran while its completion failed (or whose process
 //! died between the two) runs again on the next delivery, once its claim is over. Make the side
 //! effect idempotent, or accept that.
+//!
+#![doc = include_str!("../../docs/inbox.md")]
 
 pub(crate) mod claim;
 mod options;

@@ -3,6 +3,8 @@
 //! violations that made them so, and who serves each lease; and the repairs an operator makes
 //! (requeue, give up), planned before they are applied. The `chatter` command-line tool prints
 //! and runs these.
+//!
+#![doc = include_str!("../../docs/cli.md")]
 
 mod leases;
 pub(crate) mod outbox;

@@ -49,6 +49,8 @@
 //!   is never changed, so a document published twice gives two send spans under one parent.
 //! - With tracing off, or when the span is sampled out, the persisted `traceparent` goes out as
 //!   it is.
+//!
+#![doc = include_str!("../../docs/telemetry.md")]
 
 pub(crate) mod metrics;
 pub(crate) mod trace_context;
