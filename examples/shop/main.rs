@@ -20,12 +20,13 @@
 //! the relay's `send order-events` in the same trace).
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chatter_runtime::BrokeredMessage;
-use chatter_runtime::broker::{Broker, InMemoryBroker};
-use chatter_runtime::cosmos::{self, CosmosConnection, ReadOutcome};
+use chatter_runtime::broker::{Broker, InMemoryBroker, Subscription};
+use chatter_runtime::cosmos::{self, ContainerClient, CosmosConnection, ReadOutcome};
 use chatter_runtime::provision;
 use chatter_runtime::{
     BoxError, DocumentReliable, HandlerContext, Rejection, Report, Runtime,
@@ -149,167 +150,33 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<(), Report> {
-    let cosmos = CosmosConnection::resolve().await?;
-    println!(
-        "store: {}",
-        if cosmos.is_embedded() {
-            "embedded in-memory emulator".to_owned()
-        } else {
-            cosmos.endpoint().to_owned()
-        }
-    );
-    // Containers are the application's; in development the provisioning helper creates them.
-    provision::ensure_container(&cosmos, "shop", "orders", &["/orderId"]).await?;
-    provision::ensure_lease_container(&cosmos, "shop", "orders-leases").await?;
-
+    let cosmos = open_store().await?;
     let serve = std::env::args().any(|a| a == "--serve");
     // Installed before `start()`, which takes the global providers it finds then.
     let telemetry = std::env::args()
         .any(|a| a == "--telemetry")
         .then(telemetry::install);
     let broker = InMemoryBroker::new();
-    // A downstream service: consumes the events the relay publishes.
-    let mut events = broker.subscribe("order-events").await?;
+    let received = watch_events(&broker).await?;
     // An operator's view of the commands refused for good.
     let mut refused = broker
         .subscribe(&dead_letter_destination("CancelOrder"))
         .await?;
-    let received = std::sync::Arc::new(AtomicUsize::new(0));
-    let consumer_count = received.clone();
-    tokio::spawn(async move {
-        while let Some(delivery) = events.next().await {
-            match delivery {
-                Ok(delivery) => {
-                    println!(
-                        "  consumer: {} {}",
-                        delivery.message.message_id, delivery.message.body
-                    );
-                    consumer_count.fetch_add(1, Ordering::SeqCst);
-                    let _ = delivery.ack().await;
-                }
-                Err(error) => eprintln!("  consumer: undeliverable message: {error}"),
-            }
-        }
-    });
     let runtime = Runtime::builder()
         .cosmos(cosmos.clone())
         .broker(broker.clone())
         .start()
         .await?;
-    for r in runtime.commands() {
-        println!(
-            "registered {} <- destination `{}`, container {}/{} (lease {}), partition key {:?}",
-            r.command_name,
-            r.destination,
-            r.database,
-            r.container,
-            r.lease,
-            r.partition_key_paths().collect::<Vec<_>>()
-        );
-    }
+    print_registrations(&runtime);
 
     // A run id keeps message ids unique when the store outlives this process.
     let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
     let orders = [(format!("order-{run}-1"), 3), (format!("order-{run}-2"), 1)];
-    println!(
-        "publishing {} CreateOrder commands, the first one twice",
-        orders.len()
-    );
-    for (order_id, quantity) in &orders {
-        let body = serde_json::to_string(&CreateOrder {
-            order_id: order_id.clone(),
-            quantity: *quantity,
-        })?;
-        broker
-            .publish(BrokeredMessage::json(
-                format!("{order_id}:create"),
-                "CreateOrder",
-                body,
-            ))
-            .await?;
-    }
-    let (first_id, first_quantity) = &orders[0];
-    let duplicate = serde_json::to_string(&CreateOrder {
-        order_id: first_id.clone(),
-        quantity: *first_quantity,
-    })?;
-    broker
-        .publish(BrokeredMessage::json(
-            format!("{first_id}:create"),
-            "CreateOrder",
-            duplicate,
-        ))
-        .await?;
-
-    // Wait until every delivery is settled (acked).
-    tokio::time::timeout(Duration::from_secs(60), async {
-        while broker.pending_count("CreateOrder") > 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .map_err(|_| "the deliveries were not settled within 60 s")?;
-
+    create_orders(&broker, &orders).await?;
     let container = cosmos.container("shop", "orders").await?;
-    let mut committed = 0;
-    let mut outbox_ids = Vec::new();
-    for (order_id, _) in &orders {
-        let message_id = format!("{order_id}:create");
-        let ids = [
-            order_id.clone(),
-            chatter_runtime::cosmos::inbox_id(&message_id)?,
-            chatter_runtime::cosmos::outbox_id(&format!("{message_id}:OrderCreated"))?,
-        ];
-        for id in &ids {
-            match cosmos::read_item(&container, cosmos::partition_key(&[json!(order_id)])?, id)
-                .await?
-            {
-                ReadOutcome::Found { document, .. } => {
-                    committed += 1;
-                    let kind = document
-                        .get("_chatterType")
-                        .and_then(|t| t.as_str())
-                        .unwrap_or("order");
-                    println!("  stored {kind:<6} {id}");
-                }
-                ReadOutcome::NotFound => println!("  MISSING {id}"),
-            }
-        }
-        outbox_ids.push((order_id.clone(), ids[2].clone()));
-    }
-    // Cancel the first order, then cancel it again: the second is refused for good.
-    for attempt in ["cancel", "cancel-again"] {
-        let body = serde_json::to_string(&CancelOrder {
-            order_id: first_id.clone(),
-        })?;
-        broker
-            .publish(BrokeredMessage::json(
-                format!("{first_id}:{attempt}"),
-                "CancelOrder",
-                body,
-            ))
-            .await?;
-        tokio::time::timeout(Duration::from_secs(60), async {
-            while broker.pending_count("CancelOrder") > 0 {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await
-        .map_err(|_| "the cancellations were not settled within 60 s")?;
-    }
-    let letter = tokio::time::timeout(Duration::from_secs(10), refused.next())
-        .await
-        .map_err(|_| "the second cancellation was not dead-lettered within 10 s")?
-        .ok_or("the dead-letter subscription closed")??;
-    let reason = letter
-        .message
-        .context
-        .get(DEAD_LETTER_REASON_CONTEXT_KEY)
-        .and_then(|r| r.as_str())
-        .unwrap_or_default()
-        .to_owned();
-    println!("  refused {}: {reason}", letter.message.message_id);
-    letter.ack().await?;
+    let (committed, mut outbox_ids) = read_back(&container, &orders).await?;
+    let first_id = &orders[0].0;
+    cancel_twice(&broker, &mut refused, first_id).await?;
     outbox_ids.push((
         first_id.clone(),
         chatter_runtime::cosmos::outbox_id(&format!("{first_id}:cancel:OrderCancelled"))?,
@@ -320,30 +187,7 @@ async fn run() -> Result<(), Report> {
         "handler ran {runs} times for 3 deliveries; the store holds {committed} documents \
          (2 orders, 2 inbox markers, 2 OrderCreated outbox documents): the duplicate committed nothing"
     );
-
-    // The relay publishes each outbox document, then stamps it delivered.
-    println!("waiting for the relay to publish and stamp every outbox document");
-    tokio::time::timeout(Duration::from_secs(60), async {
-        for (order_id, id) in &outbox_ids {
-            loop {
-                let key = cosmos::partition_key(&[json!(order_id)])?;
-                let doc = cosmos::read_item(&container, key, id)
-                    .await?
-                    .into_document();
-                if let Some(doc) = doc.filter(|d| d["status"] == "delivered") {
-                    println!(
-                        "  outbox {id}: status {}, ttl {}",
-                        doc["status"], doc["ttl"]
-                    );
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-        Ok::<_, BoxError>(())
-    })
-    .await
-    .map_err(|_| "the relay did not stamp every outbox document within 60 s")??;
+    wait_delivered(&container, &outbox_ids).await?;
     // Publish happens before the stamp; the consumer may still be printing.
     let _ = tokio::time::timeout(Duration::from_secs(10), async {
         while received.load(Ordering::SeqCst) < outbox_ids.len() {
@@ -373,6 +217,208 @@ async fn run() -> Result<(), Report> {
         )
         .into());
     }
+    Ok(())
+}
+
+/// The store from the environment, with the containers the commands name.
+async fn open_store() -> Result<CosmosConnection, Report> {
+    let cosmos = CosmosConnection::resolve().await?;
+    println!(
+        "store: {}",
+        if cosmos.is_embedded() {
+            "embedded in-memory emulator".to_owned()
+        } else {
+            cosmos.endpoint().to_owned()
+        }
+    );
+    // Containers are the application's; in development the provisioning helper creates them.
+    provision::ensure_container(&cosmos, "shop", "orders", &["/orderId"]).await?;
+    provision::ensure_lease_container(&cosmos, "shop", "orders-leases").await?;
+    Ok(cosmos)
+}
+
+/// A downstream service: consumes the events the relay publishes, and counts them.
+async fn watch_events(broker: &InMemoryBroker) -> Result<Arc<AtomicUsize>, Report> {
+    let mut events = broker.subscribe("order-events").await?;
+    let received = Arc::new(AtomicUsize::new(0));
+    let consumer_count = received.clone();
+    tokio::spawn(async move {
+        while let Some(delivery) = events.next().await {
+            match delivery {
+                Ok(delivery) => {
+                    println!(
+                        "  consumer: {} {}",
+                        delivery.message.message_id, delivery.message.body
+                    );
+                    consumer_count.fetch_add(1, Ordering::SeqCst);
+                    let _ = delivery.ack().await;
+                }
+                Err(error) => eprintln!("  consumer: undeliverable message: {error}"),
+            }
+        }
+    });
+    Ok(received)
+}
+
+fn print_registrations(runtime: &Runtime) {
+    for r in runtime.commands() {
+        println!(
+            "registered {} <- destination `{}`, container {}/{} (lease {}), partition key {:?}",
+            r.command_name,
+            r.destination,
+            r.database,
+            r.container,
+            r.lease,
+            r.partition_key_paths().collect::<Vec<_>>()
+        );
+    }
+}
+
+/// Publishes a `CreateOrder` per order, the first one twice, and waits until every delivery is
+/// settled (acked).
+async fn create_orders(broker: &InMemoryBroker, orders: &[(String, u32)]) -> Result<(), Report> {
+    println!(
+        "publishing {} CreateOrder commands, the first one twice",
+        orders.len()
+    );
+    for (order_id, quantity) in orders.iter().chain(&orders[..1]) {
+        let body = serde_json::to_string(&CreateOrder {
+            order_id: order_id.clone(),
+            quantity: *quantity,
+        })?;
+        broker
+            .publish(BrokeredMessage::json(
+                format!("{order_id}:create"),
+                "CreateOrder",
+                body,
+            ))
+            .await?;
+    }
+    settled(
+        broker,
+        "CreateOrder",
+        "the deliveries were not settled within 60 s",
+    )
+    .await
+}
+
+/// Waits until `destination` holds no delivery that is not settled.
+async fn settled(
+    broker: &InMemoryBroker,
+    destination: &str,
+    late: &'static str,
+) -> Result<(), Report> {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while broker.pending_count(destination) > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .map_err(|_| late)?;
+    Ok(())
+}
+
+/// Reads back what each order's batch wrote: the order, its inbox marker, its outbox
+/// document. How many were found, and each order's outbox document id.
+async fn read_back(
+    container: &ContainerClient,
+    orders: &[(String, u32)],
+) -> Result<(usize, Vec<(String, String)>), Report> {
+    let mut committed = 0;
+    let mut outbox_ids = Vec::new();
+    for (order_id, _) in orders {
+        let message_id = format!("{order_id}:create");
+        let ids = [
+            order_id.clone(),
+            chatter_runtime::cosmos::inbox_id(&message_id)?,
+            chatter_runtime::cosmos::outbox_id(&format!("{message_id}:OrderCreated"))?,
+        ];
+        for id in &ids {
+            match cosmos::read_item(container, cosmos::partition_key(&[json!(order_id)])?, id)
+                .await?
+            {
+                ReadOutcome::Found { document, .. } => {
+                    committed += 1;
+                    let kind = document
+                        .get("_chatterType")
+                        .and_then(|t| t.as_str())
+                        .unwrap_or("order");
+                    println!("  stored {kind:<6} {id}");
+                }
+                ReadOutcome::NotFound => println!("  MISSING {id}"),
+            }
+        }
+        outbox_ids.push((order_id.clone(), ids[2].clone()));
+    }
+    Ok((committed, outbox_ids))
+}
+
+/// Cancels the first order, then cancels it again: the second is refused for good, and its
+/// dead letter says why.
+async fn cancel_twice(
+    broker: &InMemoryBroker,
+    refused: &mut Subscription,
+    order_id: &str,
+) -> Result<(), Report> {
+    for attempt in ["cancel", "cancel-again"] {
+        let body = serde_json::to_string(&CancelOrder {
+            order_id: order_id.to_owned(),
+        })?;
+        broker
+            .publish(BrokeredMessage::json(
+                format!("{order_id}:{attempt}"),
+                "CancelOrder",
+                body,
+            ))
+            .await?;
+        settled(
+            broker,
+            "CancelOrder",
+            "the cancellations were not settled within 60 s",
+        )
+        .await?;
+    }
+    let letter = tokio::time::timeout(Duration::from_secs(10), refused.next())
+        .await
+        .map_err(|_| "the second cancellation was not dead-lettered within 10 s")?
+        .ok_or("the dead-letter subscription closed")??;
+    let reason = letter
+        .message
+        .context
+        .get(DEAD_LETTER_REASON_CONTEXT_KEY)
+        .and_then(|r| r.as_str())
+        .unwrap_or_default()
+        .to_owned();
+    println!("  refused {}: {reason}", letter.message.message_id);
+    letter.ack().await?;
+    Ok(())
+}
+
+/// The relay publishes each outbox document, then stamps it delivered: waits for every stamp.
+async fn wait_delivered(
+    container: &ContainerClient,
+    outbox_ids: &[(String, String)],
+) -> Result<(), Report> {
+    println!("waiting for the relay to publish and stamp every outbox document");
+    tokio::time::timeout(Duration::from_secs(60), async {
+        for (order_id, id) in outbox_ids {
+            loop {
+                let key = cosmos::partition_key(&[json!(order_id)])?;
+                let doc = cosmos::read_item(container, key, id).await?.into_document();
+                if let Some(doc) = doc.filter(|d| d["status"] == "delivered") {
+                    println!(
+                        "  outbox {id}: status {}, ttl {}",
+                        doc["status"], doc["ttl"]
+                    );
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok::<_, BoxError>(())
+    })
+    .await
+    .map_err(|_| "the relay did not stamp every outbox document within 60 s")??;
     Ok(())
 }
 
