@@ -100,22 +100,40 @@ impl Dispatch {
         if let Some(metrics) = &self.metrics {
             metrics.lag(doc);
         }
-        let mut message = match &self.resolver {
-            None => match outbox_contract::verify(doc) {
-                Ok(verified) => verified.into_message(),
-                Err(violations) => {
-                    return Ok(Stamp::Undeliverable(UndeliverableReason::Contract(
-                        violations,
-                    )));
-                }
-            },
-            Some(factory) => match self.resolve(factory.as_ref(), doc, key).await? {
-                Some(message) => message,
-                None => return Ok(Stamp::Dropped),
-            },
+        let message = match self.message_of(doc, key).await? {
+            Ok(message) => message,
+            Err(stamp) => return Ok(stamp),
         };
         let message_id = message.message_id.clone();
         let destination = message.destination.clone();
+        let published = self.send(message).await;
+        self.stamp_for(id, message_id, destination, published)
+    }
+
+    /// The message of a document: the document itself under the Outbox Document Contract, or
+    /// what the body resolver makes of it. A stamp instead when there is nothing to publish
+    /// (a contract violation: undeliverable; a resolver that answers none: dropped).
+    async fn message_of(
+        &self,
+        doc: &Value,
+        key: &[Value],
+    ) -> Result<Result<BrokeredMessage, Stamp>, DrainError> {
+        Ok(match &self.resolver {
+            None => match outbox_contract::verify(doc) {
+                Ok(verified) => Ok(verified.into_message()),
+                Err(violations) => Err(Stamp::Undeliverable(UndeliverableReason::Contract(
+                    violations,
+                ))),
+            },
+            Some(factory) => match self.resolve(factory.as_ref(), doc, key).await? {
+                Some(message) => Ok(message),
+                None => Err(Stamp::Dropped),
+            },
+        })
+    }
+
+    /// Publishes `message` within the publish timeout, in a `send` span when tracing is on.
+    async fn send(&self, mut message: BrokeredMessage) -> Result<(), BrokerError> {
         let span = self.tracer.as_ref().map(|tracer| {
             trace_context::start_send(
                 tracer,
@@ -124,6 +142,7 @@ impl Dispatch {
                 self.broker.as_ref(),
             )
         });
+        let (message_id, destination) = (message.message_id.clone(), message.destination.clone());
         // `Broker::publish` refuses what `Broker::check` would, with the same permanent error.
         let operation = || format!("publish `{message_id}` to `{destination}`");
         let publishing = self.broker.publish(message);
@@ -135,6 +154,19 @@ impl Dispatch {
                 .map(|error| (error.type_name(), ErrorChain(error).to_string()));
             trace_context::end(&span, failure);
         }
+        published
+    }
+
+    /// What a publish's result calls for: a stamp, or a failure of the page.
+    // `publish` returns this error as it is (clippy does not look at the async caller).
+    #[allow(clippy::result_large_err)]
+    fn stamp_for(
+        &self,
+        id: &str,
+        message_id: String,
+        destination: String,
+        published: Result<(), BrokerError>,
+    ) -> Result<Stamp, DrainError> {
         match published {
             // Admitted and published: counted whether or not its stamp then lands.
             Ok(()) => {
