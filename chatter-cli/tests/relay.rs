@@ -158,15 +158,19 @@ async fn a_file_that_is_no_relay_configuration_exits_2_without_echoing_a_secret(
     }
 }
 
-/// The README's example relay file (the ```toml block after "A relay without Rust"), with only
+/// The documented example relay file (the ```toml block after "A relay without Rust" in the
+/// `chatter` command's chapter, `chatter-runtime/docs/cli.md`), with only
 /// what points at a machine adapted: the endpoint, the key file (none for the emulator) and the
 /// broker URL file.
 fn readme_relay_file(endpoint: &str, url_file: &std::path::Path) -> String {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("the README");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../chatter-runtime/docs/cli.md"
+    );
+    let readme = std::fs::read_to_string(path).expect("the chapter on the `chatter` command");
     let chapter = readme
         .split_once("**A relay without Rust.**")
-        .expect("the README's relay section")
+        .expect("the chapter's relay section")
         .1;
     let block = chapter
         .split_once("```toml\n")

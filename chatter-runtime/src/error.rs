@@ -13,6 +13,15 @@
 //! | [`StageError`] | the [`HandlerContext`](crate::HandlerContext)'s staging calls |
 //! | [`BrokerError`] | a [`Broker`](crate::broker::Broker) |
 //! | [`CosmosStoreError`] | a Cosmos DB call or connection |
+//! | [`ReadError`] | the [`HandlerContext`](crate::HandlerContext)'s reads |
+//! | [`RelayNotIdle`] | [`Runtime::relay_idle`](crate::Runtime::relay_idle) |
+//! | [`StandaloneRelayError`] | [`StandaloneRelayBuilder::build`](crate::relay::StandaloneRelayBuilder::build) |
+//! | [`DrainError`] | why a relay's page failed: the source of a change-feed handler failure, and what `error.type` names |
+//! | [`InboxError`], [`InboxSetupError`], [`InboxOptionsError`] | the [`StandaloneInbox`](crate::inbox::StandaloneInbox) |
+//!
+//! Every public error is here; an error that arises in one module is there too
+//! ([`broker::BrokerError`](crate::broker::BrokerError), [`inbox::InboxError`](crate::inbox::InboxError),
+//! [`relay::StandaloneRelayError`](crate::relay::StandaloneRelayError)).
 //!
 //! One rule for `#[non_exhaustive]`: every public enum of errors or outcomes carries it (match
 //! them with a `_` arm), so a new failure is not a breaking change. Structs whose fields are a

@@ -50,8 +50,7 @@
 //! ```
 //!
 //! The README's quick start is a complete program, compiled and run with the tests; the
-//! chapters of the guide are the pages of the modules below, starting with
-//! [`registration`] (commands and handlers).
+//! chapters of the guide are the pages of the modules below.
 //!
 //! # What happens to one command
 //!
@@ -68,22 +67,26 @@
 //! - An outbox document the broker could never take is stamped `undeliverable` and logged; a
 //!   lease whose delivered stamps keep failing is suspended for a while instead of republishing.
 //!
-//! # Modules
+//! # Modules, and the guide
 //!
-//! | module | what you find there |
-//! | --- | --- |
-//! | crate root | what a handler and a `main` write: [`start`], [`Runtime`], [`RuntimeBuilder`], [`Report`]; [`HandlerContext`], [`BrokeredMessage`], [`Rejection`], [`Outcome`], [`State`], [`ETag`], [`Versioned`], [`Query`], [`BoxError`]; the derive and `#[handler]` |
-//! | [`broker`] | the [`Broker`](broker::Broker) trait, [`InMemoryBroker`](broker::InMemoryBroker), `RabbitMqBroker` (feature `rabbitmq`), `NatsBroker` (feature `nats`), dead-letter destinations and surveys |
-//! | [`constants`] | the runtime's defaults and the context keys it writes on a message |
-//! | [`cosmos`] | [`CosmosConnection`](cosmos::CosmosConnection), reading back what chatter wrote, request charges |
-//! | [`error`] | every error type, and [`ErrorChain`](error::ErrorChain) to print one with its causes |
-//! | [`health`] | what [`Runtime::health`] reports: consumers and relay leases |
-//! | [`inbox`] | the standalone inbox: handling by message id for side effects outside Cosmos |
-//! | [`operator`] | what the `chatter` command runs: lease and outbox surveys, requeue and give-up repairs |
-//! | [`provision`] | creating databases and containers, for development and tests |
-//! | [`relay`] | the change-feed relay's [`RelayOptions`](relay::RelayOptions), and the standalone relay for any container with its body-resolver seam |
-//! | [`registration`] | what the derive registers for a command ([`CommandRegistration`](registration::CommandRegistration)) |
-//! | [`telemetry`] | the OpenTelemetry metrics and spans, and how to turn them on or off |
+//! Each module's page opens with its chapter of the guide (the README's map lists them); read
+//! them in this order: [`registration`], [`cosmos`], [`relay`], [`broker`], then [`inbox`],
+//! [`health`], [`telemetry`] and [`operator`] as you need them.
+//!
+//! | module | chapter | what you find there |
+//! | --- | --- | --- |
+//! | crate root | | what a handler and a `main` write: [`start`], [`Runtime`], [`RuntimeBuilder`], [`Report`]; [`HandlerContext`], [`BrokeredMessage`], [`Rejection`], [`Outcome`], [`State`], [`ETag`], [`Versioned`], [`Query`], [`BoxError`]; the derive and `#[handler]` |
+//! | [`registration`] | commands and handlers: registering, the delivery contract, the handler's context, consumers, retries and dead letters | what the derive registers for a command ([`CommandRegistration`](registration::CommandRegistration)) |
+//! | [`cosmos`] | the store: the environment, keys, Entra ID, the embedded emulator | [`CosmosConnection`](cosmos::CosmosConnection), reading back what chatter wrote, request charges |
+//! | [`relay`] | the relay: publish after commit, the standalone relay, undeliverable documents, Drain Suspension, the sweep, faults and recovery | [`RelayOptions`](relay::RelayOptions), the standalone relay and its body-resolver seam |
+//! | [`broker`] | brokers: RabbitMQ, NATS JetStream | the [`Broker`](broker::Broker) trait, [`InMemoryBroker`](broker::InMemoryBroker), `RabbitMqBroker` (feature `rabbitmq`), `NatsBroker` (feature `nats`), dead-letter destinations and surveys |
+//! | [`inbox`] | the standalone inbox | handling by message id for side effects outside Cosmos |
+//! | [`health`] | health and logs | what [`Runtime::health`] reports: consumers and relay leases |
+//! | [`telemetry`] | telemetry | the OpenTelemetry metrics and spans, and how to turn them on or off |
+//! | [`operator`] | the `chatter` command | what the command runs: lease and outbox surveys, requeue and give-up repairs |
+//! | [`error`] | | every error type, and [`ErrorChain`](error::ErrorChain) to print one with its causes |
+//! | [`constants`] | | the runtime's defaults and the context keys it writes on a message |
+//! | [`provision`] | | creating databases and containers, for development and tests |
 //!
 //! The change-feed processor under the relay is its own crate, `cosmos-change-feed`, usable
 //! without chatter.
@@ -172,7 +175,7 @@ pub mod registration {
 
 /// The README's Rust examples, compiled as doctests so its quick start cannot rot.
 #[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
+#[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
 #[doc(hidden)]

@@ -1,6 +1,6 @@
 //! Cosmos DB access: the connection (SDK client + account endpoint + container-handle cache),
-//! development provisioning, reading back what chatter wrote, and what its requests cost
-//! ([`RequestCharges`]).
+//! reading back what chatter wrote, and what its requests cost ([`RequestCharges`]). Creating
+//! databases and containers for development is [`provision`](crate::provision)'s.
 //!
 //! Only the official SDK (`azure_data_cosmos`) talks to Cosmos. Where the connection comes
 //! from ([`CosmosConnection::resolve`]):

@@ -21,7 +21,6 @@ use super::{BatchFailure, Outcome, Pipeline, PipelineError, run_handler};
 /// (an array or object value) fails before any side effect of the handler.
 struct BatchTarget {
     marker_id: String,
-    marker: Value,
     container: Arc<ContainerClient>,
     key: PartitionKey,
 }
@@ -37,12 +36,18 @@ struct StagedBatch {
 
 /// A batch's Outbox Documents on their way to publish after commit: marked in flight before the
 /// batch executes (the relay here may read them before it returns), published once it commits.
+///
+/// Field order is drop order, and it matters: when the batch does not commit, the `tickets`
+/// (the documents' in-flight marks) are dropped before the `turn`, so the key's next batch never
+/// sees this one's marks.
 struct AfterCommitBatch<'a> {
     after_commit: &'a AfterCommit,
     outbox: Vec<Value>,
     ids: Vec<String>,
     tickets: Vec<Ticket>,
-    /// One batch of a key at a time in this process, held until the commit is numbered.
+    /// One batch of a key at a time in this process: released once the commit is numbered, or,
+    /// when the batch does not commit, once the delivery's handling returns (after the
+    /// duplicate's confirming read).
     turn: KeyTurn,
 }
 
@@ -58,7 +63,7 @@ impl Pipeline {
     ) -> Result<Outcome, PipelineError> {
         let registration = command.registration;
         let name = registration.command_name;
-        let mut target = self
+        let (marker, target) = self
             .batch_target(registration, message_id, &partition_key)
             .await?;
         let handle = self
@@ -74,7 +79,7 @@ impl Pipeline {
         let publishing = self
             .begin_after_commit(registration, &partition_key, &handle)
             .await;
-        let batch = StagedBatch::of(std::mem::take(&mut target.marker), handle);
+        let batch = StagedBatch::of(marker, handle);
         let count = batch.operations.len();
         let outcome = store::execute_batch(&target.container, target.key.clone(), batch.operations)
             .await
@@ -82,7 +87,7 @@ impl Pipeline {
         self.charges.command(outcome.request_charge);
         if !outcome.is_success() {
             return self
-                .confirm_failure(name, message_id, target, &batch.labels, &outcome)
+                .settle_failed_batch(name, message_id, target, &batch.labels, &outcome)
                 .await;
         }
         tracing::debug!(
@@ -98,13 +103,13 @@ impl Pipeline {
         Ok(Outcome::Committed { operations: count })
     }
 
-    /// The marker (op 0), the container and the SDK key of a delivery.
+    /// The marker (op 0), and the container and the SDK key of a delivery.
     async fn batch_target(
         &self,
         registration: &CommandRegistration,
         message_id: &str,
         partition_key: &[Value],
-    ) -> Result<BatchTarget, PipelineError> {
+    ) -> Result<(Value, BatchTarget), PipelineError> {
         let name = registration.command_name;
         let marker_error = |source| PipelineError::Marker {
             command: name,
@@ -126,12 +131,12 @@ impl Pipeline {
             .await
             .map_err(&cosmos_error)?;
         let key = partition_key::sdk_key(partition_key).map_err(|e| cosmos_error(e.into()))?;
-        Ok(BatchTarget {
+        let target = BatchTarget {
             marker_id,
-            marker,
             container,
             key,
-        })
+        };
+        Ok((marker, target))
     }
 
     /// Runs the handler with a context that stages its writes and messages in the partition of
@@ -210,7 +215,7 @@ impl Pipeline {
 
     /// A batch that did not commit: a 409 on the marker is a candidate duplicate, confirmed
     /// against the conflicting document itself; anything else names the operation that failed.
-    async fn confirm_failure(
+    async fn settle_failed_batch(
         &self,
         name: &'static str,
         message_id: &str,
@@ -237,7 +242,6 @@ impl Pipeline {
             marker_id,
             container,
             key,
-            ..
         } = target;
         match self
             .read_marker(&container, key, &marker_id, message_id)

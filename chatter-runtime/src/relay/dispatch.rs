@@ -106,7 +106,7 @@ impl Dispatch {
         };
         let message_id = message.message_id.clone();
         let destination = message.destination.clone();
-        let published = self.send(message).await;
+        let published = self.send(message, &message_id, &destination).await;
         self.stamp_for(id, message_id, destination, published)
     }
 
@@ -132,8 +132,14 @@ impl Dispatch {
         })
     }
 
-    /// Publishes `message` within the publish timeout, in a `send` span when tracing is on.
-    async fn send(&self, mut message: BrokeredMessage) -> Result<(), BrokerError> {
+    /// Publishes `message` (whose id and destination label the operation) within the publish
+    /// timeout, in a `send` span when tracing is on.
+    async fn send(
+        &self,
+        mut message: BrokeredMessage,
+        message_id: &str,
+        destination: &str,
+    ) -> Result<(), BrokerError> {
         let span = self.tracer.as_ref().map(|tracer| {
             trace_context::start_send(
                 tracer,
@@ -142,7 +148,6 @@ impl Dispatch {
                 self.broker.as_ref(),
             )
         });
-        let (message_id, destination) = (message.message_id.clone(), message.destination.clone());
         // `Broker::publish` refuses what `Broker::check` would, with the same permanent error.
         let operation = || format!("publish `{message_id}` to `{destination}`");
         let publishing = self.broker.publish(message);

@@ -44,4 +44,6 @@ pub(crate) mod sweep;
 
 pub use options::RelayOptions;
 pub use resolver::{BodyResolver, DrainContext};
-pub use standalone::{RunningRelays, StandaloneRelay, StandaloneRelayBuilder};
+pub use standalone::{
+    RunningRelays, StandaloneRelay, StandaloneRelayBuilder, StandaloneRelayError,
+};

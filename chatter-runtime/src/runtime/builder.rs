@@ -37,7 +37,8 @@ pub struct RuntimeBuilder {
     pub(super) standalone: Vec<StandaloneRelay>,
 }
 
-/// How long [`Runtime::shutdown`](super::Runtime::shutdown) waits by default for the relay to publish what is pending.
+/// How long [`Runtime::shutdown`](super::Runtime::shutdown) waits by default for the relay to
+/// publish what is pending.
 pub const DEFAULT_SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
 
 impl Default for RuntimeBuilder {
@@ -95,22 +96,22 @@ impl RuntimeBuilder {
         self
     }
 
-    /// How long [`Runtime::shutdown`](super::Runtime::shutdown) lets the relay publish the Outbox Documents still pending
-    /// before it stops (default [`DEFAULT_SHUTDOWN_DRAIN`]; zero: not at all; `Duration::MAX`:
-    /// until nothing is pending, however long). What is left stays pending for another
-    /// instance or the next start: nothing is lost either way.
+    /// How long [`Runtime::shutdown`](super::Runtime::shutdown) lets the relay publish the Outbox
+    /// Documents still pending before it stops (default [`DEFAULT_SHUTDOWN_DRAIN`]; zero: not at
+    /// all; `Duration::MAX`: until nothing is pending, however long). What is left stays pending
+    /// for another instance or the next start: nothing is lost either way.
     pub fn shutdown_drain(mut self, within: Duration) -> Self {
         self.shutdown_drain = within;
         self
     }
 
-    /// Adds a standalone relay ([`StandaloneRelay`]): it drains its container beside the
-    /// commands' pipeline relay, sharing the broker, `health()` and the shutdown. It keeps its
-    /// own options: its [`max_in_flight`](RelayOptions::max_in_flight) bounds its own documents
-    /// in flight, and the start checks derived from relay options (the broker's duplicate
-    /// window against how late a relay may publish again) take the longest bound over every
-    /// relay of the runtime. Add several for several containers (each its own change-feed processor);
-    /// `start()` refuses two with one source identity, or one with a pipeline source's.
+    /// Adds a standalone relay ([`StandaloneRelay`]): it drains its container beside the commands'
+    /// pipeline relay, sharing the broker, `health()` and the shutdown. It keeps its own options:
+    /// its [`max_in_flight`](RelayOptions::max_in_flight) bounds its own documents in flight, and
+    /// the start checks derived from relay options (the broker's duplicate window against how late
+    /// a relay may publish again) take the longest bound over every relay of the runtime. Add
+    /// several for several containers (each its own change-feed processor); `start()` refuses two
+    /// with one source identity, or one with a pipeline source's.
     /// [`without_relay`](Self::without_relay) turns off the pipeline relay only.
     pub fn standalone_relay(mut self, relay: StandaloneRelay) -> Self {
         self.standalone.push(relay);
@@ -123,9 +124,9 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Uses this broker instead of a new [`InMemoryBroker`](crate::broker::InMemoryBroker): the consumers' broker, and the
-    /// relay's for every message unless brokers are also given by messaging system
-    /// ([`broker_for`](Self::broker_for)).
+    /// Uses this broker instead of a new [`InMemoryBroker`](crate::broker::InMemoryBroker): the
+    /// consumers' broker, and the relay's for every message unless brokers are also given by
+    /// messaging system ([`broker_for`](Self::broker_for)).
     pub fn broker(mut self, broker: impl Broker) -> Self {
         self.broker = Some(Arc::new(broker));
         self
@@ -134,14 +135,15 @@ impl RuntimeBuilder {
     /// The relay publishes the messages whose context names `messaging_system` (its
     /// `Chatter.Infrastructure.Type`, compared ignoring ASCII case) through `broker`, as the .NET
     /// module chooses its dispatcher per message; a message naming none, or the default
-    /// [`broker`](Self::broker)'s own [`messaging_system`](Broker::messaging_system) (unless it
-    /// was given here too: a name given here wins), goes through the default broker, which the
-    /// consumers use. Once any broker is given here, a message naming a messaging system no
-    /// broker is given for is refused
-    /// ([`Refusal::UnknownMessagingSystem`](crate::broker::Refusal::UnknownMessagingSystem)):
-    /// its document stays pending and its lease shows as blocked, naming the missing system.
-    /// A blank name, or one given twice, fails [`start`](Self::start)
-    /// ([`StartError::MessagingSystem`](super::StartError::MessagingSystem)). See [`MessagingSystems`](crate::broker::MessagingSystems).
+    /// [`broker`](Self::broker)'s own [`messaging_system`](Broker::messaging_system) (unless it was
+    /// given here too: a name given here wins), goes through the default broker, which the
+    /// consumers use. Once any broker is given here, a message naming a messaging system no broker
+    /// is given for is refused
+    /// ([`Refusal::UnknownMessagingSystem`](crate::broker::Refusal::UnknownMessagingSystem)): its
+    /// document stays pending and its lease shows as blocked, naming the missing system. A blank
+    /// name, or one given twice, fails [`start`](Self::start)
+    /// ([`StartError::MessagingSystem`](super::StartError::MessagingSystem)). See
+    /// [`MessagingSystems`](crate::broker::MessagingSystems).
     pub fn broker_for(mut self, messaging_system: impl Into<String>, broker: impl Broker) -> Self {
         self.brokers_by_system
             .push((messaging_system.into(), Arc::new(broker)));
@@ -183,33 +185,35 @@ impl RuntimeBuilder {
     }
 
     /// How long a consumer gives one delivery attempt, from decoding its body to the batch
-    /// committing (default [`DEFAULT_DELIVERY_TIMEOUT`], 5 minutes). An attempt that takes
-    /// longer (a handler that hangs, a store that does not answer) fails with
-    /// [`PipelineError::TimedOut`](crate::error::PipelineError::TimedOut), logged at `error`, and is
-    /// retried like any failure, so its partition-key value's later deliveries are not held
+    /// committing (default [`DEFAULT_DELIVERY_TIMEOUT`], 5 minutes). An attempt that takes longer
+    /// (a handler that hangs, a store that does not answer) fails with
+    /// [`PipelineError::TimedOut`](crate::error::PipelineError::TimedOut), logged at `error`, and
+    /// is retried like any failure, so its partition-key value's later deliveries are not held
     /// behind it for long. The handler's future is dropped where it waits: a handler that calls
-    /// other services should not leave half-done work behind at an `.await` (its staged writes
-    /// and messages are discarded with it). An attempt that timed out may still have committed:
-    /// the retry finds its inbox marker, and a last attempt asks the marker before it is
-    /// dead-lettered. [`Runtime::dispatch`](super::Runtime::dispatch) is not bounded: its caller awaits it.
+    /// other services should not leave half-done work behind at an `.await` (its staged writes and
+    /// messages are discarded with it). An attempt that timed out may still have committed: the
+    /// retry finds its inbox marker, and a last attempt asks the marker before it is dead-lettered.
+    /// [`Runtime::dispatch`](super::Runtime::dispatch) is not bounded: its caller awaits it.
     ///
-    /// [`start`](Self::start) refuses zero with [`StartError::ZeroDeliveryTimeout`](super::StartError::ZeroDeliveryTimeout). A huge value
-    /// (`Duration::MAX`) leaves attempts unbounded (a last attempt's marker read too, saturating
-    /// at about 100 years).
+    /// [`start`](Self::start) refuses zero with
+    /// [`StartError::ZeroDeliveryTimeout`](super::StartError::ZeroDeliveryTimeout). A huge value
+    /// (`Duration::MAX`) leaves attempts unbounded (a last attempt's marker read too, saturating at
+    /// about 100 years).
     pub fn delivery_timeout(mut self, timeout: Duration) -> Self {
         self.delivery_timeout = timeout;
         self
     }
 
-    /// How long a consumer lets a delivery wait behind the delivery of its partition-key value
-    /// in progress (default [`DEFAULT_LANE_WAIT_LIMIT`], 25 minutes) before it publishes it again
-    /// as a copy at the back of its queue, its attempt not counted, and acks it; logged at
-    /// `warn` (on JetStream, which has no such timeout, it keeps waiting). Keep it below the broker's own
-    /// limit on an unsettled delivery (RabbitMQ's `consumer_timeout`, 30 minutes by default),
-    /// past which the broker closes the channel and requeues every delivery on it. A returned
-    /// delivery loses its place: its key's deliveries queued behind it may be handled first.
+    /// How long a consumer lets a delivery wait behind the delivery of its partition-key value in
+    /// progress (default [`DEFAULT_LANE_WAIT_LIMIT`], 25 minutes) before it publishes it again as a
+    /// copy at the back of its queue, its attempt not counted, and acks it; logged at `warn` (on
+    /// JetStream, which has no such timeout, it keeps waiting). Keep it below the broker's own
+    /// limit on an unsettled delivery (RabbitMQ's `consumer_timeout`, 30 minutes by default), past
+    /// which the broker closes the channel and requeues every delivery on it. A returned delivery
+    /// loses its place: its key's deliveries queued behind it may be handled first.
     ///
-    /// [`start`](Self::start) refuses zero with [`StartError::ZeroLaneWaitLimit`](super::StartError::ZeroLaneWaitLimit).
+    /// [`start`](Self::start) refuses zero with
+    /// [`StartError::ZeroLaneWaitLimit`](super::StartError::ZeroLaneWaitLimit).
     pub fn lane_wait_limit(mut self, limit: Duration) -> Self {
         self.lane_wait_limit = limit;
         self

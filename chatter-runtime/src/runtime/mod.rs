@@ -25,6 +25,7 @@ pub use error::{DispatchError, StartError};
 pub use health::{ConsumerHealth, ConsumerState, Health, LeaseHealth};
 pub use idle::RelayNotIdle;
 pub use start::start;
+
 use std::sync::Arc;
 use std::time::Duration;
 

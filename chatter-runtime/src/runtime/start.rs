@@ -147,6 +147,7 @@ impl RuntimeBuilder {
         Ok(concurrency)
     }
 }
+
 /// How long start-time calls may take: store calls like the relay's, and every broker wait of
 /// the consumers (subscribing, retry copies, dead letters) like its publishes.
 #[derive(Clone, Copy)]
@@ -479,6 +480,7 @@ fn relay_specs(
     specs.extend(standalone);
     Ok((!specs.is_empty()).then_some(specs))
 }
+
 /// Refuses a blank messaging-system name, or one given twice (ignoring ASCII case, as messages
 /// are matched): which broker a message goes to must never depend on the order of the calls.
 fn check_messaging_systems(named: &[(String, Arc<dyn Broker>)]) -> Result<(), StartError> {
