@@ -62,7 +62,10 @@ pub const REGION_NAME: &str = "East US";
 /// document the server returns names that URL, and clients then dial it for every request.
 pub struct EmulatorServer {
     listener: TcpListener,
+    /// The URL this server's account document names: clients dial it.
     endpoint: Url,
+    /// The region's gateway URL the emulator routes by (the first port's endpoint).
+    region: Url,
     emulator: Arc<InMemoryEmulatorHttpClient>,
     counts: Arc<RequestCounts>,
     faults: Faults,
@@ -117,8 +120,13 @@ pub enum Injection {
         /// The HTTP status the client gets instead.
         status: u16,
     },
-    /// Hold the request back this long, then handle it.
+    /// Hold the request back this long, then handle it: a client that gives up (or dies)
+    /// meanwhile does not stop it, as a request already on its way to the service is not
+    /// stopped.
     Delay(Duration),
+    /// Handle it at once, then hold the answer back this long: past the client's timeout, the
+    /// write took effect and the client heard nothing.
+    AnswerLate(Duration),
 }
 
 /// Decides, per request, from its HTTP method and path, what fault (if any) it meets; called
@@ -289,6 +297,7 @@ impl EmulatorServer {
             .map_err(|e| io::Error::other(format!("cannot start the in-memory emulator: {e}")))?;
         Ok(Self {
             listener,
+            region: endpoint.clone(),
             endpoint,
             emulator: Arc::new(emulator),
             counts: Arc::default(),
@@ -322,10 +331,12 @@ impl EmulatorServer {
         let Self {
             listener,
             endpoint,
+            region,
             emulator,
             counts,
             faults,
         } = self;
+        let urls = Arc::new(Urls { endpoint, region });
         loop {
             let (stream, peer) = match listener.accept().await {
                 Ok(accepted) => accepted,
@@ -337,13 +348,13 @@ impl EmulatorServer {
                 Err(e) => return Err(e),
             };
             let emulator = Arc::clone(&emulator);
-            let endpoint = endpoint.clone();
+            let urls = Arc::clone(&urls);
             let counts = Arc::clone(&counts);
             let faults = faults.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |request: hyper::Request<Incoming>| {
                     let emulator = Arc::clone(&emulator);
-                    let endpoint = endpoint.clone();
+                    let urls = Arc::clone(&urls);
                     counts.record(request.method().as_str(), request.uri().path());
                     counts
                         .record_authorization(request.headers().get(hyper::header::AUTHORIZATION));
@@ -364,19 +375,24 @@ impl EmulatorServer {
                             ) => injected_refusal(status, sub_status, retry_after),
                             (Some(Injection::LoseAnswer { status }), _) => {
                                 // The store does the work; the client hears only the failure.
-                                drop(handle(&emulator, &endpoint, request).await);
+                                drop(handle(emulator, urls, request, Duration::ZERO).await);
                                 injected_refusal(status, None, None)
                             }
                             (Some(Injection::Delay(delay)), _) => {
+                                handle(emulator, urls, request, delay).await
+                            }
+                            (Some(Injection::AnswerLate(delay)), _) => {
+                                let response =
+                                    handle(emulator, urls, request, Duration::ZERO).await;
                                 tokio::time::sleep(delay).await;
-                                handle(&emulator, &endpoint, request).await
+                                response
                             }
                             (None, Some(status)) => error_response(
                                 status,
                                 "InjectedFault",
                                 "chatter-emulator fault injection refused this request",
                             ),
-                            (None, None) => handle(&emulator, &endpoint, request).await,
+                            (None, None) => handle(emulator, urls, request, Duration::ZERO).await,
                         };
                         if !answer_delay.is_zero() {
                             tokio::time::sleep(answer_delay).await;
@@ -402,9 +418,13 @@ impl EmulatorServer {
         let store = self.store();
         let counts = Arc::clone(&self.counts);
         let faults = self.faults();
+        let region = self.region.clone();
+        let emulator = Arc::clone(&self.emulator);
         let task = tokio::spawn(self.run());
         RunningEmulator {
             endpoint,
+            region,
+            emulator,
             store,
             counts,
             faults,
@@ -417,6 +437,8 @@ impl EmulatorServer {
 /// lost).
 pub struct RunningEmulator {
     endpoint: String,
+    region: Url,
+    emulator: Arc<InMemoryEmulatorHttpClient>,
     store: Arc<EmulatorStore>,
     counts: Arc<RequestCounts>,
     faults: Faults,
@@ -456,6 +478,21 @@ impl RunningEmulator {
     /// The faults this server injects (none until set).
     pub fn faults(&self) -> Faults {
         self.faults.clone()
+    }
+
+    /// Another port onto this server's account, on `listener`: the same store, with an
+    /// endpoint, request counts and faults of its own (its account document names its own
+    /// endpoint, so a client that connects to it keeps dialling it). Give each process of a
+    /// test its own port to fault it alone: slow it, refuse its requests, cut it off.
+    pub fn port(&self, listener: TcpListener) -> io::Result<EmulatorServer> {
+        Ok(EmulatorServer {
+            endpoint: endpoint_for(listener.local_addr()?),
+            listener,
+            region: self.region.clone(),
+            emulator: Arc::clone(&self.emulator),
+            counts: Arc::default(),
+            faults: Faults::default(),
+        })
     }
 
     /// Merges the four physical partitions a container starts with into one, before anything
@@ -534,21 +571,66 @@ fn is_transient_accept_error(e: &io::Error) -> bool {
         .is_some_and(|code| code == 23 || code == 24) // ENFILE, EMFILE
 }
 
-/// Translates one hyper request into an emulator request and the emulator's answer back.
+/// The URLs of one port: the one its account document names, and the region's.
+#[derive(Debug)]
+struct Urls {
+    endpoint: Url,
+    region: Url,
+}
+
+/// Translates one hyper request into an emulator request, has the emulator handle it after
+/// `delay`, and translates its answer back. The handling runs on a task of its own: once the
+/// request is read, a client that gives up or disconnects does not stop it (a request that
+/// reached Cosmos is applied whether or not its answer is awaited).
 async fn handle(
-    emulator: &InMemoryEmulatorHttpClient,
-    endpoint: &Url,
+    emulator: Arc<InMemoryEmulatorHttpClient>,
+    urls: Arc<Urls>,
     request: hyper::Request<Incoming>,
+    delay: Duration,
 ) -> hyper::Response<Full<Bytes>> {
+    let emulator_request = match prepare(&urls.region, request).await {
+        Ok(prepared) => prepared,
+        Err(refused) => return refused,
+    };
+    // Another port of the account names itself in the account document, so that its clients
+    // keep dialling it.
+    let rename =
+        (emulator_request.url().path() == "/" && urls.endpoint != urls.region).then(|| {
+            (
+                urls.region.as_str().trim_end_matches('/').to_owned(),
+                urls.endpoint.as_str().trim_end_matches('/').to_owned(),
+            )
+        });
+    let handled = tokio::spawn(async move {
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        execute(&emulator, &emulator_request, rename).await
+    });
+    match handled.await {
+        Ok(response) => response,
+        Err(e) => error_response(500, "InternalServerError", &format!("handling failed: {e}")),
+    }
+}
+
+/// The emulator request for one hyper request, addressed to the region `region` routes by.
+async fn prepare(
+    region: &Url,
+    request: hyper::Request<Incoming>,
+) -> Result<Request, hyper::Response<Full<Bytes>>> {
     let (parts, body) = request.into_parts();
 
     let Ok(method) = parts.method.as_str().parse::<Method>() else {
-        return error_response(405, "MethodNotAllowed", "unsupported HTTP method");
+        return Err(error_response(
+            405,
+            "MethodNotAllowed",
+            "unsupported HTTP method",
+        ));
     };
 
     // Always address the configured region, whatever host name the client dialled
     // (`localhost` vs `127.0.0.1`): the emulator routes by the region's gateway URL.
-    let mut url = endpoint.clone();
+    let mut url = region.clone();
     let path = parts.uri.path();
     let trimmed = path.trim_end_matches('/');
     url.set_path(if trimmed.is_empty() { "/" } else { trimmed });
@@ -565,14 +647,27 @@ async fn handle(
     let body = match body.collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) => {
-            return error_response(400, "BadRequest", &format!("cannot read request body: {e}"));
+            return Err(error_response(
+                400,
+                "BadRequest",
+                &format!("cannot read request body: {e}"),
+            ));
         }
     };
     if !body.is_empty() {
         emulator_request.set_body(body.to_vec());
     }
+    Ok(emulator_request)
+}
 
-    let response = match emulator.execute_request(&emulator_request).await {
+/// The emulator's answer to `emulator_request`, as a hyper response; `rename` replaces one URL
+/// by another in its body.
+async fn execute(
+    emulator: &InMemoryEmulatorHttpClient,
+    emulator_request: &Request,
+    rename: Option<(String, String)>,
+) -> hyper::Response<Full<Bytes>> {
+    let response = match emulator.execute_request(emulator_request).await {
         Ok(response) => response,
         Err(e) => {
             let status = u16::from(e.status().status_code());
@@ -605,7 +700,14 @@ async fn handle(
         }
         builder = builder.header(name, value.as_str());
     }
-    let body = Bytes::copy_from_slice(raw.body().as_ref());
+    let body = match rename {
+        Some((from, to)) => Bytes::from(
+            String::from_utf8_lossy(raw.body().as_ref())
+                .replace(&from, &to)
+                .into_bytes(),
+        ),
+        None => Bytes::copy_from_slice(raw.body().as_ref()),
+    };
     builder.body(Full::new(body)).unwrap_or_else(|e| {
         error_response(
             500,

@@ -64,3 +64,64 @@ async fn a_refusal_never_reaches_the_store() {
     let key = partition_key(&[json!("p")]).unwrap();
     create_item(&docs, key, &doc).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_delayed_write_applies_though_its_client_gave_up() {
+    let (emulator, cosmos) = emulator_server().await;
+    let docs = provisioned(&cosmos, "inject", "docs", &["/pk"]).await;
+    let delay = std::time::Duration::from_millis(400);
+    emulator
+        .faults()
+        .inject_with(Some(once_on_create(Injection::Delay(delay))));
+    let doc = json!({ "id": "c", "pk": "p" });
+    let key = partition_key(&[json!("p")]).unwrap();
+    // The client gives up (its future is dropped) long before the store handles the write.
+    let gave_up = tokio::time::timeout(delay / 4, create_item(&docs, key, &doc)).await;
+    assert!(gave_up.is_err(), "the client gave up first");
+    assert!(find_document(&docs, &[json!("p")], "c").await.is_none());
+    tokio::time::sleep(delay * 2).await;
+    assert!(
+        find_document(&docs, &[json!("p")], "c").await.is_some(),
+        "the write took effect after its client gave up, as one on its way to Cosmos does"
+    );
+}
+
+#[tokio::test]
+async fn a_port_serves_the_same_store_and_meets_only_its_own_faults() {
+    let (emulator, cosmos) = emulator_server().await;
+    let docs = provisioned(&cosmos, "inject", "docs", &["/pk"]).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = emulator.port(listener).unwrap();
+    let port_faults = port.faults();
+    let port = port.spawn();
+    let other = chatter_runtime::cosmos::CosmosConnection::connect(port.endpoint(), None)
+        .await
+        .unwrap();
+    let other_docs = other.container("inject", "docs").await.unwrap();
+    port_faults.inject_with(Some(Arc::new(|method: &str, _: &str| {
+        (method == "POST").then_some(Injection::Refuse {
+            status: 503,
+            sub_status: None,
+            retry_after: None,
+        })
+    })));
+    let key = || partition_key(&[json!("p")]).unwrap();
+    let error = create_item(&other_docs, key(), &json!({ "id": "d", "pk": "p" }))
+        .await
+        .expect_err("the port refuses its own client's writes");
+    assert!(error.is_status(503), "unexpected error: {error}");
+    assert_eq!(
+        port.request_count("POST") > 0,
+        true,
+        "the client dialled its port"
+    );
+    // The first port's clients meet none of it, and both see one store.
+    create_item(&docs, key(), &json!({ "id": "e", "pk": "p" }))
+        .await
+        .unwrap();
+    assert!(
+        find_document(&other_docs, &[json!("p")], "e")
+            .await
+            .is_some()
+    );
+}

@@ -269,8 +269,9 @@ pub(crate) struct AfterCommit {
     pub(super) gate: Arc<DrainGate>,
     pub(super) in_flight: AfterCommitInFlight,
     pub(super) limit: InFlightLimit,
-    /// Until when every document is left to the relay, after a failure of this path.
-    pub(super) paused_until: Arc<Mutex<Option<Instant>>>,
+    /// Until when every document is left to the relay, after a failure of this path (on the
+    /// gate's clock).
+    pub(super) paused_until: Arc<Mutex<Option<Duration>>>,
     /// The dispatches running beside the commands that committed them.
     pub(super) tasks: TaskTracker,
     /// One commit at a time per partition-key value (by ordering key).
@@ -554,7 +555,7 @@ impl AfterCommit {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         match *until {
-            Some(at) if Instant::now() < at => true,
+            Some(at) if self.gate.now() < at => true,
             Some(_) => {
                 *until = None;
                 false
@@ -567,6 +568,6 @@ impl AfterCommit {
         *self
             .paused_until
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now() + PAUSE_AFTER_FAILURE);
+            .unwrap_or_else(PoisonError::into_inner) = Some(self.gate.now() + PAUSE_AFTER_FAILURE);
     }
 }

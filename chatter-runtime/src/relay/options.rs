@@ -235,7 +235,8 @@ impl RelayOptions {
     }
 
     /// Test seam (feature `test-support`): runs every Drain Suspension gate of the relay on
-    /// `clock`, so a test steps through the 60 s suspension window instead of waiting it out.
+    /// `clock`, so a test steps through the 60 s suspension window instead of waiting it out;
+    /// publish after commit's 60 s pause after a failure runs on it too.
     #[cfg(feature = "test-support")]
     pub fn suspension_clock(
         mut self,

@@ -10,11 +10,12 @@ use chatter_runtime::testing::query_all;
 use serde_json::Value;
 
 use super::commands::{
-    DATABASE, IDEMPOTENCY, LEDGER_ID, ORDERS, POISON_ATTEMPTS, Recorder, RunEnd,
+    DATABASE, EVENTS, IDEMPOTENCY, LEDGER_ID, ORDERS, POISON_ATTEMPTS, RESERVED, Recorder, RunEnd,
 };
 use super::errors::Logged;
+use super::history::{Event, Who, outbox_message_id};
 use super::run::{Kind, Plan, Published, Report, STALL_BOUND, Seen};
-use super::triggers::TRIGGERS;
+use super::triggers::{TRIGGER_LEASES, TRIGGERED, TRIGGERS};
 
 /// Outbox Documents still `pending`, in both containers.
 pub async fn pending_outbox(cosmos: &CosmosConnection) -> Result<usize, String> {
@@ -81,11 +82,15 @@ fn order_breaks(
     broken
 }
 
-/// How a run ended: its instances' Error logs, and when it healed and settled.
+/// How a run ended: its instances' Error logs, how long it took to settle after healing,
+/// whether it stayed quiet after, what the sweep counted as stranded, and its history.
 pub struct Ended {
     pub logged: Vec<Logged>,
-    pub healed: Instant,
     pub settled_in: Duration,
+    /// What was published after everything settled, if anything was.
+    pub quiet: Option<String>,
+    pub stranded: u64,
+    pub history: Vec<(Instant, Event)>,
 }
 
 /// The Error logs after healing that can say why something stalls: not the poison command's
@@ -129,6 +134,11 @@ pub async fn invariants(
     let places = ids(Kind::Place);
     let poisons = ids(Kind::Poison);
     let reserves = ids(Kind::Reserve);
+    let events_of: BTreeMap<&str, &[String]> = commands
+        .iter()
+        .filter(|c| c.kind == Kind::Place)
+        .map(|c| (c.message.message_id.as_str(), c.events.as_slice()))
+        .collect();
 
     // 1. A handled command's batched writes applied exactly once; a failed one's never.
     let ledgers = all(
@@ -152,7 +162,13 @@ pub async fn invariants(
         for id in &list {
             *applied.entry(id.clone()).or_default() += 1;
         }
-        commit_order.insert(key, list);
+        // A batch's events in the order its handler sent them, batches in commit order.
+        let events = list
+            .iter()
+            .flat_map(|id| events_of.get(id.as_str()).copied().unwrap_or_default())
+            .cloned()
+            .collect();
+        commit_order.insert(key, events);
     }
     for id in &places {
         match applied.get(id).copied().unwrap_or(0) {
@@ -178,12 +194,37 @@ pub async fn invariants(
             }
         }
     }
-    let published: BTreeSet<&str> = seen.events.iter().map(|(_, c)| c.as_str()).collect();
-    for id in &places {
-        if !published.contains(id.as_str()) {
-            broken.push(format!(
-                "at-least-once: the event of {id} was never published"
-            ));
+    let published: BTreeSet<&str> = seen.events.iter().map(|(_, e)| e.as_str()).collect();
+    for (id, events) in &events_of {
+        for event in *events {
+            if !published.contains(event.as_str()) {
+                broken.push(format!(
+                    "at-least-once: the event {event} of {id} was never published"
+                ));
+            }
+        }
+    }
+
+    // Every published event was committed, and carried the body committed.
+    let committed: BTreeMap<String, String> = outbox(cosmos, ORDERS)
+        .await?
+        .into_iter()
+        .filter_map(|doc| {
+            Some((
+                doc["MessageId"].as_str()?.to_owned(),
+                doc["MessageBody"].as_str()?.to_owned(),
+            ))
+        })
+        .collect();
+    for (event, body) in &seen.event_bodies {
+        match committed.get(event) {
+            None => broken.push(format!(
+                "committed: {event} was published but no Outbox Document of it exists"
+            )),
+            Some(stored) if stored != body => broken.push(format!(
+                "committed: {event} was published with {body}, committed with {stored}"
+            )),
+            Some(_) => {}
         }
     }
     for id in &reserves {
@@ -213,8 +254,20 @@ pub async fn invariants(
 
     // 4. No inbox handler twice at once; every one completed; reruns only after a run that
     //    did not finish, or (the README's edge) one whose completion was not written.
-    for id in recorder.overlaps.lock().unwrap().iter() {
-        broken.push(format!("inbox: {id}'s handler ran twice at the same time"));
+    // The inbox assumes no process pauses past its claim while its handler runs (its
+    // chapter says so): an overlap where an instance running it was paused is that edge.
+    for overlap in recorder.overlaps.lock().unwrap().iter() {
+        let paused = overlap
+            .running
+            .iter()
+            .any(|slot| paused_before(&ended.history, *slot, overlap.at));
+        if !paused {
+            broken.push(format!(
+                "inbox: {}'s handler ran twice at the same time (running on {:?}, started \
+                 again on {})",
+                overlap.id, overlap.running, overlap.started_on
+            ));
+        }
     }
     let markers = all(
         cosmos,
@@ -267,25 +320,40 @@ pub async fn invariants(
         }
     }
 
-    // 6. Nothing stalls without a word: a run slower than STALL_BOUND to settle after healing
-    //    logged at Error why, after healing. And no document was stranded: a lease's
-    //    checkpoint passed a pending document, which the sweep found (and logged, and
-    //    repaired): nothing in a run skips a document, so that is a drain's defect.
-    if ended.settled_in > STALL_BOUND && said_after(&ended.logged, ended.healed).is_empty() {
+    // 6. Nothing stalls: a healed run settles within STALL_BOUND, whatever it logged; and
+    //    stays quiet once settled. No document was stranded: a lease's checkpoint passed a
+    //    pending document, which the sweep found (counted in health, logged, repaired):
+    //    nothing in a run skips a document, so that is a drain's defect.
+    if ended.settled_in > STALL_BOUND {
         broken.push(format!(
-            "stall: settled {:?} after healing (more than {STALL_BOUND:?}) without an Error log",
+            "stall: settled {:?} after healing (more than {STALL_BOUND:?})",
             ended.settled_in
         ));
     }
-    for log in ended
-        .logged
-        .iter()
-        .filter(|l| l.text.contains("behind the checkpoint"))
-    {
+    broken.extend(ended.quiet.clone());
+    if ended.stranded > 0 {
+        let said: Vec<&Logged> = ended
+            .logged
+            .iter()
+            .filter(|l| l.text.contains("behind the checkpoint"))
+            .collect();
         broken.push(format!(
-            "stranded: the sweep found a document a lease read past ({}: {})",
-            log.instance, log.text
+            "stranded: the sweep counted {} document(s) a lease read past; its logs: {}",
+            ended.stranded,
+            listed(said)
         ));
+    }
+
+    // 7. One incarnation of one instance publishes a document once, unless its own attempt
+    //    failed in a way that leaves the outcome unknown to it: its stamp of the document (or
+    //    another write of it) met a fault, its publish's confirm was lost or held, or it was
+    //    paused or cut off meanwhile (its timeouts then fire on calls that took effect).
+    broken.extend(same_process_duplicates(&ended.history).0);
+
+    // 8. The lease containers' end state: per processor and monitored container, the live
+    //    leases tile the key space, one per range (none left of a parent after a split).
+    for container in ["leases", "inbox-leases", TRIGGER_LEASES] {
+        broken.extend(lease_tiling(cosmos, container).await?);
     }
 
     if !broken.is_empty() {
@@ -297,4 +365,137 @@ pub async fn invariants(
         inbox_reruns_after_finish: reruns_after_finish,
         ..Report::default()
     })
+}
+
+/// Whether instance `slot` was paused or cut off (and so may act as a zombie) before `at`.
+fn paused_before(history: &[(Instant, Event)], slot: usize, at: Instant) -> bool {
+    history.iter().any(|(when, event)| {
+        *when <= at
+            && matches!(event, Event::Harness { slot: s, what } if *s == slot
+                && (what.starts_with("paused") || what.starts_with("cut off")))
+    })
+}
+
+/// Publications of one document by one incarnation beyond its first without a reason for it in
+/// the history (see invariant 7), and how many had one.
+pub fn same_process_duplicates(history: &[(Instant, Event)]) -> (Vec<String>, u64) {
+    let outbox_destinations = [EVENTS, RESERVED, TRIGGERED];
+    // (who, message id) -> the moments it was handed to the broker.
+    let mut publishes: BTreeMap<(Who, String), Vec<Instant>> = BTreeMap::new();
+    // What makes a second publish legitimate, by incarnation and by message id (or for every
+    // message of the incarnation).
+    let mut excused: BTreeMap<(Who, String), Vec<Instant>> = BTreeMap::new();
+    let mut zombie: BTreeMap<usize, Vec<Instant>> = BTreeMap::new();
+    for (at, event) in history {
+        match event {
+            Event::Publish {
+                who,
+                message_id,
+                destination,
+                outcome,
+            } if outbox_destinations.contains(&destination.as_str()) => {
+                if *outcome == "refused (not published)" {
+                    continue;
+                }
+                if outcome.contains("confirm lost") || outcome.contains("held") {
+                    excused
+                        .entry((*who, message_id.clone()))
+                        .or_default()
+                        .push(*at);
+                }
+                publishes
+                    .entry((*who, message_id.clone()))
+                    .or_default()
+                    .push(*at);
+            }
+            Event::StoreFault { who, path, .. } => {
+                // A write of an Outbox Document: `.../docs/outbox:<base64url of its id>`.
+                if let Some(message_id) = outbox_message_id(path) {
+                    excused.entry((*who, message_id)).or_default().push(*at);
+                }
+            }
+            Event::Harness { slot, what }
+                if what.starts_with("paused") || what.starts_with("cut off") =>
+            {
+                zombie.entry(*slot).or_default().push(*at);
+            }
+            _ => {}
+        }
+    }
+    let mut broken = Vec::new();
+    let mut excused_count = 0;
+    for ((who, message_id), times) in &publishes {
+        for pair in times.windows(2) {
+            let (first, again) = (pair[0], pair[1]);
+            let between = |t: &Instant| *t <= again && *t >= first;
+            let reason = excused
+                .get(&(*who, message_id.clone()))
+                .is_some_and(|at| at.iter().any(|t| *t <= again))
+                || zombie.get(&who.0).is_some_and(|at| at.iter().any(between));
+            if reason {
+                excused_count += 1;
+            } else {
+                broken.push(format!(
+                    "same process: instance {}#{} published {message_id} again {:?} after its \
+                     first publish, though neither its stamp nor its publish failed",
+                    who.0,
+                    who.1,
+                    again.duration_since(first)
+                ));
+            }
+        }
+    }
+    (broken, excused_count)
+}
+
+/// Violations of the lease container's end state: per (processor, monitored container), the
+/// leases' feed ranges must tile `""..FF` exactly.
+async fn lease_tiling(cosmos: &CosmosConnection, container: &str) -> Result<Vec<String>, String> {
+    let leases = all(
+        cosmos,
+        container,
+        "SELECT * FROM c WHERE IS_DEFINED(c.feedRange)",
+    )
+    .await?;
+    let mut groups: BTreeMap<(String, String), Vec<(String, String)>> = BTreeMap::new();
+    for lease in &leases {
+        let group = (
+            lease["processorName"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            lease["monitoredContainer"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        );
+        let range = (
+            lease["feedRange"]["min"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            lease["feedRange"]["max"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        );
+        groups.entry(group).or_default().push(range);
+    }
+    let mut broken = Vec::new();
+    for ((processor, scope), mut ranges) in groups {
+        ranges.sort();
+        let mut at = String::new();
+        let mut tiles = true;
+        for (min, max) in &ranges {
+            tiles &= *min == at;
+            at.clone_from(max);
+        }
+        if !tiles || !at.eq_ignore_ascii_case("FF") {
+            broken.push(format!(
+                "leases: {container}'s leases of {processor} on {scope} do not tile the key \
+                 space once each: {ranges:?}"
+            ));
+        }
+    }
+    Ok(broken)
 }

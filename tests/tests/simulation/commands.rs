@@ -1,8 +1,9 @@
 //! The workload's commands and what their handlers record.
 //!
 //! - [`SimPlace`] (document tier): appends its message id to its key's ledger (an ETag write)
-//!   and sends an event of its key. The ledger's order is the key's commit order, so the
-//!   events' first publications can be checked against it.
+//!   and sends 1 to 3 events of its key, in one batch. The ledger's order is the key's commit
+//!   order, so the events' first publications can be checked against it (and, inside a batch,
+//!   against the order the handler sent them in).
 //! - [`SimPoison`]: its handler always fails, so it must be dead-lettered, and only after
 //!   every attempt ran.
 //! - [`SimReserve`] (standalone inbox): an external side effect the recorder watches for two
@@ -33,6 +34,15 @@ pub const POISON_ATTEMPTS: u32 = 3;
 #[serde(rename_all = "camelCase")]
 pub struct SimPlace {
     pub order_id: String,
+    /// How many events the handler sends (one batch holds them all).
+    pub events: u8,
+}
+
+/// The event ids a [`SimPlace`] command sends, in the order it sends them.
+pub fn event_ids(command_id: &str, events: u8) -> Vec<String> {
+    (0..events.max(1))
+        .map(|n| format!("{command_id}:placed:{n}"))
+        .collect()
 }
 
 #[derive(Debug, Serialize, Deserialize, DocumentReliable)]
@@ -51,6 +61,10 @@ pub struct SimReserve {
     pub item: String,
     /// How long the side effect takes, in milliseconds.
     pub work_ms: u64,
+    /// How long its first run takes instead, if it outruns its claim: the attempt stops it
+    /// when the claim is up, and a later run (of `work_ms`) completes it.
+    #[serde(default)]
+    pub first_run_ms: Option<u64>,
 }
 
 /// A key's ledger: the message ids applied to it, in commit order.
@@ -84,11 +98,13 @@ async fn sim_place(
             applied: vec![id.clone()],
         })?,
     }
-    ctx.send_json(
-        &format!("{id}:placed"),
-        EVENTS,
-        &json!({ "orderId": command.order_id, "command": id }),
-    )?;
+    for event in event_ids(&id, command.events) {
+        ctx.send_json(
+            &event,
+            EVENTS,
+            &json!({ "orderId": command.order_id, "command": id, "event": event }),
+        )?;
+    }
     Ok(())
 }
 
@@ -110,7 +126,11 @@ async fn sim_reserve(
 ) -> Result<(), BoxError> {
     let id = ctx.message_id().to_owned();
     let run = recorder.inbox_run(&id);
-    tokio::time::sleep(Duration::from_millis(command.work_ms)).await;
+    let work = match command.first_run_ms {
+        Some(first) if run.first => first,
+        _ => command.work_ms,
+    };
+    tokio::time::sleep(Duration::from_millis(work)).await;
     ctx.send_json(
         &format!("{id}:reserved"),
         RESERVED,
@@ -131,8 +151,30 @@ pub enum RunEnd {
 
 #[derive(Debug, Default)]
 pub struct InboxRuns {
-    pub active: u32,
+    /// The instances (slots) running it now.
+    pub active: Vec<usize>,
     pub ends: Vec<RunEnd>,
+    /// Runs started so far.
+    pub started: u32,
+}
+
+/// A second run of an inbox handler that started while another was active.
+#[derive(Debug, Clone)]
+pub struct Overlap {
+    pub id: String,
+    /// The instances running it already, and the one that started it again.
+    pub running: Vec<usize>,
+    pub started_on: usize,
+    pub at: std::time::Instant,
+}
+
+/// The instance (slot) whose thread this is: instances are threads named `sim-<seed>-<slot>`.
+pub fn this_slot() -> usize {
+    std::thread::current()
+        .name()
+        .and_then(|name| name.rsplit('-').next())
+        .and_then(|slot| slot.parse().ok())
+        .unwrap_or(usize::MAX)
 }
 
 /// What the handlers did, shared by every instance of one run.
@@ -141,8 +183,8 @@ pub struct Recorder {
     pub place_runs: Mutex<BTreeMap<String, u32>>,
     pub poison_runs: Mutex<BTreeMap<String, u32>>,
     pub inbox: Mutex<BTreeMap<String, InboxRuns>>,
-    /// Message ids whose inbox handler started while another run of it was active.
-    pub overlaps: Mutex<Vec<String>>,
+    /// Inbox handlers started while another run of them was active.
+    pub overlaps: Mutex<Vec<Overlap>>,
     /// Standalone-inbox commands whose copies are published the moment their first run starts
     /// (one per instance, so one likely reaches another instance while the first run works),
     /// and the broker they go to.
@@ -170,12 +212,20 @@ impl Recorder {
     }
 
     fn inbox_run(self: &Arc<Self>, id: &str) -> InboxRun {
+        let slot = this_slot();
         let mut inbox = self.inbox.lock().unwrap();
         let runs = inbox.entry(id.to_owned()).or_default();
-        if runs.active > 0 {
-            self.overlaps.lock().unwrap().push(id.to_owned());
+        if !runs.active.is_empty() {
+            self.overlaps.lock().unwrap().push(Overlap {
+                id: id.to_owned(),
+                running: runs.active.clone(),
+                started_on: slot,
+                at: std::time::Instant::now(),
+            });
         }
-        runs.active += 1;
+        runs.active.push(slot);
+        let first = runs.started == 0;
+        runs.started += 1;
         drop(inbox);
         let copies = self.copies_on_start.lock().unwrap().remove(id);
         if let (Some((message, count)), Some(broker)) =
@@ -193,6 +243,8 @@ impl Recorder {
             recorder: Arc::clone(self),
             id: id.to_owned(),
             end: RunEnd::Cut,
+            slot,
+            first,
         }
     }
 }
@@ -202,6 +254,9 @@ pub struct InboxRun {
     recorder: Arc<Recorder>,
     id: String,
     end: RunEnd,
+    slot: usize,
+    /// Whether it is the message id's first run.
+    first: bool,
 }
 
 impl InboxRun {
@@ -214,7 +269,9 @@ impl Drop for InboxRun {
     fn drop(&mut self) {
         let mut inbox = self.recorder.inbox.lock().unwrap();
         let runs = inbox.entry(self.id.clone()).or_default();
-        runs.active = runs.active.saturating_sub(1);
+        if let Some(at) = runs.active.iter().position(|s| *s == self.slot) {
+            runs.active.remove(at);
+        }
         runs.ends.push(self.end);
     }
 }

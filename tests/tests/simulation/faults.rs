@@ -1,14 +1,21 @@
-//! The faults a run injects, drawn from its seed: at the store (through `chatter-emulator`'s
-//! injector, in front of the SDK's in-memory emulator) and at the broker ([`super::broker`]).
-//! Both are off until the run turns them on, and off again when it heals.
+//! The faults a run injects, drawn from its seed: at the store (each instance's own port of
+//! `chatter-emulator`, whose injector asks [`store_injector`]) and at the broker
+//! ([`super::broker`]). Both are off until the run turns them on, and off again when it heals;
+//! a cut-off ([`Cut`]) holds one instance's requests whatever the schedule says.
+//!
+//! **Deterministic decisions:** whether a request meets a fault, and which, is a function of
+//! (seed, instance, operation, how many times that instance did that operation before): not of
+//! a stream shared by threads in arrival order. A replay makes the same decisions for the same
+//! requests, however the instances' threads interleave.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chatter_emulator::{Injection, Injector};
 
+use super::history::History;
 use super::rng::Rng;
 
 /// Faults counted by kind, for the run's report.
@@ -25,22 +32,27 @@ impl Tally {
     }
 }
 
-/// A schedule of faults: on or off, a rate, and its own generator.
+/// A schedule of faults for one concern of one instance (its store requests, its publishes,
+/// its deliveries): on or off, a rate, and a decision per (operation, count).
 #[derive(Debug)]
 pub struct Schedule {
     on: AtomicBool,
     per_mille: u32,
-    rng: Mutex<Rng>,
-    pub tally: Tally,
+    /// The seed, the instance and the concern, mixed: the base of every decision.
+    base: u64,
+    /// How many times each operation was decided on so far.
+    counts: Mutex<BTreeMap<String, u64>>,
+    pub tally: Arc<Tally>,
 }
 
 impl Schedule {
-    pub fn new(rng: Rng, per_mille: u32) -> Arc<Self> {
+    pub fn new(base: u64, per_mille: u32, tally: Arc<Tally>) -> Arc<Self> {
         Arc::new(Self {
             on: AtomicBool::new(false),
             per_mille,
-            rng: Mutex::new(rng),
-            tally: Tally::default(),
+            base,
+            counts: Mutex::default(),
+            tally,
         })
     }
 
@@ -48,21 +60,35 @@ impl Schedule {
         self.on.store(on, Ordering::SeqCst);
     }
 
-    /// While faults are on, a wait of up to `max_ms` drawn for every call (the latency every
-    /// network call has, so concurrent calls race); none while off.
-    pub fn jitter(&self, max_ms: u64) -> Option<Duration> {
-        if !self.on.load(Ordering::SeqCst) {
-            return None;
-        }
-        Some(self.rng.lock().unwrap().millis(0, max_ms))
+    pub fn is_on(&self) -> bool {
+        self.on.load(Ordering::SeqCst)
     }
 
-    /// When a fault is due now, the generator to pick it with (held briefly).
-    pub fn roll<T>(&self, pick: impl FnOnce(&mut Rng) -> T) -> Option<T> {
-        if !self.on.load(Ordering::SeqCst) {
+    /// The generator for the next decision on `operation`: the same for the same
+    /// (base, operation, count), whatever else ran meanwhile.
+    fn next(&self, operation: &str) -> Rng {
+        let mut counts = self.counts.lock().unwrap();
+        let count = counts.entry(operation.to_owned()).or_default();
+        let n = *count;
+        *count += 1;
+        Rng::new(self.base ^ fnv(operation) ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    }
+
+    /// While faults are on, a wait of up to `max_ms` for `operation` (the latency every
+    /// network call has, so concurrent calls race); none while off.
+    pub fn jitter(&self, operation: &str, max_ms: u64) -> Option<Duration> {
+        if !self.is_on() {
             return None;
         }
-        let mut rng = self.rng.lock().unwrap();
+        Some(self.next(&format!("jitter {operation}")).millis(0, max_ms))
+    }
+
+    /// When a fault is due for `operation` now, the generator to pick it with.
+    pub fn roll<T>(&self, operation: &str, pick: impl FnOnce(&mut Rng) -> T) -> Option<T> {
+        if !self.is_on() {
+            return None;
+        }
+        let mut rng = self.next(operation);
         if !rng.chance(self.per_mille) {
             return None;
         }
@@ -70,17 +96,73 @@ impl Schedule {
     }
 }
 
-/// The store's faults as an emulator injector. Only document traffic is faulted (reads, writes,
-/// batches, queries, the change feed: paths with `/docs`); the account and container metadata
-/// a client reads once is left alone, as a fault there only delays a start.
-pub fn store_injector(schedule: Arc<Schedule>) -> Injector {
+/// FNV-1a: an operation's name as a number, the same on every machine.
+pub fn fnv(text: &str) -> u64 {
+    text.bytes().fold(0xCBF2_9CE4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01B3)
+    })
+}
+
+/// One instance cut off from the store or the broker until a moment: its requests are held
+/// (a store request is applied once the cut ends, long after its client gave up; a publish
+/// reaches the broker then), as a network partition holds them.
+#[derive(Debug, Default)]
+pub struct Cut(Mutex<Option<Instant>>);
+
+impl Cut {
+    pub fn until(&self, at: Instant) {
+        *self.0.lock().unwrap() = Some(at);
+    }
+
+    /// How long the cut still lasts, if it does.
+    pub fn remaining(&self) -> Option<Duration> {
+        let until = (*self.0.lock().unwrap())?;
+        until.checked_duration_since(Instant::now())
+    }
+}
+
+/// One instance's port's faults as an emulator injector. Only document traffic is faulted
+/// (reads, writes, batches, queries, the change feed: paths with `/docs`); the account and
+/// container metadata a client reads once is left alone, as a fault there only delays a start.
+/// A cut-off holds every request. Each write's fault is written to `history` under the
+/// instance's current incarnation.
+pub fn store_injector(
+    slot: usize,
+    schedule: Arc<Schedule>,
+    cut: Arc<Cut>,
+    incarnation: Arc<AtomicU64>,
+    history: Arc<History>,
+) -> Injector {
     Arc::new(move |method: &str, path: &str| {
+        let write = method != "GET";
+        let incarnation = incarnation.load(Ordering::SeqCst);
+        if let Some(remaining) = cut.remaining() {
+            schedule.tally.add("store cut off (held, applied later)");
+            if write {
+                history.store_fault(slot, incarnation, method, path, "cut off");
+            }
+            return Some(Injection::Delay(remaining + Duration::from_millis(20)));
+        }
         if !path.contains("/docs") {
             return None;
         }
-        let write = method != "GET";
-        let (kind, injection) = schedule.roll(|rng| pick_store_fault(rng, write))?;
+        let Some((kind, injection)) = schedule.roll(&format!("{method} {path}"), |rng| {
+            pick_store_fault(rng, write)
+        }) else {
+            if method == "PATCH"
+                && let Some(message_id) = super::history::outbox_message_id(path)
+            {
+                history.record(super::history::Event::Stamp {
+                    who: (slot, incarnation),
+                    message_id,
+                });
+            }
+            return None;
+        };
         schedule.tally.add(kind);
+        if write {
+            history.store_fault(slot, incarnation, method, path, kind);
+        }
         Some(injection)
     })
 }
@@ -94,7 +176,7 @@ fn refuse(status: u16, sub_status: Option<u32>) -> Injection {
 }
 
 fn pick_store_fault(rng: &mut Rng, write: bool) -> (&'static str, Injection) {
-    match rng.below(if write { 10 } else { 8 }) {
+    match rng.below(if write { 11 } else { 9 }) {
         0 => ("store 408", refuse(408, None)),
         1 => ("store 410/1002", refuse(410, Some(1002))),
         2 => ("store 410/1007", refuse(410, Some(1007))),
@@ -109,8 +191,14 @@ fn pick_store_fault(rng: &mut Rng, write: bool) -> (&'static str, Injection) {
         4 => ("store 449", refuse(449, None)),
         5 => ("store 503", refuse(503, None)),
         6 | 7 => ("store delay", Injection::Delay(rng.millis(5, 120))),
-        // Writes only: it took effect, and the client hears a timeout or an outage.
+        // Handled at once, answered past the store timeout (5 s): the client gave up, the
+        // request took effect.
         8 => (
+            "store answer held past the timeout",
+            Injection::AnswerLate(rng.millis(5_200, 6_000)),
+        ),
+        // Writes only: it took effect, and the client hears a timeout or an outage.
+        9 => (
             "store write applied, answer lost (408)",
             Injection::LoseAnswer { status: 408 },
         ),

@@ -1,21 +1,27 @@
 //! A simulated chatter process: a thread with a Tokio runtime of its own, running one
 //! `chatter_runtime::Runtime` (its consumers, its pipeline relay and the inbox's relay) against
-//! the run's store and broker.
+//! the run's store (through the instance's own port) and broker.
 //!
 //! **A crash** drops that Tokio runtime: every task stops at the await it was at, nothing is
 //! settled, nothing released, no lease given up, no claim released. What the process held the
 //! others find as a dead process leaves it (its unsettled deliveries go back to their queue,
 //! as a closed connection's do; its leases and claims run out).
+//!
+//! **A pause** blocks the instance's thread: every task stops where it stands and its timers
+//! stand still, then all of it resumes at once, leases and claims it believes it holds
+//! included (a zombie: a process stopped by a GC pause, a VM migration, a `SIGSTOP`).
+//!
+//! **A stop** is graceful: `Runtime::shutdown`, as a rolling restart does.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::testing::MonotonicClock;
 use chatter_runtime::{Runtime, relay::RelayOptions};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use super::broker::SimBroker;
 use super::commands::Recorder;
@@ -74,6 +80,15 @@ pub struct Setup {
     pub skew_ms: i64,
     /// Whether it publishes its commands' Outbox Documents right after their commit.
     pub after_commit: bool,
+    /// The documents the sweep found stranded, by every incarnation of every instance (each
+    /// adds what its health counts): a drain's defect when not 0.
+    pub stranded: Arc<AtomicU64>,
+}
+
+/// What the harness tells a running instance.
+enum Control {
+    /// Block the instance's thread this long.
+    Pause(Duration),
 }
 
 /// The bound the instances assume between their clocks and the store's (the inbox's clock
@@ -83,6 +98,9 @@ pub const CLOCK_MARGIN: Duration = Duration::from_secs(1);
 /// A running instance; dropping it crashes it.
 pub struct Instance {
     kill: Option<oneshot::Sender<()>>,
+    /// Asks for a graceful stop.
+    stop: Option<oneshot::Sender<()>>,
+    control: mpsc::UnboundedSender<Control>,
     thread: Option<JoinHandle<()>>,
     /// Whether its runtime started (`start()` returned `Ok`) before it was killed.
     started: Arc<AtomicBool>,
@@ -93,6 +111,8 @@ pub struct Instance {
 impl Instance {
     pub fn start(name: String, setup: Setup) -> Self {
         let (kill, killed) = oneshot::channel::<()>();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (control, controls) = mpsc::unbounded_channel();
         let started = Arc::new(AtomicBool::new(false));
         let started_tx = Arc::clone(&started);
         let last_start_error = Arc::default();
@@ -107,9 +127,10 @@ impl Instance {
                 // Every task of this instance runs on this thread: its clock is off by this much.
                 chatter_runtime::testing::skew_clock(setup.skew_ms);
                 tokio.block_on(async move {
+                    tokio::spawn(obey(controls));
                     tokio::select! {
                         _ = killed => {}
-                        () = serve(setup, started_tx, start_error) => {}
+                        () = serve(setup, started_tx, start_error, stopped) => {}
                     }
                 });
                 // The crash: every task of this process dropped where it stands.
@@ -118,6 +139,8 @@ impl Instance {
             .expect("an instance thread");
         Self {
             kill: Some(kill),
+            stop: Some(stop),
+            control,
             thread: Some(thread),
             started,
             last_start_error,
@@ -131,6 +154,26 @@ impl Instance {
 
     /// Crashes it and waits until its thread is gone.
     pub fn crash(mut self) {
+        self.stop_now();
+    }
+
+    /// Blocks its thread for `period` (from the moment its runtime gets to the order).
+    pub fn pause(&self, period: Duration) {
+        let _ = self.control.send(Control::Pause(period));
+    }
+
+    /// Stops it gracefully (`Runtime::shutdown`) and waits until its thread is gone; crashes it
+    /// if it has not stopped within `bound`.
+    pub fn stop(mut self, bound: Duration) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let deadline = std::time::Instant::now() + bound;
+        while self.thread.as_ref().is_some_and(|t| !t.is_finished())
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         self.stop_now();
     }
 
@@ -150,12 +193,23 @@ impl Drop for Instance {
     }
 }
 
+/// Carries out the harness's orders on the instance's own thread.
+async fn obey(mut controls: mpsc::UnboundedReceiver<Control>) {
+    while let Some(control) = controls.recv().await {
+        match control {
+            // Blocks the current-thread runtime: nothing of this instance runs meanwhile.
+            Control::Pause(period) => std::thread::sleep(period),
+        }
+    }
+}
+
 /// Starts the runtime (again and again while the store refuses its start) and serves until
-/// killed.
+/// killed or stopped; adds what its health counts as stranded to the run's count.
 async fn serve(
     setup: Setup,
     started: Arc<AtomicBool>,
     last_error: Arc<std::sync::Mutex<Option<String>>>,
+    mut stopped: oneshot::Receiver<()>,
 ) {
     let runtime = loop {
         match start(&setup).await {
@@ -168,9 +222,35 @@ async fn serve(
         }
     };
     started.store(true, Ordering::SeqCst);
-    // Held until the crash drops it.
-    let _runtime = runtime;
-    std::future::pending::<()>().await;
+    // Polled so that a crash loses at most one interval's count; per lease, as a lease's count
+    // starts again at 0 when it comes back.
+    let mut counted: std::collections::BTreeMap<(String, String), u64> = Default::default();
+    loop {
+        tokio::select! {
+            _ = &mut stopped => {
+                runtime.shutdown().await;
+                return;
+            }
+            () = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+        let leases = runtime.health().await.leases;
+        counted.retain(|(processor, token), _| {
+            leases
+                .iter()
+                .any(|l| l.processor == *processor && l.lease_token == *token)
+        });
+        for lease in leases {
+            let before = counted
+                .entry((lease.processor, lease.lease_token))
+                .or_default();
+            if lease.stranded > *before {
+                setup
+                    .stranded
+                    .fetch_add(lease.stranded - *before, Ordering::SeqCst);
+            }
+            *before = lease.stranded;
+        }
+    }
 }
 
 async fn start(setup: &Setup) -> Result<Runtime, chatter_runtime::BoxError> {

@@ -2,9 +2,12 @@
 //! several instances at once, through store and broker faults and crashes drawn from a seed,
 //! with every promise checked at the end of every run.
 //!
-//! - `ci_seeds_*`: the seeds every `.ci/run` runs ([`CI_SEEDS`] of them, in chunks that nextest
-//!   runs one at a time).
+//! - `ci_seeds_*`: fresh seeds every `.ci/run` runs, within a time budget ([`CHUNK_BUDGET`]
+//!   each, in [`CI_CHUNKS`] chunks that nextest runs one at a time): a range of its own each
+//!   run, printed (`SIM_CI_FIRST_SEED` runs a given one again). A fresh seed that fails is a
+//!   bug: fix it and keep the seed in [`REGRESSION_SEEDS`].
 //! - `regression_seeds`: seeds that once found a bug, each named after it.
+//! - `probes_are_reached`: [`PROBE_SEEDS`] must hit every named probe (`probes.rs`).
 //! - `replay`: `SIM_SEED=<seed>` runs that one seed (with `SIM_LOG=<filter>` its logs), the
 //!   command a failing seed prints.
 //! - `long_run`: `SIM_SEEDS=<count>` (from `SIM_FIRST_SEED`, default 1,000,000) runs that many;
@@ -13,14 +16,17 @@
 //!
 //! What a run is: `run.rs`. Its faults: `faults.rs` (store) and `broker.rs`. Its processes:
 //! `instance.rs`. Its workload: `commands.rs` and `triggers.rs` (another service's thin
-//! triggers for a standalone relay with a body resolver). Its invariants: `check.rs`.
+//! triggers for a standalone relay with a body resolver). Its invariants: `check.rs`, on
+//! what `history.rs` recorded. Its probes: `probes.rs`.
 
 mod broker;
 mod check;
 mod commands;
 mod errors;
 mod faults;
+mod history;
 mod instance;
+mod probes;
 mod rng;
 mod run;
 mod triggers;
@@ -29,10 +35,12 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Seeds `.ci/run` runs.
-const CI_SEEDS: u64 = 200;
+/// How long each CI chunk takes new seeds for (a run under way then finishes).
+const CHUNK_BUDGET: Duration = Duration::from_secs(20);
 /// Test functions the CI seeds are split over (nextest runs each alone: `.config/nextest.toml`).
 const CI_CHUNKS: u64 = 8;
+/// Seeds that together hit every probe of `probes.rs` (checked by `probes_are_reached`).
+const PROBE_SEEDS: &[u64] = &[1, 2, 3, 4, 5, 6, 7, 8];
 /// Runs in flight at once inside one test function: most of a run is waiting.
 const RUNS_AT_ONCE: u64 = 4;
 
@@ -62,9 +70,9 @@ fn replay_command(seed: u64) -> String {
     )
 }
 
-/// Runs `seeds`, [`RUNS_AT_ONCE`] at a time; panics listing every failing seed with the
-/// command that replays it.
-fn run_seeds(seeds: impl Iterator<Item = u64> + Send) {
+/// Runs `seeds`, [`RUNS_AT_ONCE`] at a time (taking no new one once `budget` is spent);
+/// panics listing every failing seed with the command that replays it. Returns the totals.
+fn run_seeds(seeds: impl Iterator<Item = u64> + Send, budget: Option<Duration>) -> Totals {
     logs();
     let seeds = Mutex::new(seeds);
     let failures = Mutex::new(Vec::new());
@@ -74,6 +82,9 @@ fn run_seeds(seeds: impl Iterator<Item = u64> + Send) {
         for _ in 0..RUNS_AT_ONCE {
             scope.spawn(|| {
                 loop {
+                    if budget.is_some_and(|budget| started.elapsed() > budget) {
+                        return;
+                    }
                     let Some(seed) = seeds.lock().unwrap().next() else {
                         return;
                     };
@@ -81,11 +92,12 @@ fn run_seeds(seeds: impl Iterator<Item = u64> + Send) {
                         Ok(report) => {
                             if std::env::var_os("SIM_VERBOSE").is_some() {
                                 eprintln!(
-                                    "seed {seed}: {:?} in all, settled {:?} after healing, {} faults, {} crashes",
+                                    "seed {seed}: {:?} in all, settled {:?} after healing, {} faults, {} crashes, probes {:?}",
                                     report.took,
                                     report.settled_in,
                                     report.faults.values().sum::<u64>(),
-                                    report.crashes
+                                    report.crashes,
+                                    report.probes.iter().filter(|(_, n)| **n > 0).collect::<Vec<_>>()
                                 );
                             }
                             totals.lock().unwrap().add(&report);
@@ -108,6 +120,7 @@ fn run_seeds(seeds: impl Iterator<Item = u64> + Send) {
         failures.len(),
         failures.join("\n")
     );
+    totals
 }
 
 #[derive(Default)]
@@ -119,6 +132,7 @@ struct Totals {
     duplicate_publications: u64,
     inbox_reruns_after_finish: u64,
     slowest: Duration,
+    probes: BTreeMap<&'static str, u64>,
 }
 
 impl Totals {
@@ -132,6 +146,9 @@ impl Totals {
         self.duplicate_publications += report.duplicate_publications as u64;
         self.inbox_reruns_after_finish += report.inbox_reruns_after_finish as u64;
         self.slowest = self.slowest.max(report.took);
+        for (probe, n) in &report.probes {
+            *self.probes.entry(probe).or_default() += n;
+        }
     }
 
     fn summary(&self) -> String {
@@ -139,14 +156,15 @@ impl Totals {
         format!(
             "simulation: {} runs passed, {} commands, {} crashes, {faults} faults injected \
              {:?}, {} duplicate publications, {} inbox reruns after a finished run, slowest run \
-             {:?}, violations: 0 (of the passed runs)",
+             {:?}, probes {:?}, violations: 0 (of the passed runs)",
             self.runs,
             self.commands,
             self.crashes,
             self.faults,
             self.duplicate_publications,
             self.inbox_reruns_after_finish,
-            self.slowest
+            self.slowest,
+            self.probes
         )
     }
 }
@@ -175,9 +193,31 @@ fn logs() {
     });
 }
 
+/// The first seed of this CI run's fresh range: `SIM_CI_FIRST_SEED`, or drawn from the time
+/// (the same for every chunk of one run started within the same hour).
+fn ci_first_seed() -> u64 {
+    if let Some(first) = std::env::var("SIM_CI_FIRST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        return first;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    // Hours since the epoch, spread out: ranges of different hours do not meet.
+    10_000_000 + (now.as_secs() / 3600 % 100_000) * CI_CHUNKS * 10_000
+}
+
 fn chunk(n: u64) {
-    let per = CI_SEEDS.div_ceil(CI_CHUNKS);
-    run_seeds((n * per)..((n + 1) * per).min(CI_SEEDS));
+    let first = ci_first_seed() + n * 10_000;
+    eprintln!(
+        "CI chunk {n}: fresh seeds from {first} for {CHUNK_BUDGET:?} (SIM_CI_FIRST_SEED={} \
+         runs this range again)",
+        ci_first_seed()
+    );
+    let totals = run_seeds(first.., Some(CHUNK_BUDGET));
+    eprintln!("CI chunk {n}: seeds {first}..{}", first + totals.runs);
 }
 
 #[test]
@@ -225,7 +265,24 @@ fn regression_seeds() {
     for (seed, what) in REGRESSION_SEEDS {
         eprintln!("regression seed {seed}: {what}");
     }
-    run_seeds(REGRESSION_SEEDS.iter().map(|(seed, _)| *seed));
+    run_seeds(REGRESSION_SEEDS.iter().map(|(seed, _)| *seed), None);
+}
+
+#[test]
+fn probes_are_reached() {
+    let totals = run_seeds(PROBE_SEEDS.iter().copied(), None);
+    let missed: Vec<&str> = probes::PROBES
+        .iter()
+        .filter(|(name, _)| totals.probes.get(name).copied().unwrap_or(0) == 0)
+        .map(|(name, what)| {
+            eprintln!("probe never hit: {name}: {what}");
+            *name
+        })
+        .collect();
+    assert!(
+        missed.is_empty(),
+        "seeds {PROBE_SEEDS:?} hit no {missed:?}: the harness no longer reaches them"
+    );
 }
 
 #[test]
@@ -235,7 +292,7 @@ fn replay() {
     };
     let seed: u64 = seed.parse().expect("SIM_SEED is a number");
     eprintln!("{:#?}", run::Plan::draw(seed));
-    run_seeds(std::iter::once(seed));
+    run_seeds(std::iter::once(seed), None);
 }
 
 #[test]
@@ -248,5 +305,5 @@ fn long_run() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1_000_000);
-    run_seeds(first..first + count);
+    run_seeds(first..first + count, None);
 }

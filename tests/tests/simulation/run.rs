@@ -1,22 +1,28 @@
 //! One run: a seed's workload and fault schedule through real chatter instances, then the
 //! invariants ([`super::check`]).
 //!
-//! 1. A `chatter-emulator` server (the SDK's in-memory emulator over loopback HTTP, with an
-//!    injector drawing the store's faults from the seed) and the in-memory broker behind the
-//!    seed's broker faults.
+//! 1. A `chatter-emulator` server (the SDK's in-memory emulator over loopback HTTP) with a port
+//!    per instance, whose injector decides that instance's store faults from the seed, and the
+//!    in-memory broker behind each instance's broker faults.
 //! 2. 2 to 3 instances (threads, each with its own Tokio runtime) start and share the leases.
 //! 3. **Fault phase:** the workload's commands are published at random moments, some of them
 //!    twice (the same message id); store and broker faults are on; instances crash and come
-//!    back.
-//! 4. **Heal:** faults off, every instance up. Everything must settle within [`SETTLE_BOUND`]:
-//!    a run that does not is a stall, reported as a violation.
-//! 5. The invariants are checked on what the store holds and what the broker carried.
+//!    back, pause (blocked threads that resume as zombies), are cut off from the store or the
+//!    broker, and stop gracefully and start again. A seed of the *recovery* family has a fault
+//!    phase of seconds at low rates, so leases and claims expire, are taken over and are
+//!    contested while faults go on.
+//! 4. **Heal:** faults off; what the plan does after the fault phase (a crash or a pause
+//!    during recovery) still happens; then every instance is up. Everything must settle
+//!    within [`STALL_BOUND`], whatever was logged.
+//! 5. The invariants are checked on what the store holds, what the broker carried and what
+//!    each incarnation of each instance published ([`super::history`]).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chatter_emulator::EmulatorServer;
+use chatter_emulator::{EmulatorServer, RunningEmulator};
 use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::provision;
@@ -26,28 +32,48 @@ use serde_json::{Value, json};
 use super::broker::SimBroker;
 use super::commands::{
     DATABASE, EVENTS, IDEMPOTENCY, ORDERS, RESERVED, Recorder, SimPlace, SimPoison, SimReserve,
+    event_ids,
 };
-
-/// The containers the relays read the change feed of.
-const MONITORED: [&str; 3] = [ORDERS, IDEMPOTENCY, TRIGGERS];
-use super::faults::{Schedule, store_injector};
+use super::faults::{Cut, Schedule, Tally, store_injector};
+use super::history::History;
 use super::instance::{Instance, Setup};
 use super::rng::Rng;
 use super::triggers::{TRIGGERED, TRIGGERS};
 
-/// How long a healed run may take to publish and settle everything.
-/// Generous: the instances share a machine that may be busy with other tests.
-pub const SETTLE_BOUND: Duration = Duration::from_secs(120);
+/// The containers the relays read the change feed of.
+const MONITORED: [&str; 3] = [ORDERS, IDEMPOTENCY, TRIGGERS];
 
-/// How long after healing a run may take to settle without a word: past it, an instance must
-/// have logged at Error why (after healing), or the run fails. Well above a healthy run's
-/// slowest recovery (a crashed instance's leases expire in 3 s; runs settle in a few seconds).
-pub const STALL_BOUND: Duration = Duration::from_secs(30);
+/// How long after healing a run may take to publish and settle everything, whatever it logged:
+/// past it, the run stalled. A healed run's slowest recovery is a crashed instance's leases
+/// expiring (3 s), a claim running out (4 s), a Drain Suspension (1 s on the compressed clock)
+/// and store answers held past the timeout (6 s); the rest is margin for a busy machine.
+pub const STALL_BOUND: Duration = Duration::from_secs(20);
+
+/// How long a settled run must stay quiet: nothing published after it settled.
+const QUIET_FOR: Duration = Duration::from_millis(1_000);
+
+/// Which kind of fault schedule a seed draws.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// A fault phase under a second at high rates: recovery happens after healing.
+    Short,
+    /// A fault phase of seconds at low rates, past lease expiry, claim expiry and the sweep:
+    /// take-overs, zombies and cut-offs happen while faults go on.
+    Recovery,
+}
+
+/// What a cut-off separates an instance from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CutOf {
+    Store,
+    Broker,
+}
 
 /// What a seed draws: the shape of its workload and of its faults.
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub seed: u64,
+    pub family: Family,
     pub instances: usize,
     pub keys: usize,
     pub places: usize,
@@ -59,8 +85,14 @@ pub struct Plan {
     pub publish_per_mille: u32,
     pub delivery_per_mille: u32,
     pub fault_phase: Duration,
-    /// (when, which instance, down for how long)
+    /// (when, which instance, down for how long); some after the fault phase (in recovery).
     pub crashes: Vec<(Duration, usize, Duration)>,
+    /// (when, which instance, blocked for how long).
+    pub pauses: Vec<(Duration, usize, Duration)>,
+    /// (when, which instance, from what, for how long).
+    pub cuts: Vec<(Duration, usize, CutOf, Duration)>,
+    /// (when, which instance): a graceful stop and a start, as a rolling restart does.
+    pub restarts: Vec<(Duration, usize)>,
     /// When the monitored containers' one partition splits in two, if it does.
     pub split_at: Option<Duration>,
     /// Each instance's clock skew, in milliseconds, within the inbox's clock margin.
@@ -88,7 +120,6 @@ impl Plan {
                 )
             })
             .collect();
-        crashes.sort_by_key(|(at, ..)| *at);
         let split_at = rng
             .chance(300)
             .then(|| Duration::from_millis(rng.below(fault_phase.as_millis() as u64)));
@@ -99,10 +130,10 @@ impl Plan {
         let skews = (0..instances)
             .map(|_| rng.between(0, 2 * margin) as i64 - margin as i64)
             .collect();
-        // From a stream of its own: the other draws stay what they were before it existed.
+        // From streams of their own: the other draws stay what they were before they existed.
         let mut own = Rng::new(seed).fork(0xAF7E);
         let after_commit = (0..instances).map(|_| own.chance(750)).collect();
-        Self {
+        let mut plan = Self {
             skews,
             after_commit,
             tenants,
@@ -110,6 +141,7 @@ impl Plan {
             trigger_gap,
             split_at,
             seed,
+            family: Family::Short,
             instances,
             keys: rng.between(1, 4) as usize,
             places: rng.between(4, 16) as usize,
@@ -120,8 +152,76 @@ impl Plan {
             publish_per_mille: *rng.pick(&[0, 30, 80]),
             delivery_per_mille: *rng.pick(&[0, 30, 80]),
             fault_phase,
-            crashes,
+            crashes: Vec::new(),
+            pauses: Vec::new(),
+            cuts: Vec::new(),
+            restarts: Vec::new(),
+        };
+        let mut deeper = Rng::new(seed).fork(0xDEE9);
+        let which = |rng: &mut Rng| rng.below(instances as u64) as usize;
+        if deeper.chance(500) {
+            plan.family = Family::Recovery;
+            let phase = deeper.millis(4_000, 9_000);
+            plan.fault_phase = phase;
+            let at = |rng: &mut Rng| Duration::from_millis(rng.below(phase.as_millis() as u64));
+            plan.store_per_mille = *deeper.pick(&[5, 10, 20]);
+            plan.publish_per_mille = *deeper.pick(&[0, 10, 30]);
+            plan.delivery_per_mille = *deeper.pick(&[0, 10, 30]);
+            crashes = (0..deeper.below(4))
+                .map(|_| (at(&mut deeper), which(&mut deeper), deeper.millis(0, 3_000)))
+                .collect();
+            // Past the lease expiry (3 s) and the claim (3 s plus the margin): a zombie.
+            plan.pauses = (0..deeper.below(3))
+                .map(|_| {
+                    (
+                        at(&mut deeper),
+                        which(&mut deeper),
+                        deeper.millis(1_000, 5_500),
+                    )
+                })
+                .collect();
+            plan.cuts = (0..deeper.below(2))
+                .map(|_| {
+                    let of = if deeper.chance(500) {
+                        CutOf::Store
+                    } else {
+                        CutOf::Broker
+                    };
+                    (
+                        at(&mut deeper),
+                        which(&mut deeper),
+                        of,
+                        deeper.millis(1_000, 6_000),
+                    )
+                })
+                .collect();
+            plan.restarts = (0..deeper.below(3))
+                .map(|_| (at(&mut deeper), which(&mut deeper)))
+                .collect();
+            if let Some(split) = &mut plan.split_at {
+                *split = at(&mut deeper);
+            }
+        } else {
+            // Recovery is not fault-free: a crash or a pause while it runs.
+            let phase = fault_phase.as_millis() as u64;
+            if deeper.chance(300) {
+                crashes.push((
+                    Duration::from_millis(phase + deeper.below(2_000)),
+                    which(&mut deeper),
+                    deeper.millis(0, 1_500),
+                ));
+            }
+            if deeper.chance(200) {
+                plan.pauses.push((
+                    Duration::from_millis(deeper.below(phase + 1_000)),
+                    which(&mut deeper),
+                    deeper.millis(1_000, 4_500),
+                ));
+            }
         }
+        crashes.sort_by_key(|(at, ..)| *at);
+        plan.crashes = crashes;
+        plan
     }
 }
 
@@ -138,13 +238,17 @@ pub struct Report {
     pub took: Duration,
     /// From healing to everything settled.
     pub settled_in: Duration,
+    /// The windows that matter, each counted when the run reached it ([`super::probes`]).
+    pub probes: BTreeMap<&'static str, u64>,
 }
 
 /// What the broker carried to the world outside chatter.
 #[derive(Debug, Default)]
 pub struct Seen {
-    /// `(key, command id)` of every event publication, in arrival order.
+    /// `(key, event id)` of every event publication, in arrival order.
     pub events: Vec<(String, String)>,
+    /// The body of every event publication, by event id.
+    pub event_bodies: Vec<(String, String)>,
     /// Every reserved message, by the command id it came from.
     pub reserved: BTreeMap<String, usize>,
     /// Dead letters by message id.
@@ -154,11 +258,22 @@ pub struct Seen {
     pub triggered: Vec<(String, String)>,
 }
 
+impl Seen {
+    fn publications(&self) -> usize {
+        self.events.len()
+            + self.reserved.values().sum::<usize>()
+            + self.triggered.len()
+            + self.dead_letters.values().sum::<usize>()
+    }
+}
+
 /// One command of the workload, as published.
 #[derive(Debug, Clone)]
 pub struct Published {
     pub kind: Kind,
     pub message: BrokeredMessage,
+    /// The event ids a place command sends (none for the others).
+    pub events: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,29 +283,47 @@ pub enum Kind {
     Reserve,
 }
 
-/// Runs `seed`: `Ok` with its report, or `Err` with every invariant that broke.
+/// Runs `seed`: `Ok` with its report, or `Err` with every invariant that broke (and where its
+/// history was written).
 pub fn run(seed: u64) -> Result<Report, String> {
     let tokio = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a Tokio runtime");
-    tokio.block_on(run_async(Plan::draw(seed)))
+    let history = Arc::new(History::default());
+    let plan = Plan::draw(seed);
+    let ran = tokio.block_on(run_async(plan.clone(), Arc::clone(&history)));
+    ran.map_err(|violation| {
+        let path = std::env::temp_dir().join(format!("chatter-sim-{seed}.history"));
+        let written = std::fs::write(&path, format!("{plan:#?}\n\n{}", history.text()));
+        match written {
+            Ok(()) => format!("{violation}\n  history: {}", path.display()),
+            Err(e) => format!("{violation}\n  (its history could not be written: {e})"),
+        }
+    })
 }
 
 fn workload(plan: &Plan, rng: &mut Rng) -> Vec<Published> {
+    // Drawn from a stream of their own: the other draws stay what they were.
+    let mut extra = Rng::new(plan.seed).fork(0xE7E7);
     let key = |rng: &mut Rng| format!("k{}", rng.below(plan.keys as u64));
     let seed = plan.seed;
-    let command = |kind, name: &str, i, destination: &str, body: Value| Published {
-        kind,
-        message: BrokeredMessage::json(
-            format!("s{seed}-{name}-{i}"),
-            destination,
-            body.to_string(),
-        ),
+    let command = |kind, name: &str, i, destination: &str, body: Value| {
+        let message =
+            BrokeredMessage::json(format!("s{seed}-{name}-{i}"), destination, body.to_string());
+        let events = match body["events"].as_u64() {
+            Some(n) => event_ids(&message.message_id, n as u8),
+            None => Vec::new(),
+        };
+        Published {
+            kind,
+            message,
+            events,
+        }
     };
     let mut commands = Vec::new();
     for i in 0..plan.places {
-        let body = json!({ "orderId": key(rng) });
+        let body = json!({ "orderId": key(rng), "events": extra.between(1, 3) });
         commands.push(command(
             Kind::Place,
             "place",
@@ -210,7 +343,11 @@ fn workload(plan: &Plan, rng: &mut Rng) -> Vec<Published> {
         ));
     }
     for i in 0..plan.reserves {
-        let body = json!({ "item": format!("item-{i}"), "workMs": rng.between(100, 500) });
+        let mut body = json!({ "item": format!("item-{i}"), "workMs": rng.between(100, 500) });
+        // Its first run outruns its claim (3 s): stopped when the claim is up.
+        if extra.chance(150) {
+            body["firstRunMs"] = json!(extra.between(3_200, 4_000));
+        }
         commands.push(command(
             Kind::Reserve,
             "reserve",
@@ -222,31 +359,164 @@ fn workload(plan: &Plan, rng: &mut Rng) -> Vec<Published> {
     commands
 }
 
-/// A step of the fault phase, at its moment.
+/// A step of the run, at its moment.
 enum Step {
     Publish(BrokeredMessage),
     Crash(usize, Duration),
+    Pause(usize, Duration),
+    Cut(usize, CutOf, Duration),
+    Restart(usize),
     Split,
+    Heal,
 }
 
-async fn run_async(plan: Plan) -> Result<Report, String> {
+/// One instance slot: its own port of the store, its faults, and its incarnations.
+struct Slot {
+    endpoint: String,
+    _port: RunningEmulator,
+    store: Arc<Schedule>,
+    publishes: Arc<Schedule>,
+    deliveries: Arc<Schedule>,
+    store_cut: Arc<Cut>,
+    broker_cut: Arc<Cut>,
+    incarnation: Arc<AtomicU64>,
+    instance: Option<Instance>,
+}
+
+/// What every instance of the run shares.
+struct Fleet {
+    plan: Plan,
+    slots: Vec<Slot>,
+    inner: InMemoryBroker,
+    recorder: Arc<Recorder>,
+    history: Arc<History>,
+    stranded: Arc<AtomicU64>,
+    /// Crashed instances to start again, and when.
+    restarts: Vec<(tokio::time::Instant, usize)>,
+}
+
+impl Fleet {
+    /// Starts a new incarnation of instance `slot`.
+    fn start(&mut self, slot: usize) {
+        let plan = &self.plan;
+        let s = &mut self.slots[slot];
+        let incarnation = s.incarnation.fetch_add(1, Ordering::SeqCst) + 1;
+        self.history
+            .harness(slot, format!("incarnation {incarnation} starts"));
+        let setup = Setup {
+            endpoint: s.endpoint.clone(),
+            broker: SimBroker::new(
+                self.inner.clone(),
+                (Arc::clone(&s.publishes), Arc::clone(&s.deliveries)),
+                Arc::clone(&s.broker_cut),
+                (slot, incarnation),
+                Arc::clone(&self.history),
+            ),
+            recorder: Arc::clone(&self.recorder),
+            skew_ms: plan.skews[slot],
+            after_commit: plan.after_commit[slot],
+            stranded: Arc::clone(&self.stranded),
+        };
+        s.instance = Some(Instance::start(format!("sim-{}-{slot}", plan.seed), setup));
+    }
+
+    fn set_faults(&self, on: bool) {
+        for slot in &self.slots {
+            slot.store.set(on);
+            slot.publishes.set(on);
+            slot.deliveries.set(on);
+        }
+    }
+
+    fn restart_due(&mut self) {
+        let now = tokio::time::Instant::now();
+        let due: Vec<usize> = self
+            .restarts
+            .iter()
+            .filter(|(at, _)| *at <= now)
+            .map(|(_, slot)| *slot)
+            .collect();
+        self.restarts.retain(|(at, _)| *at > now);
+        for slot in due {
+            if self.slots[slot].instance.is_none() {
+                self.start(slot);
+            }
+        }
+    }
+
+    async fn wait_started(&self, within: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + within;
+        loop {
+            let started: Vec<bool> = self
+                .slots
+                .iter()
+                .map(|s| s.instance.as_ref().is_some_and(Instance::has_started))
+                .collect();
+            if started.iter().all(|s| *s) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let errors: Vec<_> = self
+                    .slots
+                    .iter()
+                    .filter_map(|s| s.instance.as_ref())
+                    .map(|i| i.last_start_error.lock().unwrap().clone())
+                    .collect();
+                return Err(format!(
+                    "instances did not start within {within:?}: started {started:?}, the last \
+                     start errors {errors:?}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// A port of `server` for one client, with its faults decided by a schedule of its own.
+async fn port(
+    server: &RunningEmulator,
+    slot: usize,
+    schedule: &Arc<Schedule>,
+    cut: &Arc<Cut>,
+    incarnation: &Arc<AtomicU64>,
+    history: &Arc<History>,
+) -> Result<RunningEmulator, String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| format!("bind: {e}"))?;
+    let port = server
+        .port(listener)
+        .map_err(|e| format!("port: {e}"))?
+        .spawn();
+    port.faults().inject_with(Some(store_injector(
+        slot,
+        Arc::clone(schedule),
+        Arc::clone(cut),
+        Arc::clone(incarnation),
+        Arc::clone(history),
+    )));
+    Ok(port)
+}
+
+async fn run_async(plan: Plan, history: Arc<History>) -> Result<Report, String> {
     let began = Instant::now();
     // A seed run before in this process leaves no logs to this run.
     super::errors::take(plan.seed);
     let mut rng = Rng::new(plan.seed).fork(0xC0FFEE);
-    let store_faults = Schedule::new(rng.fork(1), plan.store_per_mille);
-    let publish_faults = Schedule::new(rng.fork(2), plan.publish_per_mille);
-    let delivery_faults = Schedule::new(rng.fork(3), plan.delivery_per_mille);
+    let tally = Arc::new(Tally::default());
+    // Each concern of each instance decides from a base of its own.
+    let schedule = |slot: usize, concern: u64, per_mille: u32| {
+        let base = Rng::new(plan.seed ^ ((slot as u64 + 1) << 40) ^ (concern << 56)).next_u64();
+        Schedule::new(base, per_mille, Arc::clone(&tally))
+    };
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| format!("bind: {e}"))?;
+    // The harness's own port: provisioning and the checks, never faulted.
     let server = EmulatorServer::from_listener(listener)
         .map_err(|e| format!("emulator: {e}"))?
         .spawn();
-    server
-        .faults()
-        .inject_with(Some(store_injector(Arc::clone(&store_faults))));
     let cosmos = CosmosConnection::connect(server.endpoint(), None)
         .await
         .map_err(|e| format!("connect: {e}"))?;
@@ -281,38 +551,230 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
     watch(&inner, &seen).await;
     let recorder = Arc::new(Recorder::default());
     *recorder.broker.lock().unwrap() = Some(inner.clone());
-    let setup = Setup {
-        endpoint: server.endpoint().to_owned(),
-        broker: SimBroker::new(
-            inner.clone(),
-            Arc::clone(&publish_faults),
-            Arc::clone(&delivery_faults),
-        ),
+    let mut slots = Vec::new();
+    for slot in 0..plan.instances {
+        let store = schedule(slot, 1, plan.store_per_mille);
+        let store_cut = Arc::new(Cut::default());
+        let incarnation = Arc::new(AtomicU64::new(0));
+        let port = port(&server, slot, &store, &store_cut, &incarnation, &history).await?;
+        slots.push(Slot {
+            endpoint: port.endpoint().to_owned(),
+            _port: port,
+            store,
+            publishes: schedule(slot, 2, plan.publish_per_mille),
+            deliveries: schedule(slot, 3, plan.delivery_per_mille),
+            store_cut,
+            broker_cut: Arc::new(Cut::default()),
+            incarnation,
+            instance: None,
+        });
+    }
+    // The other service writing triggers has a port (and faults) of its own.
+    let writer_slot = plan.instances;
+    let writer_faults = schedule(writer_slot, 1, plan.store_per_mille);
+    let writer_port = port(
+        &server,
+        writer_slot,
+        &writer_faults,
+        &Arc::new(Cut::default()),
+        &Arc::new(AtomicU64::new(1)),
+        &history,
+    )
+    .await?;
+    let writer_cosmos = CosmosConnection::connect(writer_port.endpoint(), None)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut fleet = Fleet {
+        plan: plan.clone(),
+        slots,
+        inner: inner.clone(),
         recorder: Arc::clone(&recorder),
-        skew_ms: 0,
-        after_commit: true,
+        history: Arc::clone(&history),
+        stranded: Arc::default(),
+        restarts: Vec::new(),
     };
-    let name = |i: usize| format!("sim-{}-{i}", plan.seed);
-    let setup_of = |i: usize| Setup {
-        skew_ms: plan.skews[i],
-        after_commit: plan.after_commit[i],
-        ..setup.clone()
-    };
-    let mut instances: Vec<Option<Instance>> = (0..plan.instances)
-        .map(|i| Some(Instance::start(name(i), setup_of(i))))
-        .collect();
-    wait_started(&mut instances, Duration::from_secs(60))
+    for slot in 0..plan.instances {
+        fleet.start(slot);
+    }
+    fleet
+        .wait_started(Duration::from_secs(60))
         .await
         .map_err(|e| format!("seed {}: {e}", plan.seed))?;
 
     let instances_up = began.elapsed();
-    // The fault phase's steps, in time order.
     let mut workload_rng = rng.fork(4);
     let commands = workload(&plan, &mut workload_rng);
+    let steps = steps(&plan, &commands, &recorder, &mut workload_rng);
+
+    fleet.set_faults(true);
+    writer_faults.set(true);
+    let phase_start = tokio::time::Instant::now();
+    // The other service writes its triggers meanwhile, through faults of its own.
+    let writer = tokio::spawn({
+        let plan = plan.clone();
+        async move {
+            super::triggers::write(
+                &writer_cosmos,
+                plan.seed,
+                plan.tenants,
+                plan.triggers_per_tenant,
+                plan.trigger_gap,
+            )
+            .await
+        }
+    });
+    let mut crashes = 0;
+    let mut steps = steps.into_iter().peekable();
+    // Every step in its time order, and crashed instances back when they are due.
+    loop {
+        let next_step = steps.peek().map(|(at, _)| phase_start + *at);
+        let next_restart = fleet.restarts.iter().map(|(at, _)| *at).min();
+        let Some(next) = next_step.into_iter().chain(next_restart).min() else {
+            break;
+        };
+        tokio::time::sleep_until(next).await;
+        fleet.restart_due();
+        if next_step != Some(next) {
+            continue;
+        }
+        let (_, step) = steps.next().expect("peeked");
+        match step {
+            // The harness publishes to the broker itself: its own publishes are not faulted.
+            Step::Publish(message) => inner
+                .publish(message)
+                .await
+                .map_err(|e| format!("publish: {e}"))?,
+            Step::Split => {
+                for (container, partition) in &partitions {
+                    store.split_partition(
+                        DATABASE,
+                        container,
+                        *partition,
+                        Duration::from_millis(10),
+                    );
+                }
+            }
+            Step::Crash(which, down) => {
+                if let Some(instance) = fleet.slots[which].instance.take() {
+                    crashes += 1;
+                    history.harness(which, format!("crashed, down for {down:?}"));
+                    instance.crash();
+                    fleet
+                        .restarts
+                        .push((tokio::time::Instant::now() + down, which));
+                }
+            }
+            Step::Pause(which, period) => {
+                if let Some(instance) = &fleet.slots[which].instance {
+                    history.harness(which, format!("paused for {period:?}"));
+                    instance.pause(period);
+                }
+            }
+            Step::Cut(which, of, period) => {
+                history.harness(which, format!("cut off from the {of:?} for {period:?}"));
+                let slot = &fleet.slots[which];
+                let cut = match of {
+                    CutOf::Store => &slot.store_cut,
+                    CutOf::Broker => &slot.broker_cut,
+                };
+                cut.until(Instant::now() + period);
+            }
+            Step::Restart(which) => {
+                if let Some(instance) = fleet.slots[which].instance.take() {
+                    history.harness(which, "stops gracefully (a rolling restart)");
+                    // Off this thread: a shutdown waits on the store and the broker.
+                    tokio::task::spawn_blocking(move || instance.stop(Duration::from_secs(15)))
+                        .await
+                        .map_err(|e| format!("stop: {e}"))?;
+                    fleet.start(which);
+                }
+            }
+            Step::Heal => {
+                fleet.set_faults(false);
+                writer_faults.set(false);
+            }
+        }
+    }
+    let triggers = writer
+        .await
+        .map_err(|e| format!("the trigger writer: {e}"))??;
+    fleet
+        .wait_started(Duration::from_secs(60))
+        .await
+        .map_err(|e| format!("seed {}: {e}", plan.seed))?;
+
+    let healed = Instant::now();
+    if std::env::var_os("SIM_VERBOSE").is_some() {
+        eprintln!(
+            "seed {} ({:?}): provisioned at {provisioned:?}, instances up at {instances_up:?}, \
+             healed at {:?}",
+            plan.seed,
+            plan.family,
+            began.elapsed()
+        );
+    }
+    let settled = settle(&plan, &commands, &triggers, &inner, &cosmos, &seen).await;
+    let settled_in = healed.elapsed();
+    // Quiet once settled: nothing more is published (a late page, a zombie's publish).
+    let quiet = if settled.is_ok() {
+        let before = seen.lock().unwrap().publications();
+        tokio::time::sleep(QUIET_FOR).await;
+        let after = seen.lock().unwrap().publications();
+        (after != before).then(|| {
+            format!(
+                "quiescence: {} publications in the {QUIET_FOR:?} after everything settled",
+                after - before
+            )
+        })
+    } else {
+        None
+    };
+    // The instances are done with: crash them (a graceful stop is not what is checked).
+    for slot in &mut fleet.slots {
+        if let Some(instance) = slot.instance.take() {
+            instance.crash();
+        }
+    }
+    let logged = super::errors::take(plan.seed);
+    if let Err(stall) = settled {
+        return Err(format!(
+            "{stall}\n  Error logs after healing: {}",
+            super::check::listed(super::check::said_after(&logged, healed))
+        ));
+    }
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    let ended = super::check::Ended {
+        logged,
+        settled_in,
+        quiet,
+        stranded: fleet.stranded.load(Ordering::SeqCst),
+        history: history.events(),
+    };
+    let mut report = super::check::invariants(
+        &plan, &commands, &triggers, &cosmos, &recorder, &seen, &ended,
+    )
+    .await?;
+    report.faults = tally.snapshot();
+    report.crashes = crashes;
+    report.commands = commands.len();
+    report.took = began.elapsed();
+    report.settled_in = settled_in;
+    report.probes = super::probes::count(&plan, &commands, &recorder, &ended);
+    Ok(report)
+}
+
+/// The run's steps in time order: the commands (a key's often in a burst), their duplicates,
+/// the split, the crashes, pauses, cut-offs and restarts, and healing.
+fn steps(
+    plan: &Plan,
+    commands: &[Published],
+    recorder: &Recorder,
+    workload_rng: &mut Rng,
+) -> Vec<(Duration, Step)> {
     let mut steps: Vec<(Duration, Step)> = Vec::new();
     let phase = plan.fault_phase.as_millis() as u64;
     let mut last_of_key: BTreeMap<String, Duration> = BTreeMap::new();
-    for command in &commands {
+    for command in commands {
         let mut at = Duration::from_millis(workload_rng.below(phase));
         // Half the commands of a key come in a burst right after the previous one, so a page
         // often holds several documents of one key: the moment per-key order is at stake.
@@ -339,7 +801,7 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
         }
     }
     for _ in 0..plan.duplicates.min(commands.len()) {
-        let again = workload_rng.pick(&commands).message.clone();
+        let again = workload_rng.pick(commands).message.clone();
         steps.push((
             Duration::from_millis(workload_rng.below(phase + 200)),
             Step::Publish(again),
@@ -351,158 +813,19 @@ async fn run_async(plan: Plan) -> Result<Report, String> {
     for (at, which, down) in &plan.crashes {
         steps.push((*at, Step::Crash(*which, *down)));
     }
+    for (at, which, period) in &plan.pauses {
+        steps.push((*at, Step::Pause(*which, *period)));
+    }
+    for (at, which, of, period) in &plan.cuts {
+        steps.push((*at, Step::Cut(*which, *of, *period)));
+    }
+    for (at, which) in &plan.restarts {
+        steps.push((*at, Step::Restart(*which)));
+    }
+    steps.push((plan.fault_phase, Step::Heal));
+    // Stable: a step at the same moment as healing keeps its place before or after it.
     steps.sort_by_key(|(at, _)| *at);
-
-    store_faults.set(true);
-    publish_faults.set(true);
-    delivery_faults.set(true);
-    let phase_start = tokio::time::Instant::now();
-    // The other service writes its triggers meanwhile, through the same faults.
-    let writer = tokio::spawn({
-        let cosmos = cosmos.clone();
-        let plan = plan.clone();
-        async move {
-            super::triggers::write(
-                &cosmos,
-                plan.seed,
-                plan.tenants,
-                plan.triggers_per_tenant,
-                plan.trigger_gap,
-            )
-            .await
-        }
-    });
-    let mut restarts: Vec<(tokio::time::Instant, usize)> = Vec::new();
-    let mut crashes = 0;
-    for (at, step) in steps {
-        tokio::time::sleep_until(phase_start + at).await;
-        restart_due(&mut instances, &mut restarts, &setup_of, &name);
-        match step {
-            // The harness publishes to the broker itself: its own publishes are not faulted.
-            Step::Publish(message) => inner
-                .publish(message)
-                .await
-                .map_err(|e| format!("publish: {e}"))?,
-            Step::Split => {
-                for (container, partition) in &partitions {
-                    store.split_partition(
-                        DATABASE,
-                        container,
-                        *partition,
-                        Duration::from_millis(10),
-                    );
-                }
-            }
-            Step::Crash(which, down) => {
-                if let Some(instance) = instances[which].take() {
-                    crashes += 1;
-                    instance.crash();
-                    restarts.push((tokio::time::Instant::now() + down, which));
-                }
-            }
-        }
-    }
-    tokio::time::sleep_until(phase_start + plan.fault_phase).await;
-    let triggers = writer
-        .await
-        .map_err(|e| format!("the trigger writer: {e}"))??;
-
-    // Heal.
-    store_faults.set(false);
-    publish_faults.set(false);
-    delivery_faults.set(false);
-    restarts
-        .iter_mut()
-        .for_each(|(at, _)| *at = tokio::time::Instant::now());
-    restart_due(&mut instances, &mut restarts, &setup_of, &name);
-    wait_started(&mut instances, Duration::from_secs(60))
-        .await
-        .map_err(|e| format!("seed {}: {e}", plan.seed))?;
-
-    let healed = Instant::now();
-    if std::env::var_os("SIM_VERBOSE").is_some() {
-        eprintln!(
-            "seed {}: provisioned at {provisioned:?}, instances up at {instances_up:?}, healed at {:?}",
-            plan.seed,
-            began.elapsed()
-        );
-    }
-    let settled = settle(&plan, &commands, &triggers, &inner, &cosmos, &seen).await;
-    let settled_in = healed.elapsed();
-    // The instances are done with: crash them (a graceful stop is not what is checked).
-    for instance in instances.iter_mut().filter_map(Option::take) {
-        instance.crash();
-    }
-    let logged = super::errors::take(plan.seed);
-    if let Err(stall) = settled {
-        return Err(format!(
-            "{stall}\n  Error logs after healing: {}",
-            super::check::listed(super::check::said_after(&logged, healed))
-        ));
-    }
-    let seen = std::mem::take(&mut *seen.lock().unwrap());
-    let ended = super::check::Ended {
-        logged,
-        healed,
-        settled_in,
-    };
-    let mut report = super::check::invariants(
-        &plan, &commands, &triggers, &cosmos, &recorder, &seen, &ended,
-    )
-    .await?;
-    report.faults = store_faults.tally.snapshot();
-    report.faults.extend(publish_faults.tally.snapshot());
-    report.faults.extend(delivery_faults.tally.snapshot());
-    report.crashes = crashes;
-    report.commands = commands.len();
-    report.took = began.elapsed();
-    report.settled_in = settled_in;
-    Ok(report)
-}
-
-fn restart_due(
-    instances: &mut [Option<Instance>],
-    restarts: &mut Vec<(tokio::time::Instant, usize)>,
-    setup_of: &impl Fn(usize) -> Setup,
-    name: &impl Fn(usize) -> String,
-) {
-    let now = tokio::time::Instant::now();
-    restarts.retain(|(at, which)| {
-        if *at > now {
-            return true;
-        }
-        if instances[*which].is_none() {
-            instances[*which] = Some(Instance::start(name(*which), setup_of(*which)));
-        }
-        false
-    });
-}
-
-async fn wait_started(instances: &mut [Option<Instance>], within: Duration) -> Result<(), String> {
-    let deadline = Instant::now() + within;
-    let mut started = vec![false; instances.len()];
-    loop {
-        for (i, instance) in instances.iter().enumerate() {
-            if let Some(instance) = instance {
-                started[i] |= instance.has_started();
-            }
-        }
-        if started.iter().all(|s| *s) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            let errors: Vec<_> = instances
-                .iter()
-                .flatten()
-                .map(|i| i.last_start_error.lock().unwrap().clone())
-                .collect();
-            return Err(format!(
-                "instances did not start within {within:?}: started {started:?}, the last \
-                 start errors {errors:?}"
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    steps
 }
 
 /// Records what the world outside chatter receives: the events, the reserved messages and the
@@ -528,7 +851,9 @@ async fn watch(broker: &InMemoryBroker, seen: &Arc<Mutex<Seen>>) {
                     let command = body["command"].as_str().unwrap_or_default().to_owned();
                     if message.destination == EVENTS {
                         let key = body["orderId"].as_str().unwrap_or_default().to_owned();
-                        seen.events.push((key, command));
+                        seen.events.push((key, message.message_id.clone()));
+                        seen.event_bodies
+                            .push((message.message_id.clone(), message.body.clone()));
                     } else if message.destination == TRIGGERED {
                         let tenant = body["tenant"].as_str().unwrap_or_default().to_owned();
                         let trigger = body["trigger"].as_str().unwrap_or_default().to_owned();
@@ -546,7 +871,7 @@ async fn watch(broker: &InMemoryBroker, seen: &Arc<Mutex<Seen>>) {
 }
 
 /// Waits until every command is settled and every Outbox Document published and stamped; a
-/// run that does not within [`SETTLE_BOUND`] stalled.
+/// run that does not within [`STALL_BOUND`] stalled.
 async fn settle(
     plan: &Plan,
     commands: &[Published],
@@ -555,7 +880,7 @@ async fn settle(
     cosmos: &CosmosConnection,
     seen: &Arc<Mutex<Seen>>,
 ) -> Result<(), String> {
-    let deadline = Instant::now() + SETTLE_BOUND;
+    let deadline = Instant::now() + STALL_BOUND;
     let destinations = [
         SimPlace::registration().destination,
         SimPoison::registration().destination,
@@ -576,7 +901,7 @@ async fn settle(
             commands
                 .iter()
                 .filter(|c| match c.kind {
-                    Kind::Place => !published.contains(c.message.message_id.as_str()),
+                    Kind::Place => c.events.iter().any(|e| !published.contains(e.as_str())),
                     Kind::Reserve => !seen.reserved.contains_key(&c.message.message_id),
                     Kind::Poison => !seen.dead_letters.contains_key(&c.message.message_id),
                 })
@@ -596,7 +921,7 @@ async fn settle(
         };
         if Instant::now() > deadline {
             return Err(format!(
-                "seed {}: stalled: {SETTLE_BOUND:?} after healing, {queued} command deliveries \
+                "seed {}: stalled: {STALL_BOUND:?} after healing, {queued} command deliveries \
                  still queued or unsettled, {pending}, not yet published or dead-lettered: \
                  {missing:?}",
                 plan.seed

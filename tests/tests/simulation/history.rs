@@ -1,0 +1,162 @@
+//! What happened in a run, by instance and incarnation: the faults each met, what each
+//! published, the crashes, pauses, cut-offs and restarts. The invariants read it (one
+//! incarnation's second publication of a document must have a reason in it), and a failing
+//! run writes it out, so a violation comes with its story.
+
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// One incarnation of one instance: `(slot, incarnation)`.
+pub type Who = (usize, u64);
+
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// A write of the store meant for `path` met `fault`.
+    StoreFault {
+        who: Who,
+        method: String,
+        path: String,
+        fault: &'static str,
+    },
+    /// A publish (chatter's call to the broker) and what came of it.
+    Publish {
+        who: Who,
+        message_id: String,
+        destination: String,
+        outcome: &'static str,
+    },
+    /// A write of an Outbox Document's stamp (a patch) that reached the store unfaulted.
+    Stamp { who: Who, message_id: String },
+    /// What the harness did to an instance: started, crashed, paused, cut off, stopped.
+    Harness { slot: usize, what: String },
+}
+
+impl Event {
+    fn who(&self) -> Option<Who> {
+        match self {
+            Self::StoreFault { who, .. } | Self::Publish { who, .. } | Self::Stamp { who, .. } => {
+                Some(*who)
+            }
+            Self::Harness { .. } => None,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct History {
+    began: Instant,
+    events: Mutex<Vec<(Instant, Event)>>,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        Self {
+            began: Instant::now(),
+            events: Mutex::default(),
+        }
+    }
+}
+
+impl History {
+    pub fn record(&self, event: Event) {
+        self.events.lock().unwrap().push((Instant::now(), event));
+    }
+
+    pub fn store_fault(
+        &self,
+        slot: usize,
+        incarnation: u64,
+        method: &str,
+        path: &str,
+        fault: &'static str,
+    ) {
+        self.record(Event::StoreFault {
+            who: (slot, incarnation),
+            method: method.to_owned(),
+            path: decode(path),
+            fault,
+        });
+    }
+
+    pub fn harness(&self, slot: usize, what: impl Into<String>) {
+        self.record(Event::Harness {
+            slot,
+            what: what.into(),
+        });
+    }
+
+    pub fn events(&self) -> Vec<(Instant, Event)> {
+        self.events.lock().unwrap().clone()
+    }
+
+    /// The whole story, one event per line, times from the run's start.
+    pub fn text(&self) -> String {
+        let mut text = String::new();
+        for (at, event) in self.events() {
+            let _ = write!(
+                text,
+                "{:>8.3}s ",
+                at.duration_since(self.began).as_secs_f64()
+            );
+            let _ = match (&event, event.who()) {
+                (Event::Harness { slot, what }, _) => writeln!(text, "instance {slot}: {what}"),
+                (
+                    Event::StoreFault {
+                        method,
+                        path,
+                        fault,
+                        ..
+                    },
+                    Some((slot, inc)),
+                ) => writeln!(text, "instance {slot}#{inc} store {method} {path}: {fault}"),
+                (
+                    Event::Publish {
+                        message_id,
+                        destination,
+                        outcome,
+                        ..
+                    },
+                    Some((slot, inc)),
+                ) => writeln!(
+                    text,
+                    "instance {slot}#{inc} publish {message_id} to {destination}: {outcome}"
+                ),
+                (Event::Stamp { message_id, .. }, Some((slot, inc))) => {
+                    writeln!(text, "instance {slot}#{inc} stamp {message_id}")
+                }
+                _ => Ok(()),
+            };
+        }
+        text
+    }
+}
+
+/// The message id of the Outbox Document a request path names (`…/docs/outbox:<unpadded
+/// base64url of the message id>`), if it names one.
+pub fn outbox_message_id(path: &str) -> Option<String> {
+    decode_base64url(decode(path).rsplit('/').next()?.strip_prefix("outbox:")?)
+}
+
+fn decode_base64url(encoded: &str) -> Option<String> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut bits = 0u32;
+    let mut held = 0;
+    let mut out = Vec::new();
+    for byte in encoded.bytes() {
+        let value = ALPHABET.iter().position(|b| *b == byte)? as u32;
+        bits = (bits << 6) | value;
+        held += 6;
+        if held >= 8 {
+            held -= 8;
+            out.push((bits >> held) as u8);
+            bits &= (1 << held) - 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// A request path with its percent-escapes of `:` (document ids are `outbox:…`) undone.
+fn decode(path: &str) -> String {
+    path.replace("%3A", ":").replace("%3a", ":")
+}

@@ -1,0 +1,135 @@
+//! Named probes, as FoundationDB's code probes: the windows where a promise is at stake,
+//! counted per run from its history, so a harness that stops reaching one is seen
+//! (`probes_are_reached` in `main.rs` fails when one of [`PROBES`] is never hit).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::check::Ended;
+use super::commands::{RESERVED, Recorder, RunEnd};
+use super::history::Event;
+use super::run::{Family, Plan, Published};
+
+/// Every probe, with what it counts.
+pub const PROBES: &[(&str, &str)] = &[
+    (
+        "crash after publish, before stamp",
+        "an incarnation published a document and crashed before it wrote that document's stamp",
+    ),
+    (
+        "zombie past its lease",
+        "an instance paused past the lease expiry (3 s), so its leases moved, and resumed",
+    ),
+    (
+        "write applied after its client gave up",
+        "a store write held past the client's timeout (an answer held, or a cut-off) that \
+         took effect later",
+    ),
+    (
+        "claim ran out mid-handler",
+        "a standalone-inbox handler still running when its claim ended",
+    ),
+    (
+        "publish held past its timeout",
+        "an instance cut off from the broker, its publish reaching the broker after it gave up",
+    ),
+    (
+        "rolling restart",
+        "an instance stopped gracefully and started again while others worked",
+    ),
+    (
+        "second publish after a failed stamp",
+        "one incarnation published a document again, its own stamp of it having failed",
+    ),
+    (
+        "recovery under faults",
+        "a recovery-family run: take-overs while faults go on",
+    ),
+    (
+        "split mid-run",
+        "the monitored containers' partition split while commands ran",
+    ),
+];
+
+/// How many times `plan`'s run hit each probe.
+pub fn count(
+    plan: &Plan,
+    commands: &[Published],
+    recorder: &Recorder,
+    ended: &Ended,
+) -> BTreeMap<&'static str, u64> {
+    let mut hits: BTreeMap<&'static str, u64> = PROBES.iter().map(|(name, _)| (*name, 0)).collect();
+    let mut hit = |name: &'static str, n: u64| *hits.get_mut(name).expect("a named probe") += n;
+    let lease_expiry = Duration::from_secs(3);
+    let history = &ended.history;
+
+    // Published, then crashed without a stamp write of it by the same incarnation.
+    let mut open: BTreeMap<(usize, u64), Vec<String>> = BTreeMap::new();
+    for (_, event) in history {
+        match event {
+            Event::Publish {
+                who,
+                message_id,
+                destination,
+                outcome,
+            } if destination != RESERVED || outcome.starts_with("published") => {
+                open.entry(*who).or_default().push(message_id.clone());
+            }
+            Event::Stamp { who, message_id } => {
+                if let Some(list) = open.get_mut(who) {
+                    list.retain(|m| m != message_id);
+                }
+            }
+            Event::Harness { slot, what } if what.starts_with("crashed") => {
+                let unstamped: usize = open
+                    .iter()
+                    .filter(|((s, _), _)| s == slot)
+                    .map(|(_, list)| list.len())
+                    .sum();
+                hit("crash after publish, before stamp", unstamped as u64);
+                open.retain(|(s, _), _| s != slot);
+            }
+            Event::StoreFault { fault, .. }
+                if *fault == "cut off" || fault.contains("held past the timeout") =>
+            {
+                hit("write applied after its client gave up", 1);
+            }
+            Event::Publish { outcome, .. } if outcome.contains("held by a cut-off") => {
+                hit("publish held past its timeout", 1);
+            }
+            Event::Harness { what, .. } if what.starts_with("stops gracefully") => {
+                hit("rolling restart", 1);
+            }
+            _ => {}
+        }
+    }
+    for (_, which, period) in &plan.pauses {
+        let _ = which;
+        if *period > lease_expiry {
+            hit("zombie past its lease", 1);
+        }
+    }
+    let outrunning: Vec<&str> = commands
+        .iter()
+        .filter(|c| c.message.body.contains("firstRunMs"))
+        .map(|c| c.message.message_id.as_str())
+        .collect();
+    let cut_runs = recorder
+        .inbox
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(id, _)| outrunning.contains(&id.as_str()))
+        .map(|(_, runs)| runs.ends.iter().filter(|e| **e == RunEnd::Cut).count() as u64)
+        .sum();
+    hit("claim ran out mid-handler", cut_runs);
+    let (_, excused) = super::check::same_process_duplicates(history);
+    hit("second publish after a failed stamp", excused);
+    if plan.family == Family::Recovery {
+        hit("recovery under faults", 1);
+    }
+    if plan.split_at.is_some_and(|at| at < plan.fault_phase) {
+        hit("split mid-run", 1);
+    }
+    hits
+}
