@@ -37,9 +37,11 @@ use std::time::{Duration, Instant};
 
 use azure_core::http::headers::{HeaderName, HeaderValue};
 use azure_core::http::{Method, Request, Url};
+/// The account's default consistency level and the replication between its regions, for
+/// [`EmulatorServer::with_read_region`].
+pub use azure_data_cosmos_driver::in_memory_emulator::{ConsistencyLevel, ReplicationConfig};
 use azure_data_cosmos_driver::in_memory_emulator::{
-    ConsistencyLevel, EmulatorStore, InMemoryEmulatorHttpClient, VirtualAccountConfig,
-    VirtualRegion,
+    EmulatorStore, InMemoryEmulatorHttpClient, VirtualAccountConfig, VirtualRegion,
 };
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -53,8 +55,12 @@ use tokio::task::JoinHandle;
 /// The port the Azure Cosmos DB emulator listens on by default; `chatter-emulator` uses it too.
 pub const DEFAULT_PORT: u16 = 8081;
 
-/// The name of the single virtual region the served account has.
+/// The name of the single virtual region the served account has (its write region when it has
+/// two).
 pub const REGION_NAME: &str = "East US";
+
+/// The name of the read region of an account served by [`EmulatorServer::with_read_region`].
+pub const READ_REGION_NAME: &str = "West US";
 
 /// An in-memory Cosmos account bound to a TCP listener, ready to serve.
 ///
@@ -84,6 +90,8 @@ pub struct Faults(Arc<Mutex<FaultState>>);
 struct FaultState {
     /// Decides per request (a simulation's seeded schedule); asked before the fixed faults.
     injector: Option<Injector>,
+    /// Told the status of every answer (a simulation's history).
+    observer: Option<Observer>,
     refusals: Vec<Refusal>,
     latency: Duration,
     /// Late answers by HTTP method.
@@ -94,6 +102,7 @@ impl std::fmt::Debug for FaultState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FaultState")
             .field("injector", &self.injector.is_some())
+            .field("observer", &self.observer.is_some())
             .field("refusals", &self.refusals)
             .field("latency", &self.latency)
             .field("answer_delays", &self.answer_delays)
@@ -132,6 +141,11 @@ pub enum Injection {
 /// Decides, per request, from its HTTP method and path, what fault (if any) it meets; called
 /// once per request, before the fixed faults. A simulation drives it from its seed.
 pub type Injector = Arc<dyn Fn(&str, &str) -> Option<Injection> + Send + Sync>;
+
+/// Told, for every request, its HTTP method, its path and the status (and `x-ms-substatus`,
+/// if any) of the answer the client gets, once it is sent: what a request came to, injected or
+/// not (a store that answered 410/1007 during a split, say).
+pub type Observer = Arc<dyn Fn(&str, &str, u16, Option<u32>) + Send + Sync>;
 
 #[derive(Debug)]
 struct Refusal {
@@ -183,6 +197,15 @@ impl Faults {
         self.state().injector = injector;
     }
 
+    /// Tells `observer` about every answer from now on (`None`: stop telling).
+    pub fn observe_with(&self, observer: Option<Observer>) {
+        self.state().observer = observer;
+    }
+
+    fn observer(&self) -> Option<Observer> {
+        self.state().observer.clone()
+    }
+
     /// What the injector (if any) decides for a request with `method` and `path`; asked outside
     /// the lock, so an injector may take its time.
     fn injected(&self, method: &str, path: &str) -> Option<Injection> {
@@ -194,6 +217,7 @@ impl Faults {
     pub fn clear(&self) {
         let mut state = self.state();
         state.injector = None;
+        state.observer = None;
         state.refusals.clear();
         state.latency = Duration::ZERO;
         state.answer_delays.clear();
@@ -293,16 +317,59 @@ impl EmulatorServer {
             VirtualAccountConfig::new(vec![VirtualRegion::new(REGION_NAME, endpoint.clone())])
                 .map_err(|e| io::Error::other(format!("invalid in-memory emulator account: {e}")))?
                 .with_consistency(ConsistencyLevel::Session);
-        let emulator = InMemoryEmulatorHttpClient::try_new(config)
-            .map_err(|e| io::Error::other(format!("cannot start the in-memory emulator: {e}")))?;
-        Ok(Self {
+        let emulator =
+            Arc::new(InMemoryEmulatorHttpClient::try_new(config).map_err(|e| {
+                io::Error::other(format!("cannot start the in-memory emulator: {e}"))
+            })?);
+        Ok(Self::serving(listener, endpoint, emulator))
+    }
+
+    /// An account with two regions: [`REGION_NAME`], which takes the writes, served on
+    /// `write_region`, and [`READ_REGION_NAME`], served on `read_region`, which receives every
+    /// write after a delay drawn from `replication`. `consistency` is the account's default: a
+    /// client reading in the read region (its preferred region) reads what has replicated
+    /// there, as the level allows (Eventual and Consistent Prefix: possibly older data;
+    /// Session: at least its own session's writes). Returns the two servers, write region
+    /// first.
+    pub fn with_read_region(
+        write_region: TcpListener,
+        read_region: TcpListener,
+        consistency: ConsistencyLevel,
+        replication: ReplicationConfig,
+    ) -> io::Result<(Self, Self)> {
+        let write_url = endpoint_for(write_region.local_addr()?);
+        let read_url = endpoint_for(read_region.local_addr()?);
+        let config = VirtualAccountConfig::new(vec![
+            VirtualRegion::new(REGION_NAME, write_url.clone()),
+            VirtualRegion::new(READ_REGION_NAME, read_url.clone()),
+        ])
+        .map_err(|e| io::Error::other(format!("invalid in-memory emulator account: {e}")))?
+        .with_consistency(consistency)
+        .with_replication_config(replication);
+        let emulator =
+            Arc::new(InMemoryEmulatorHttpClient::try_new(config).map_err(|e| {
+                io::Error::other(format!("cannot start the in-memory emulator: {e}"))
+            })?);
+        Ok((
+            Self::serving(write_region, write_url, Arc::clone(&emulator)),
+            Self::serving(read_region, read_url, emulator),
+        ))
+    }
+
+    /// A server of `emulator`'s region `region` on `listener`.
+    fn serving(
+        listener: TcpListener,
+        region: Url,
+        emulator: Arc<InMemoryEmulatorHttpClient>,
+    ) -> Self {
+        Self {
             listener,
-            region: endpoint.clone(),
-            endpoint,
-            emulator: Arc::new(emulator),
+            endpoint: region.clone(),
+            region,
+            emulator,
             counts: Arc::default(),
             faults: Faults::default(),
-        })
+        }
     }
 
     /// The faults this server injects (none until set).
@@ -360,6 +427,13 @@ impl EmulatorServer {
                         .record_authorization(request.headers().get(hyper::header::AUTHORIZATION));
                     let (latency, refusal, answer_delay) = faults.decide(request.method().as_str());
                     let injected = faults.injected(request.method().as_str(), request.uri().path());
+                    let observed = faults.observer().map(|observer| {
+                        (
+                            observer,
+                            request.method().to_string(),
+                            request.uri().path().to_owned(),
+                        )
+                    });
                     async move {
                         if !latency.is_zero() {
                             tokio::time::sleep(latency).await;
@@ -396,6 +470,14 @@ impl EmulatorServer {
                         };
                         if !answer_delay.is_zero() {
                             tokio::time::sleep(answer_delay).await;
+                        }
+                        if let Some((observer, method, path)) = observed {
+                            let sub_status = response
+                                .headers()
+                                .get("x-ms-substatus")
+                                .and_then(|v| v.to_str().ok())
+                                .and_then(|v| v.parse().ok());
+                            observer(&method, &path, response.status().as_u16(), sub_status);
                         }
                         Ok::<_, Infallible>(response)
                     }

@@ -125,3 +125,64 @@ async fn a_port_serves_the_same_store_and_meets_only_its_own_faults() {
             .is_some()
     );
 }
+
+/// A client of a two-region account that reads in the read region (its preferred region).
+async fn reading_in_read_region(endpoint: &str) -> chatter_runtime::cosmos::CosmosConnection {
+    use azure_data_cosmos::options::Region;
+    use azure_data_cosmos::{AccountReference, CosmosClientBuilder, RoutingStrategy};
+    let account = AccountReference::with_authentication_key(
+        endpoint.parse().unwrap(),
+        chatter_runtime::cosmos::EMULATOR_KEY,
+    );
+    let client = CosmosClientBuilder::new()
+        .build(
+            account,
+            RoutingStrategy::PreferredRegions(vec![Region::WEST_US]),
+        )
+        .await
+        .unwrap();
+    chatter_runtime::cosmos::CosmosConnection::from_client(client, endpoint)
+}
+
+#[tokio::test]
+async fn the_read_region_serves_older_data_until_a_write_replicates_under_eventual() {
+    use chatter_emulator::{ConsistencyLevel, EmulatorServer, ReplicationConfig};
+    let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
+    let lag = std::time::Duration::from_millis(800);
+    let (write, read) = EmulatorServer::with_read_region(
+        bind().await.unwrap(),
+        bind().await.unwrap(),
+        ConsistencyLevel::Eventual,
+        ReplicationConfig::fixed(lag),
+    )
+    .unwrap();
+    let (write, read) = (write.spawn(), read.spawn());
+    let writer = chatter_runtime::cosmos::CosmosConnection::connect(write.endpoint(), None)
+        .await
+        .unwrap();
+    let docs = provisioned(&writer, "regions", "docs", &["/pk"]).await;
+    let reader = reading_in_read_region(write.endpoint()).await;
+    let stale = reader.container("regions", "docs").await.unwrap();
+    create_item(
+        &docs,
+        partition_key(&[json!("p")]).unwrap(),
+        &json!({ "id": "f", "pk": "p" }),
+    )
+    .await
+    .unwrap();
+    let reads_before = read.request_count("GET");
+    assert!(
+        find_document(&stale, &[json!("p")], "f").await.is_none(),
+        "the read region has not received the write yet"
+    );
+    assert!(
+        read.request_count("GET") > reads_before,
+        "the read went to the read region"
+    );
+    assert!(find_document(&docs, &[json!("p")], "f").await.is_some());
+    tokio::time::sleep(lag * 2).await;
+    assert!(
+        find_document(&stale, &[json!("p")], "f").await.is_some(),
+        "replicated after the lag"
+    );
+}

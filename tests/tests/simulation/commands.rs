@@ -168,7 +168,8 @@ pub struct Overlap {
     pub at: std::time::Instant,
 }
 
-/// The instance (slot) whose thread this is: instances are threads named `sim-<seed>-<slot>`.
+/// The instance (slot) whose thread this is: instances are threads named
+/// `sim-<seed>-<run>-<slot>`.
 pub fn this_slot() -> usize {
     std::thread::current()
         .name()

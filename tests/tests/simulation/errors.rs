@@ -2,7 +2,7 @@
 //! logs (a stranded document) are violations by themselves.
 //!
 //! One `tracing` layer for the whole test binary records every Error event logged on an
-//! instance's thread (named `sim-<seed>-<instance>`: each instance's tasks run on its own
+//! instance's thread (named `sim-<seed>-<run>-<instance>`: each instance's tasks run on its own
 //! current-thread runtime), so runs side by side keep their logs apart.
 
 use std::collections::BTreeMap;

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chatter_emulator::{Injection, Injector};
+use chatter_emulator::{Injection, Injector, Observer};
 
 use super::history::History;
 use super::rng::Rng;
@@ -124,8 +124,8 @@ impl Cut {
 /// One instance's port's faults as an emulator injector. Only document traffic is faulted
 /// (reads, writes, batches, queries, the change feed: paths with `/docs`); the account and
 /// container metadata a client reads once is left alone, as a fault there only delays a start.
-/// A cut-off holds every request. Each write's fault is written to `history` under the
-/// instance's current incarnation.
+/// A cut-off holds every request. Each fault is written to `history` under the instance's
+/// current incarnation.
 pub fn store_injector(
     slot: usize,
     schedule: Arc<Schedule>,
@@ -138,33 +138,42 @@ pub fn store_injector(
         let incarnation = incarnation.load(Ordering::SeqCst);
         if let Some(remaining) = cut.remaining() {
             schedule.tally.add("store cut off (held, applied later)");
-            if write {
-                history.store_fault(slot, incarnation, method, path, "cut off");
-            }
+            history.store_fault(slot, incarnation, method, path, "cut off");
             return Some(Injection::Delay(remaining + Duration::from_millis(20)));
         }
         if !path.contains("/docs") {
             return None;
         }
-        let Some((kind, injection)) = schedule.roll(&format!("{method} {path}"), |rng| {
+        let (kind, injection) = schedule.roll(&format!("{method} {path}"), |rng| {
             pick_store_fault(rng, write)
-        }) else {
-            if method == "PATCH"
-                && let Some(message_id) = super::history::outbox_message_id(path)
-            {
-                history.record(super::history::Event::Stamp {
-                    who: (slot, incarnation),
-                    message_id,
-                });
-            }
-            return None;
-        };
+        })?;
         schedule.tally.add(kind);
-        if write {
-            history.store_fault(slot, incarnation, method, path, kind);
-        }
+        history.store_fault(slot, incarnation, method, path, kind);
         Some(injection)
     })
+}
+
+/// The longest a store answer is held past its client's timeout.
+pub const LONGEST_HELD_ANSWER: Duration = Duration::from_millis(6_000);
+
+/// Writes to `history` what each stamp (a patch of an Outbox Document) by instance `slot` came
+/// to: the status its client got, injected or the store's own (a 410/1007 during a split).
+pub fn store_observer(slot: usize, incarnation: Arc<AtomicU64>, history: Arc<History>) -> Observer {
+    Arc::new(
+        move |method: &str, path: &str, status: u16, sub_status: Option<u32>| {
+            if method != "PATCH" {
+                return;
+            }
+            if let Some(message_id) = super::history::outbox_message_id(path) {
+                history.record(super::history::Event::Stamp {
+                    who: (slot, incarnation.load(Ordering::SeqCst)),
+                    message_id,
+                    status,
+                    sub_status,
+                });
+            }
+        },
+    )
 }
 
 fn refuse(status: u16, sub_status: Option<u32>) -> Injection {
@@ -195,7 +204,7 @@ fn pick_store_fault(rng: &mut Rng, write: bool) -> (&'static str, Injection) {
         // request took effect.
         8 => (
             "store answer held past the timeout",
-            Injection::AnswerLate(rng.millis(5_200, 6_000)),
+            Injection::AnswerLate(rng.millis(5_200, LONGEST_HELD_ANSWER.as_millis() as u64)),
         ),
         // Writes only: it took effect, and the client hears a timeout or an outage.
         9 => (

@@ -12,7 +12,7 @@ pub type Who = (usize, u64);
 
 #[derive(Debug, Clone)]
 pub enum Event {
-    /// A write of the store meant for `path` met `fault`.
+    /// A request to the store for `path` met `fault`.
     StoreFault {
         who: Who,
         method: String,
@@ -26,8 +26,13 @@ pub enum Event {
         destination: String,
         outcome: &'static str,
     },
-    /// A write of an Outbox Document's stamp (a patch) that reached the store unfaulted.
-    Stamp { who: Who, message_id: String },
+    /// A stamp (a patch of an Outbox Document) and the status its client got.
+    Stamp {
+        who: Who,
+        message_id: String,
+        status: u16,
+        sub_status: Option<u32>,
+    },
     /// What the harness did to an instance: started, crashed, paused, cut off, stopped.
     Harness { slot: usize, what: String },
 }
@@ -122,9 +127,21 @@ impl History {
                     text,
                     "instance {slot}#{inc} publish {message_id} to {destination}: {outcome}"
                 ),
-                (Event::Stamp { message_id, .. }, Some((slot, inc))) => {
-                    writeln!(text, "instance {slot}#{inc} stamp {message_id}")
-                }
+                (
+                    Event::Stamp {
+                        message_id,
+                        status,
+                        sub_status,
+                        ..
+                    },
+                    Some((slot, inc)),
+                ) => match sub_status {
+                    Some(sub) => writeln!(
+                        text,
+                        "instance {slot}#{inc} stamp {message_id}: {status}/{sub}"
+                    ),
+                    None => writeln!(text, "instance {slot}#{inc} stamp {message_id}: {status}"),
+                },
                 _ => Ok(()),
             };
         }

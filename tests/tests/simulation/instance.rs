@@ -83,6 +83,9 @@ pub struct Setup {
     /// The documents the sweep found stranded, by every incarnation of every instance (each
     /// adds what its health counts): a drain's defect when not 0.
     pub stranded: Arc<AtomicU64>,
+    /// Whether it reads in the account's read region (its preferred region), where replicas
+    /// lag behind the write region.
+    pub read_region: bool,
 }
 
 /// What the harness tells a running instance.
@@ -254,7 +257,11 @@ async fn serve(
 }
 
 async fn start(setup: &Setup) -> Result<Runtime, chatter_runtime::BoxError> {
-    let cosmos = CosmosConnection::connect(&setup.endpoint, None).await?;
+    let cosmos = if setup.read_region {
+        reading_in_read_region(&setup.endpoint).await?
+    } else {
+        CosmosConnection::connect(&setup.endpoint, None).await?
+    };
     let triggers = super::triggers::relay(&cosmos, relay_options(60)).await?;
     let runtime = Runtime::builder()
         .cosmos(cosmos)
@@ -272,4 +279,24 @@ async fn start(setup: &Setup) -> Result<Runtime, chatter_runtime::BoxError> {
         .start()
         .await?;
     Ok(runtime)
+}
+
+/// A connection to the account at `endpoint` that reads in its read region first, as an
+/// application in that region configures its client.
+async fn reading_in_read_region(
+    endpoint: &str,
+) -> Result<CosmosConnection, chatter_runtime::BoxError> {
+    use azure_data_cosmos::options::Region;
+    use azure_data_cosmos::{AccountReference, CosmosClientBuilder, RoutingStrategy};
+    let account = AccountReference::with_authentication_key(
+        endpoint.parse()?,
+        chatter_runtime::cosmos::EMULATOR_KEY,
+    );
+    let client = CosmosClientBuilder::new()
+        .build(
+            account,
+            RoutingStrategy::PreferredRegions(vec![Region::WEST_US]),
+        )
+        .await?;
+    Ok(CosmosConnection::from_client(client, endpoint))
 }

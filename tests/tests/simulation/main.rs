@@ -8,8 +8,8 @@
 //!   bug: fix it and keep the seed in [`REGRESSION_SEEDS`].
 //! - `regression_seeds`: seeds that once found a bug, each named after it.
 //! - `probes_are_reached`: [`PROBE_SEEDS`] must hit every named probe (`probes.rs`).
-//! - `replay`: `SIM_SEED=<seed>` runs that one seed (with `SIM_LOG=<filter>` its logs), the
-//!   command a failing seed prints.
+//! - `replay`: `SIM_SEED=<seed>` runs that one seed (with `SIM_LOG=<filter>` its logs,
+//!   `SIM_REPEAT=<n>` n times), the command a failing seed prints.
 //! - `long_run`: `SIM_SEEDS=<count>` (from `SIM_FIRST_SEED`, default 1,000,000) runs that many;
 //!   ignored otherwise. Run it with `cargo test` (`-- --nocapture`): nextest stops this binary's
 //!   tests after 10 minutes.
@@ -184,6 +184,7 @@ fn logs() {
                 .expect("SIM_LOG is a filter like `chatter_runtime=debug`");
             tracing_subscriber::fmt::layer()
                 .with_test_writer()
+                .with_thread_names(true)
                 .with_filter(targets)
         });
         let _ = tracing_subscriber::registry()
@@ -292,7 +293,13 @@ fn replay() {
     };
     let seed: u64 = seed.parse().expect("SIM_SEED is a number");
     eprintln!("{:#?}", run::Plan::draw(seed));
-    run_seeds(std::iter::once(seed), None);
+    // `SIM_REPEAT=<n>`: that many runs of it, side by side (a failure that needs a rare
+    // interleaving shows in some of them).
+    let repeat: usize = std::env::var("SIM_REPEAT")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
+    run_seeds(std::iter::repeat_n(seed, repeat), None);
 }
 
 #[test]

@@ -75,7 +75,9 @@ pub fn count(
             } if destination != RESERVED || outcome.starts_with("published") => {
                 open.entry(*who).or_default().push(message_id.clone());
             }
-            Event::Stamp { who, message_id } => {
+            Event::Stamp {
+                who, message_id, ..
+            } => {
                 if let Some(list) = open.get_mut(who) {
                     list.retain(|m| m != message_id);
                 }

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chatter_emulator::{EmulatorServer, RunningEmulator};
+use chatter_emulator::{ConsistencyLevel, EmulatorServer, ReplicationConfig, RunningEmulator};
 use chatter_runtime::broker::{Broker, InMemoryBroker};
 use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::provision;
@@ -34,7 +34,7 @@ use super::commands::{
     DATABASE, EVENTS, IDEMPOTENCY, ORDERS, RESERVED, Recorder, SimPlace, SimPoison, SimReserve,
     event_ids,
 };
-use super::faults::{Cut, Schedule, Tally, store_injector};
+use super::faults::{Cut, Schedule, Tally, store_injector, store_observer};
 use super::history::History;
 use super::instance::{Instance, Setup};
 use super::rng::Rng;
@@ -60,6 +60,15 @@ pub enum Family {
     /// A fault phase of seconds at low rates, past lease expiry, claim expiry and the sweep:
     /// take-overs, zombies and cut-offs happen while faults go on.
     Recovery,
+}
+
+/// A seed's account: one region, or two, the instances reading in the read region, which
+/// receives each write after a lag: stale replicas, as the account's consistency level allows.
+#[derive(Debug, Clone, Copy)]
+pub struct Regions {
+    pub consistency: ConsistencyLevel,
+    /// The replication lag, drawn per write within these milliseconds.
+    pub lag_ms: (u64, u64),
 }
 
 /// What a cut-off separates an instance from.
@@ -103,6 +112,8 @@ pub struct Plan {
     pub tenants: usize,
     pub triggers_per_tenant: usize,
     pub trigger_gap: Duration,
+    /// A read region the instances read in, if the account has one.
+    pub regions: Option<Regions>,
 }
 
 impl Plan {
@@ -156,7 +167,33 @@ impl Plan {
             pauses: Vec::new(),
             cuts: Vec::new(),
             restarts: Vec::new(),
+            regions: None,
         };
+        let mut stale = Rng::new(seed).fork(0x2E61);
+        // `SIM_CONSISTENCY=<level>` gives every seed a read region at that level: one family.
+        let family = std::env::var("SIM_CONSISTENCY").ok().map(|level| {
+            match level.to_ascii_lowercase().as_str() {
+                "session" => ConsistencyLevel::Session,
+                "eventual" => ConsistencyLevel::Eventual,
+                "consistentprefix" | "consistent-prefix" => ConsistencyLevel::ConsistentPrefix,
+                "boundedstaleness" | "bounded-staleness" => ConsistencyLevel::BoundedStaleness,
+                other => panic!("SIM_CONSISTENCY={other}: not a consistency level"),
+            }
+        });
+        if stale.chance(300) || family.is_some() {
+            let drawn = *stale.pick(&[
+                ConsistencyLevel::Session,
+                ConsistencyLevel::Eventual,
+                ConsistencyLevel::ConsistentPrefix,
+                ConsistencyLevel::BoundedStaleness,
+            ]);
+            let consistency = family.unwrap_or(drawn);
+            let low = stale.between(0, 50);
+            plan.regions = Some(Regions {
+                consistency,
+                lag_ms: (low, low + stale.between(20, 400)),
+            });
+        }
         let mut deeper = Rng::new(seed).fork(0xDEE9);
         let which = |rng: &mut Rng| rng.below(instances as u64) as usize;
         if deeper.chance(500) {
@@ -290,11 +327,14 @@ pub fn run(seed: u64) -> Result<Report, String> {
         .enable_all()
         .build()
         .expect("a Tokio runtime");
+    // Runs of one seed side by side (a replay's repeats) keep their threads and histories apart.
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let run = RUNS.fetch_add(1, Ordering::SeqCst);
     let history = Arc::new(History::default());
     let plan = Plan::draw(seed);
-    let ran = tokio.block_on(run_async(plan.clone(), Arc::clone(&history)));
+    let ran = tokio.block_on(run_async(plan.clone(), run, Arc::clone(&history)));
     ran.map_err(|violation| {
-        let path = std::env::temp_dir().join(format!("chatter-sim-{seed}.history"));
+        let path = std::env::temp_dir().join(format!("chatter-sim-{seed}-{run}.history"));
         let written = std::fs::write(&path, format!("{plan:#?}\n\n{}", history.text()));
         match written {
             Ok(()) => format!("{violation}\n  history: {}", path.display()),
@@ -386,6 +426,8 @@ struct Slot {
 /// What every instance of the run shares.
 struct Fleet {
     plan: Plan,
+    /// This process's count of runs so far: instance thread names carry it.
+    run: u64,
     slots: Vec<Slot>,
     inner: InMemoryBroker,
     recorder: Arc<Recorder>,
@@ -416,8 +458,10 @@ impl Fleet {
             skew_ms: plan.skews[slot],
             after_commit: plan.after_commit[slot],
             stranded: Arc::clone(&self.stranded),
+            read_region: plan.regions.is_some(),
         };
-        s.instance = Some(Instance::start(format!("sim-{}-{slot}", plan.seed), setup));
+        let name = format!("sim-{}-{}-{slot}", plan.seed, self.run);
+        s.instance = Some(Instance::start(name, setup));
     }
 
     fn set_faults(&self, on: bool) {
@@ -495,10 +539,15 @@ async fn port(
         Arc::clone(incarnation),
         Arc::clone(history),
     )));
+    port.faults().observe_with(Some(store_observer(
+        slot,
+        Arc::clone(incarnation),
+        Arc::clone(history),
+    )));
     Ok(port)
 }
 
-async fn run_async(plan: Plan, history: Arc<History>) -> Result<Report, String> {
+async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report, String> {
     let began = Instant::now();
     // A seed run before in this process leaves no logs to this run.
     super::errors::take(plan.seed);
@@ -510,13 +559,35 @@ async fn run_async(plan: Plan, history: Arc<History>) -> Result<Report, String> 
         Schedule::new(base, per_mille, Arc::clone(&tally))
     };
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| format!("bind: {e}"))?;
-    // The harness's own port: provisioning and the checks, never faulted.
-    let server = EmulatorServer::from_listener(listener)
-        .map_err(|e| format!("emulator: {e}"))?
-        .spawn();
+    let bind = || async {
+        tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| format!("bind: {e}"))
+    };
+    // The harness's own port: provisioning and the checks, never faulted (and in the write
+    // region, where it reads what is committed).
+    let (server, _read_region) = match plan.regions {
+        None => (
+            EmulatorServer::from_listener(bind().await?).map_err(|e| format!("emulator: {e}"))?,
+            None,
+        ),
+        Some(regions) => {
+            let (low, high) = regions.lag_ms;
+            let replication =
+                ReplicationConfig::range(Duration::from_millis(low), Duration::from_millis(high))
+                    .map_err(|e| format!("replication: {e}"))?
+                    .with_jitter_seed(plan.seed);
+            let (write, read) = EmulatorServer::with_read_region(
+                bind().await?,
+                bind().await?,
+                regions.consistency,
+                replication,
+            )
+            .map_err(|e| format!("emulator: {e}"))?;
+            (write, Some(read.spawn()))
+        }
+    };
+    let server = server.spawn();
     let cosmos = CosmosConnection::connect(server.endpoint(), None)
         .await
         .map_err(|e| format!("connect: {e}"))?;
@@ -586,6 +657,7 @@ async fn run_async(plan: Plan, history: Arc<History>) -> Result<Report, String> 
         .map_err(|e| format!("connect: {e}"))?;
     let mut fleet = Fleet {
         plan: plan.clone(),
+        run,
         slots,
         inner: inner.clone(),
         recorder: Arc::clone(&recorder),
@@ -715,7 +787,22 @@ async fn run_async(plan: Plan, history: Arc<History>) -> Result<Report, String> 
     }
     let settled = settle(&plan, &commands, &triggers, &inner, &cosmos, &seen).await;
     let settled_in = healed.elapsed();
-    // Quiet once settled: nothing more is published (a late page, a zombie's publish).
+    // Quiet once settled: nothing more is published (a zombie's publish, a relay acting on an
+    // old page). Counted once every answer held past its timeout has arrived: a page read
+    // before healing and answered after it may publish again what was delivered since, as
+    // at-least-once allows.
+    let held_until = history
+        .events()
+        .iter()
+        .filter(|(_, event)| {
+            matches!(event, super::history::Event::StoreFault { fault, .. }
+                if fault.contains("held past the timeout"))
+        })
+        .map(|(at, _)| *at + super::faults::LONGEST_HELD_ANSWER)
+        .max();
+    if let Some(held_until) = held_until {
+        tokio::time::sleep_until(held_until.into()).await;
+    }
     let quiet = if settled.is_ok() {
         let before = seen.lock().unwrap().publications();
         tokio::time::sleep(QUIET_FOR).await;

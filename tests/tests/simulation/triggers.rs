@@ -111,7 +111,10 @@ pub async fn write(
                     "tenant": tenant,
                 });
                 upsert(&bodies, &tenant, &message_id, &body).await?;
-                upsert(&triggers, &tenant, &trigger_id, &trigger).await?;
+                // Created, not upserted: a retry of a write whose answer was lost (by this
+                // loop or inside the SDK, after its own timeout) must not set a delivered
+                // trigger back to pending.
+                create(&triggers, &tenant, &trigger).await?;
                 written.push(message_id);
                 tokio::time::sleep(gap).await;
             }
@@ -121,6 +124,25 @@ pub async fn write(
     futures::future::try_join_all(writers)
         .await
         .map(|written| written.into_iter().collect())
+}
+
+async fn create(
+    container: &ContainerClient,
+    tenant: &str,
+    doc: &serde_json::Value,
+) -> Result<(), String> {
+    for _ in 0..200 {
+        let key = cosmos::partition_key(&[json!(tenant)]).map_err(|e| e.to_string())?;
+        match chatter_runtime::testing::create_item(container, key, doc).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_status(409) => return Ok(()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+    Err(format!(
+        "the other service could not write {} in 200 tries",
+        doc["id"]
+    ))
 }
 
 async fn upsert(
