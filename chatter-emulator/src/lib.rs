@@ -37,9 +37,9 @@ use std::time::{Duration, Instant};
 
 use azure_core::http::headers::{HeaderName, HeaderValue};
 use azure_core::http::{Method, Request, Url};
-/// The account's default consistency level and the replication between its regions, for
-/// [`EmulatorServer::with_read_region`].
-pub use azure_data_cosmos_driver::in_memory_emulator::{ConsistencyLevel, ReplicationConfig};
+/// The account's default consistency level, for [`EmulatorServer::with_read_region`].
+pub use azure_data_cosmos_driver::in_memory_emulator::ConsistencyLevel;
+use azure_data_cosmos_driver::in_memory_emulator::ReplicationConfig;
 use azure_data_cosmos_driver::in_memory_emulator::{
     EmulatorStore, InMemoryEmulatorHttpClient, VirtualAccountConfig, VirtualRegion,
 };
@@ -326,17 +326,22 @@ impl EmulatorServer {
 
     /// An account with two regions: [`REGION_NAME`], which takes the writes, served on
     /// `write_region`, and [`READ_REGION_NAME`], served on `read_region`, which receives every
-    /// write after a delay drawn from `replication`. `consistency` is the account's default: a
-    /// client reading in the read region (its preferred region) reads what has replicated
-    /// there, as the level allows (Eventual and Consistent Prefix: possibly older data;
-    /// Session: at least its own session's writes). Returns the two servers, write region
-    /// first.
+    /// write after a lag drawn (from `seed`) within `lag`, **in the order the writes were
+    /// made**, as Cosmos DB replicates (the emulator's own random delays would apply a later
+    /// write before an earlier one, which no Cosmos region does). `consistency` is the
+    /// account's default: a client reading in the read region (its preferred region) reads
+    /// what has replicated there, as the level allows (Eventual and Consistent Prefix: possibly
+    /// older data; Session: at least its own session's writes). Returns the two servers, write
+    /// region first.
     pub fn with_read_region(
         write_region: TcpListener,
         read_region: TcpListener,
         consistency: ConsistencyLevel,
-        replication: ReplicationConfig,
+        lag: std::ops::RangeInclusive<Duration>,
+        seed: u64,
     ) -> io::Result<(Self, Self)> {
+        let replication =
+            ReplicationConfig::fixed(*lag.start()).with_replication_delay_fn(in_order(lag, seed));
         let write_url = endpoint_for(write_region.local_addr()?);
         let read_url = endpoint_for(read_region.local_addr()?);
         let config = VirtualAccountConfig::new(vec![
@@ -627,6 +632,33 @@ impl std::fmt::Debug for EmulatorServer {
 /// Serves a fresh in-memory account on `listener` until the future is dropped.
 pub async fn serve(listener: TcpListener) -> io::Result<()> {
     EmulatorServer::from_listener(listener)?.run().await
+}
+
+/// Replication delays within `lag` whose deadlines never go backwards: each write is applied
+/// in the read region at least a millisecond (the timers' resolution) after the one before it.
+fn in_order(
+    lag: std::ops::RangeInclusive<Duration>,
+    seed: u64,
+) -> Arc<dyn Fn() -> Duration + Send + Sync> {
+    let state = Mutex::new((seed | 1, None::<Instant>));
+    Arc::new(move || {
+        let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
+        // xorshift64: enough to spread the lags, the same for the same seed.
+        let mut x = state.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        state.0 = x;
+        let spread = lag.end().saturating_sub(*lag.start());
+        let drawn = *lag.start() + spread.mul_f64((x % 1_000_000) as f64 / 1_000_000.0);
+        let now = Instant::now();
+        let mut deadline = now + drawn;
+        if let Some(last) = state.1 {
+            deadline = deadline.max(last + Duration::from_millis(1));
+        }
+        state.1 = Some(deadline);
+        deadline - now
+    })
 }
 
 /// The URL clients dial for a listener bound to `addr` (an unspecified address is served on

@@ -146,14 +146,15 @@ async fn reading_in_read_region(endpoint: &str) -> chatter_runtime::cosmos::Cosm
 
 #[tokio::test]
 async fn the_read_region_serves_older_data_until_a_write_replicates_under_eventual() {
-    use chatter_emulator::{ConsistencyLevel, EmulatorServer, ReplicationConfig};
+    use chatter_emulator::{ConsistencyLevel, EmulatorServer};
     let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
     let lag = std::time::Duration::from_millis(800);
     let (write, read) = EmulatorServer::with_read_region(
         bind().await.unwrap(),
         bind().await.unwrap(),
         ConsistencyLevel::Eventual,
-        ReplicationConfig::fixed(lag),
+        lag..=lag,
+        7,
     )
     .unwrap();
     let (write, read) = (write.spawn(), read.spawn());

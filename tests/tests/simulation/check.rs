@@ -89,6 +89,8 @@ pub struct Ended {
     pub settled_in: Duration,
     /// What was published after everything settled, if anything was.
     pub quiet: Option<String>,
+    /// How the lease containers failed to tile the key space, if they did not in time.
+    pub leases: Vec<String>,
     pub stranded: u64,
     pub history: Vec<(Instant, Event)>,
 }
@@ -354,9 +356,7 @@ pub async fn invariants(
 
     // 8. The lease containers' end state: per processor and monitored container, the live
     //    leases tile the key space, one per range (none left of a parent after a split).
-    for container in ["leases", "inbox-leases", TRIGGER_LEASES] {
-        broken.extend(lease_tiling(cosmos, container).await?);
-    }
+    broken.extend(ended.leases.iter().cloned());
 
     if !broken.is_empty() {
         return Err(format!("seed {}: {}", plan.seed, broken.join("\n  ")));
@@ -468,6 +468,28 @@ pub fn same_process_duplicates(history: &[(Instant, Event)]) -> (Vec<String>, u6
         }
     }
     (broken, excused_count)
+}
+
+/// Waits up to `within` for every lease container to tile the key space once per processor
+/// and monitored container; what still does not, once that time is up.
+pub async fn leases_tile(
+    cosmos: &CosmosConnection,
+    within: Duration,
+) -> Result<Vec<String>, String> {
+    let deadline = Instant::now() + within;
+    loop {
+        let mut broken = Vec::new();
+        for container in ["leases", "inbox-leases", TRIGGER_LEASES] {
+            broken.extend(lease_tiling(cosmos, container).await?);
+        }
+        if broken.is_empty() || Instant::now() > deadline {
+            return Ok(broken
+                .into_iter()
+                .map(|b| format!("{b} ({within:?} after everything was published)"))
+                .collect());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Violations of the lease container's end state: per (processor, monitored container), the

@@ -114,6 +114,11 @@ impl Cut {
         *self.0.lock().unwrap() = Some(at);
     }
 
+    /// When the last cut ends (or ended), if there was one.
+    pub fn ends(&self) -> Option<Instant> {
+        *self.0.lock().unwrap()
+    }
+
     /// How long the cut still lasts, if it does.
     pub fn remaining(&self) -> Option<Duration> {
         let until = (*self.0.lock().unwrap())?;

@@ -49,6 +49,10 @@ pub const PROBES: &[(&str, &str)] = &[
         "split mid-run",
         "the monitored containers' partition split while commands ran",
     ),
+    (
+        "merge mid-run",
+        "the monitored containers' two partitions merged while commands ran",
+    ),
 ];
 
 /// How many times `plan`'s run hit each probe.
@@ -132,6 +136,9 @@ pub fn count(
     }
     if plan.split_at.is_some_and(|at| at < plan.fault_phase) {
         hit("split mid-run", 1);
+    }
+    if plan.merge_at.is_some() {
+        hit("merge mid-run", 1);
     }
     hits
 }
