@@ -110,9 +110,8 @@ async fn a_port_serves_the_same_store_and_meets_only_its_own_faults() {
         .await
         .expect_err("the port refuses its own client's writes");
     assert!(error.is_status(503), "unexpected error: {error}");
-    assert_eq!(
+    assert!(
         port.request_count("POST") > 0,
-        true,
         "the client dialled its port"
     );
     // The first port's clients meet none of it, and both see one store.

@@ -36,16 +36,18 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long each CI chunk takes new seeds for (a run under way then finishes).
-const CHUNK_BUDGET: Duration = Duration::from_secs(20);
+const CHUNK_BUDGET: Duration = Duration::from_secs(12);
 /// Test functions the CI seeds are split over (nextest runs each alone: `.config/nextest.toml`).
 const CI_CHUNKS: u64 = 8;
-/// Seeds that together hit every probe of `probes.rs` (checked by `probes_are_reached`).
-const PROBE_SEEDS: &[u64] = &[1, 2, 3, 4, 5, 6, 7, 8];
+/// Seeds that together hit every probe of `probes.rs` but the rare ones (checked by
+/// `probes_are_reached`; most probes are hit by several of them, as a replay differs).
+const PROBE_SEEDS: &[u64] = &[1, 5, 6, 13, 23];
 /// Runs in flight at once inside one test function: most of a run is waiting.
 const RUNS_AT_ONCE: u64 = 4;
 
 /// Seeds that found a bug once, with what it was. They run side by side like the CI seeds:
-/// some bugs show only on a busy machine.
+/// some bugs show only on a busy machine. The first five were found by the harness before
+/// 2026-12-06, whose plans drew other runs from the same seeds: they stay as five more seeds.
 const REGRESSION_SEEDS: &[(u64, &str)] = &[
     (
         29,
@@ -61,7 +63,25 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
     ),
     (77, "as seed 7"),
     (166, "as seed 7"),
+    (
+        103,
+        "with publish after commit's record keeping only the last dispatch of a document \
+         (ff00458 undone), the relay here published again a document this process's eager \
+         path had published: the same process twice (also seeds 118 and 138)",
+    ),
+    (118, "as seed 103"),
+    (138, "as seed 103"),
 ];
+
+// Seeds that show the breaks the publish-after-commit issue is to fix, not run by CI (they fail
+// on today's code); each becomes a regression seed with its fix:
+// - per-key order, a stale pending check: `SIM_CONSISTENCY=eventual SIM_AFTER_COMMIT=on`,
+//   seeds 5016 and 5039 (a later command's event published by its instance's eager path
+//   while an earlier one, committed by another instance, was still pending and unseen by the
+//   check in the read region; the same 40 seeds with `SIM_AFTER_COMMIT=off`: no violation);
+// - the same process publishing twice after its own stamp failed: `SIM_STRICT=1`, seed 208
+//   (`SIM_REPEAT=40`: a few of them; the eager stamp met 410/1007 while the split completed,
+//   and the relay in the same process published the document again) and seed 131.
 
 fn replay_command(seed: u64) -> String {
     format!(
@@ -274,6 +294,7 @@ fn probes_are_reached() {
     let totals = run_seeds(PROBE_SEEDS.iter().copied(), None);
     let missed: Vec<&str> = probes::PROBES
         .iter()
+        .filter(|(name, _)| !probes::RARE.contains(name))
         .filter(|(name, _)| totals.probes.get(name).copied().unwrap_or(0) == 0)
         .map(|(name, what)| {
             eprintln!("probe never hit: {name}: {what}");

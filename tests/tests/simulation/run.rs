@@ -108,10 +108,11 @@ pub struct Plan {
     pub restarts: Vec<(Duration, usize)>,
     /// When the monitored containers' one partition splits in two, if it does.
     pub split_at: Option<Duration>,
-    /// Physical partitions per monitored container at the start: 1, 2 or 4 (a lease each).
+    /// Physical partitions per monitored container: 1, 2 or 4 (a lease each). None merge
+    /// mid-run: the SDK's emulator restarts a merged partition's LSNs, so a continuation from
+    /// before the merge skips what is written after it (`emulator_merge_departure.rs`), which
+    /// Cosmos DB does not; a merge would fail runs for the emulator's sake.
     pub partitions: u32,
-    /// When two partitions merge into one (a container of 2), if they do.
-    pub merge_at: Option<Duration>,
     /// Each instance's clock skew, in milliseconds, within the inbox's clock margin.
     pub skews: Vec<i64>,
     /// Whether each instance publishes after commit (a fleet mid-rollout mixes both).
@@ -151,7 +152,15 @@ impl Plan {
             .collect();
         // From streams of their own: the other draws stay what they were before they existed.
         let mut own = Rng::new(seed).fork(0xAF7E);
-        let after_commit = (0..instances).map(|_| own.chance(750)).collect();
+        // `SIM_AFTER_COMMIT=on|off` sets it for every instance (to tell the relay's part in a
+        // family's failures from publish after commit's).
+        let forced = std::env::var("SIM_AFTER_COMMIT").ok().map(|v| v == "on");
+        let after_commit = (0..instances)
+            .map(|_| {
+                let drawn = own.chance(750);
+                forced.unwrap_or(drawn)
+            })
+            .collect();
         let mut plan = Self {
             skews,
             after_commit,
@@ -177,19 +186,14 @@ impl Plan {
             restarts: Vec::new(),
             regions: None,
             partitions: 1,
-            merge_at: None,
         };
         let mut shape = Rng::new(seed).fork(0x5A9E);
         plan.partitions = *shape.pick(&[1, 1, 1, 2, 2, 4]);
         if plan.partitions > 1 {
-            // A split needs the one partition (its id); a merge needs two.
+            // A split needs the one partition (its id).
             plan.split_at = None;
         }
-        if plan.partitions == 2 && shape.chance(500) {
-            plan.merge_at = Some(Duration::from_millis(
-                shape.below(plan.fault_phase.as_millis() as u64),
-            ));
-        }
+
         // `SIM_CONSISTENCY=<level>` gives every seed a read region at that level: the
         // two-region family. Not drawn otherwise (yet): chatter's relays, leases and inbox
         // read in the lagging region break promises there (see docs/testing.md), and the
@@ -427,7 +431,6 @@ enum Step {
     Cut(usize, CutOf, Duration),
     Restart(usize),
     Split,
-    Merge,
     Heal,
 }
 
@@ -616,8 +619,8 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
         .await
         .map_err(|e| format!("provision: {e}"))?;
     super::triggers::provision(&cosmos).await?;
-    // The emulator makes four physical partitions; merged into the plan's 1 or 2 (fewer
-    // leases to poll; a partition the run may split, or two it may merge).
+    // The emulator makes four physical partitions; merged (before anything is written) into the
+    // plan's 1 or 2: fewer leases to poll, and one partition the run may split.
     let store = server.store();
     let mut partitions = Vec::new();
     for container in MONITORED {
@@ -752,17 +755,7 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
                     );
                 }
             }
-            Step::Merge => {
-                for (container, left, right) in &partitions {
-                    store.merge_partitions(
-                        DATABASE,
-                        container,
-                        *left,
-                        *right,
-                        Duration::from_millis(10),
-                    );
-                }
-            }
+
             Step::Crash(which, down) => {
                 if let Some(instance) = fleet.slots[which].instance.take() {
                     crashes += 1;
@@ -950,9 +943,7 @@ fn steps(
     if let Some(at) = plan.split_at {
         steps.push((at, Step::Split));
     }
-    if let Some(at) = plan.merge_at {
-        steps.push((at, Step::Merge));
-    }
+
     for (at, which, down) in &plan.crashes {
         steps.push((*at, Step::Crash(*which, *down)));
     }
