@@ -11,7 +11,13 @@
 //! e.g. `PATCH`, which is what the relay's stamps are) with a given status for a period, and adds
 //! latency to every request, so tests can produce real store failures over real HTTP. Reach it
 //! with [`EmulatorServer::faults`] / [`RunningEmulator::faults`], or from the command line
-//! (`chatter-emulator --refuse PATCH:403:90 --latency-ms 5`).
+//! (`chatter-emulator --refuse PATCH:403:90 --latency-ms 5`). An [`Injector`] decides per
+//! request ([`Injection`]); an [`Observer`] is told every answer's status. A request the server
+//! has read is handled on a task of its own: a client that gives up or dies does not stop it.
+//!
+//! **Ports and regions:** [`RunningEmulator::port`] opens another port onto the same store with
+//! faults of its own (one per process of a test); [`EmulatorServer::with_read_region`] serves an
+//! account with a lagging read region, at a chosen consistency level.
 //!
 //! Any Cosmos client that accepts an `http://` loopback endpoint works against it: the Rust SDK
 //! (`azure_data_cosmos` treats loopback hosts as emulator hosts) and Python `azure-cosmos`.
