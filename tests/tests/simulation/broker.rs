@@ -14,8 +14,20 @@ use chatter_runtime::broker::{Broker, BrokerError, InMemoryBroker, Subscription}
 use futures::StreamExt;
 use futures::future::BoxFuture;
 
+use super::commands::NOTICES;
 use super::faults::{Cut, PublishFault, Schedule, pick_publish_fault};
 use super::history::{Event, History, Who};
+
+/// The broker's refusal of [`NOTICES`], for good, until the run fixes it; a refusal may pause
+/// its publisher's thread right there (a GC pause at the worst moment: between a publish and
+/// the stamp it calls for), past the fix, so its stamp lands after others acted.
+#[derive(Debug, Default)]
+pub struct Fragile {
+    /// Whether the broker refuses notices now.
+    pub refusing: std::sync::atomic::AtomicBool,
+    /// How long a refusal pauses its publisher, if it does (drawn per run).
+    pub pause_on_refusal: std::sync::Mutex<Option<std::time::Duration>>,
+}
 
 #[derive(Clone)]
 pub struct SimBroker {
@@ -25,6 +37,7 @@ pub struct SimBroker {
     cut: Arc<Cut>,
     who: Who,
     history: Arc<History>,
+    fragile: Arc<Fragile>,
 }
 
 impl SimBroker {
@@ -33,7 +46,7 @@ impl SimBroker {
         (publishes, deliveries): (Arc<Schedule>, Arc<Schedule>),
         cut: Arc<Cut>,
         who: Who,
-        history: Arc<History>,
+        (history, fragile): (Arc<History>, Arc<Fragile>),
     ) -> Self {
         Self {
             inner,
@@ -42,7 +55,31 @@ impl SimBroker {
             cut,
             who,
             history,
+            fragile,
         }
+    }
+
+    /// The refusal of a notice while the broker refuses them, after the pause it may cause.
+    fn refuse_notice(&self, message: &BrokeredMessage) -> Option<BrokerError> {
+        use std::sync::atomic::Ordering;
+        if message.destination != NOTICES || !self.fragile.refusing.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.record(message, "refused for good (too large)");
+        // Taken: one pause per run, on the first refusal.
+        if let Some(pause) = self.fragile.pause_on_refusal.lock().unwrap().take() {
+            self.history.harness(
+                self.who.0,
+                format!("paused for {pause:?} inside a refused publish, before its stamp"),
+            );
+            // Blocks the instance's thread: nothing of it runs meanwhile.
+            std::thread::sleep(pause);
+        }
+        Some(BrokerError::InvalidMessage {
+            message_id: message.message_id.clone(),
+            destination: message.destination.clone(),
+            reason: "simulated: larger than the broker's message size limit".to_owned(),
+        })
     }
 
     fn record(&self, message: &BrokeredMessage, outcome: &'static str) {
@@ -69,6 +106,9 @@ impl Broker for SimBroker {
         let fault = self.publishes.roll(&operation, pick_publish_fault);
         let latency = self.publishes.jitter(&operation, 3);
         Box::pin(async move {
+            if let Some(refusal) = self.refuse_notice(&message) {
+                return Err(refusal);
+            }
             if let Some(held) = self.cut.remaining() {
                 // Cut off: the publish reaches the broker when the cut ends; the publisher
                 // has long given up by then.

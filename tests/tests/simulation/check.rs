@@ -10,7 +10,8 @@ use chatter_runtime::testing::query_all;
 use serde_json::Value;
 
 use super::commands::{
-    DATABASE, EVENTS, IDEMPOTENCY, LEDGER_ID, ORDERS, POISON_ATTEMPTS, RESERVED, Recorder, RunEnd,
+    DATABASE, EVENTS, IDEMPOTENCY, LEDGER_ID, NOTICES, ORDERS, POISON_ATTEMPTS, RESERVED, Recorder,
+    RunEnd,
 };
 use super::errors::Logged;
 use super::history::{Event, Who, outbox_message_id};
@@ -189,9 +190,11 @@ pub async fn invariants(
     for container in [ORDERS, IDEMPOTENCY, TRIGGERS] {
         for doc in outbox(cosmos, container).await? {
             if doc["status"] != "delivered" {
+                let message_id = doc["MessageId"].as_str().unwrap_or_default();
                 broken.push(format!(
-                    "outbox: {container} document {} is `{}`, not delivered",
-                    doc["MessageId"], doc["status"]
+                    "outbox: {container} document {message_id} is `{}`, not delivered{}",
+                    doc["status"],
+                    verdict_story(&ended.history, message_id)
                 ));
             }
         }
@@ -369,6 +372,28 @@ pub async fn invariants(
     })
 }
 
+/// What the history says of a document that did not end delivered: a publish the broker
+/// accepted, and the operator's requeue, mean a later stamp overwrote that verdict.
+fn verdict_story(history: &[(Instant, Event)], message_id: &str) -> String {
+    let accepted = history.iter().any(|(_, event)| {
+        matches!(event, Event::Publish { message_id: m, outcome, .. }
+            if m == message_id && outcome.starts_with("published"))
+    });
+    let requeued = history.iter().any(|(_, event)| {
+        matches!(event, Event::Harness { what, .. }
+            if what.starts_with(&format!("the operator requeued {message_id}:")))
+    });
+    match (accepted, requeued) {
+        (true, true) => " (requeued by the operator and published since: a stamp overwrote \
+                          the delivered verdict)"
+            .to_owned(),
+        (true, false) => {
+            " (the broker accepted a publish of it: a stamp overwrote that verdict)".to_owned()
+        }
+        _ => String::new(),
+    }
+}
+
 /// Whether instance `slot` was paused or cut off (and so may act as a zombie) before `at`.
 fn paused_before(history: &[(Instant, Event)], slot: usize, at: Instant) -> bool {
     history.iter().any(|(when, event)| {
@@ -383,7 +408,7 @@ fn paused_before(history: &[(Instant, Event)], slot: usize, at: Instant) -> bool
 /// (the publish-after-commit issue's break: excused unless `SIM_STRICT` is set).
 pub fn same_process_duplicates(history: &[(Instant, Event)]) -> (Vec<String>, u64) {
     let strict = std::env::var_os("SIM_STRICT").is_some();
-    let outbox_destinations = [EVENTS, RESERVED, TRIGGERED];
+    let outbox_destinations = [EVENTS, RESERVED, TRIGGERED, NOTICES];
     type ByDocument = BTreeMap<(Who, String), Vec<Instant>>;
     // (who, message id) -> the moments it was handed to the broker.
     let mut publishes = ByDocument::new();
@@ -401,7 +426,7 @@ pub fn same_process_duplicates(history: &[(Instant, Event)]) -> (Vec<String>, u6
                 destination,
                 outcome,
             } if outbox_destinations.contains(&destination.as_str()) => {
-                if *outcome == "refused (not published)" {
+                if outcome.starts_with("refused") {
                     continue;
                 }
                 let key = (*who, message_id.clone());

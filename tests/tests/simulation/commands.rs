@@ -4,6 +4,9 @@
 //!   and sends 1 to 3 events of its key, in one batch. The ledger's order is the key's commit
 //!   order, so the events' first publications can be checked against it (and, inside a batch,
 //!   against the order the handler sent them in).
+//! - [`SimNotify`] (document tier): sends one notice to [`NOTICES`], a destination the broker
+//!   refuses for good (too large, say) until an operator fixes it mid-run: its documents are
+//!   stamped `undeliverable`, requeued by the operator through the CLI's code, and published.
 //! - [`SimPoison`]: its handler always fails, so it must be dead-lettered, and only after
 //!   every attempt ran.
 //! - [`SimReserve`] (standalone inbox): an external side effect the recorder watches for two
@@ -19,6 +22,8 @@ use serde_json::json;
 
 pub const EVENTS: &str = "sim.events";
 pub const RESERVED: &str = "sim.reserved";
+/// The destination the broker refuses for good until the run fixes it.
+pub const NOTICES: &str = "sim.notices";
 pub const DATABASE: &str = "sim";
 pub const ORDERS: &str = "orders";
 pub const IDEMPOTENCY: &str = "idempotency";
@@ -43,6 +48,15 @@ pub fn event_ids(command_id: &str, events: u8) -> Vec<String> {
     (0..events.max(1))
         .map(|n| format!("{command_id}:placed:{n}"))
         .collect()
+}
+
+#[derive(Debug, Serialize, Deserialize, DocumentReliable)]
+#[cosmos(database = "sim", container = "orders", lease = "leases")]
+#[partition_key(path = "/orderId")]
+#[chatter(max_delivery_attempts = 10000)]
+#[serde(rename_all = "camelCase")]
+pub struct SimNotify {
+    pub order_id: String,
 }
 
 #[derive(Debug, Serialize, Deserialize, DocumentReliable)]
@@ -105,6 +119,17 @@ async fn sim_place(
             &json!({ "orderId": command.order_id, "command": id, "event": event }),
         )?;
     }
+    Ok(())
+}
+
+#[handler]
+async fn sim_notify(command: SimNotify, ctx: &mut HandlerContext) -> Result<(), BoxError> {
+    let id = ctx.message_id().to_owned();
+    ctx.send_json(
+        &format!("{id}:notice"),
+        NOTICES,
+        &json!({ "orderId": command.order_id, "command": id }),
+    )?;
     Ok(())
 }
 

@@ -33,7 +33,8 @@ pub enum Event {
         status: u16,
         sub_status: Option<u32>,
     },
-    /// What the harness did to an instance: started, crashed, paused, cut off, stopped.
+    /// What the harness did to an instance (started, crashed, paused, cut off, stopped), or to
+    /// the run (`slot` `usize::MAX`: the broker fixed, the operator's requeue).
     Harness { slot: usize, what: String },
 }
 
@@ -105,6 +106,9 @@ impl History {
                 at.duration_since(self.began).as_secs_f64()
             );
             let _ = match (&event, event.who()) {
+                (Event::Harness { slot, what }, _) if *slot == usize::MAX => {
+                    writeln!(text, "run: {what}")
+                }
                 (Event::Harness { slot, what }, _) => writeln!(text, "instance {slot}: {what}"),
                 (
                     Event::StoreFault {

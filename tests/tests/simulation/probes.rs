@@ -1,7 +1,8 @@
 //! Named probes, as FoundationDB's code probes: the windows where a promise is at stake,
 //! counted per run from its history, so a harness that stops reaching one is seen
 //! (`probes_are_reached` in `main.rs` fails when one of [`PROBES`] is never hit, but for
-//! those in [`RARE`]: counted in every chunk's summary, too rare for a few seeds to hit surely).
+//! those in [`RARE`]: counted in every chunk's summary, too rare for a few seeds to hit surely;
+//! and those in [`OPT_IN`], which only a family outside the default draws reaches).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -35,6 +36,16 @@ pub const PROBES: &[(&str, &str)] = &[
         "an instance cut off from the broker, its publish reaching the broker after it gave up",
     ),
     (
+        "paused between a refusal and its stamp",
+        "an instance paused inside a publish the broker refused for good, past the fix, the \
+         operator's requeue and another instance's take-over, before its undeliverable stamp",
+    ),
+    (
+        "requeued by the operator",
+        "a document stamped undeliverable, requeued through the CLI's code once the broker was \
+         fixed, and published",
+    ),
+    (
         "rolling restart",
         "an instance stopped gracefully and started again while others worked",
     ),
@@ -55,6 +66,13 @@ pub const PROBES: &[(&str, &str)] = &[
 /// Probes reached in about one run in ten or fewer, however the seed is chosen (they need a
 /// rare interleaving, not only a plan): reported, not required of the probe seeds.
 pub const RARE: &[&str] = &["second publish after a failed stamp"];
+
+/// Probes only a family outside the default draws reaches (`SIM_VERDICTS=1`): not required of
+/// the probe seeds either.
+pub const OPT_IN: &[&str] = &[
+    "paused between a refusal and its stamp",
+    "requeued by the operator",
+];
 
 /// How many times `plan`'s run hit each probe.
 pub fn count(
@@ -106,6 +124,12 @@ pub fn count(
             }
             Event::Harness { what, .. } if what.starts_with("stops gracefully") => {
                 hit("rolling restart", 1);
+            }
+            Event::Harness { what, .. } if what.contains("inside a refused publish") => {
+                hit("paused between a refusal and its stamp", 1);
+            }
+            Event::Harness { what, .. } if what.starts_with("the operator requeued") => {
+                hit("requeued by the operator", 1);
             }
             _ => {}
         }

@@ -29,10 +29,10 @@ use chatter_runtime::provision;
 use chatter_runtime::{BrokeredMessage, DocumentReliable, broker::dead_letter_destination};
 use serde_json::{Value, json};
 
-use super::broker::SimBroker;
+use super::broker::{Fragile, SimBroker};
 use super::commands::{
-    DATABASE, EVENTS, IDEMPOTENCY, ORDERS, RESERVED, Recorder, SimPlace, SimPoison, SimReserve,
-    event_ids,
+    DATABASE, EVENTS, IDEMPOTENCY, NOTICES, ORDERS, RESERVED, Recorder, SimNotify, SimPlace,
+    SimPoison, SimReserve, event_ids,
 };
 use super::faults::{Cut, Schedule, Tally, store_injector, store_observer};
 use super::history::History;
@@ -108,6 +108,11 @@ pub struct Plan {
     pub restarts: Vec<(Duration, usize)>,
     /// When the monitored containers' one partition splits in two, if it does.
     pub split_at: Option<Duration>,
+    /// Notices, to a destination the broker refuses for good until `fixed_at`; the first
+    /// refusal pauses its publisher for `refusal_pause`, if set.
+    pub notices: usize,
+    pub fixed_at: Option<Duration>,
+    pub refusal_pause: Option<Duration>,
     /// Physical partitions per monitored container: 1, 2 or 4 (a lease each). None merge
     /// mid-run: the SDK's emulator restarts a merged partition's LSNs, so a continuation from
     /// before the merge skips what is written after it (`emulator_merge_departure.rs`), which
@@ -186,7 +191,25 @@ impl Plan {
             restarts: Vec::new(),
             regions: None,
             partitions: 1,
+            notices: 0,
+            fixed_at: None,
+            refusal_pause: None,
         };
+        // A destination the broker refuses until an operator fixes it mid-run: the family
+        // `SIM_VERDICTS=1` turns on, in 4 seeds of 10. Not in the default draws yet: an
+        // unconditional `undeliverable` stamp, retried after a pause, overwrites a later
+        // `delivered` (seed 139), which the publish-after-commit issue is to fix.
+        let mut verdicts = Rng::new(seed).fork(0x7E8D);
+        if verdicts.chance(400) && std::env::var_os("SIM_VERDICTS").is_some() {
+            plan.notices = verdicts.between(2, 6) as usize;
+            let phase = plan.fault_phase.as_millis() as u64;
+            plan.fixed_at = Some(Duration::from_millis(
+                verdicts.between(phase / 4, phase / 2),
+            ));
+            // Past a lease expiry (3 s): another instance takes the paused one's leases, and
+            // the fix, over.
+            plan.refusal_pause = verdicts.chance(500).then(|| verdicts.millis(3_500, 6_000));
+        }
         let mut shape = Rng::new(seed).fork(0x5A9E);
         plan.partitions = *shape.pick(&[1, 1, 1, 2, 2, 4]);
         if plan.partitions > 1 {
@@ -317,6 +340,8 @@ pub struct Seen {
     /// `(tenant, trigger message id)` of every message the standalone relay published, in
     /// arrival order.
     pub triggered: Vec<(String, String)>,
+    /// Every notice published, by the command id it came from.
+    pub notices: BTreeMap<String, usize>,
 }
 
 impl Seen {
@@ -325,6 +350,7 @@ impl Seen {
             + self.reserved.values().sum::<usize>()
             + self.triggered.len()
             + self.dead_letters.values().sum::<usize>()
+            + self.notices.values().sum::<usize>()
     }
 }
 
@@ -342,6 +368,7 @@ pub enum Kind {
     Place,
     Poison,
     Reserve,
+    Notice,
 }
 
 /// Runs `seed`: `Ok` with its report, or `Err` with every invariant that broke (and where its
@@ -396,6 +423,16 @@ fn workload(plan: &Plan, rng: &mut Rng) -> Vec<Published> {
             body,
         ));
     }
+    for i in 0..plan.notices {
+        let body = json!({ "orderId": format!("n{i}") });
+        commands.push(command(
+            Kind::Notice,
+            "notice",
+            i,
+            SimNotify::registration().destination,
+            body,
+        ));
+    }
     for i in 0..plan.poisons {
         let body = json!({ "orderId": key(rng) });
         commands.push(command(
@@ -431,6 +468,8 @@ enum Step {
     Cut(usize, CutOf, Duration),
     Restart(usize),
     Split,
+    /// The broker takes notices again.
+    Fix,
     Heal,
 }
 
@@ -457,6 +496,7 @@ struct Fleet {
     recorder: Arc<Recorder>,
     history: Arc<History>,
     stranded: Arc<AtomicU64>,
+    fragile: Arc<Fragile>,
     /// Crashed instances to start again, and when.
     restarts: Vec<(tokio::time::Instant, usize)>,
 }
@@ -476,7 +516,7 @@ impl Fleet {
                 (Arc::clone(&s.publishes), Arc::clone(&s.deliveries)),
                 Arc::clone(&s.broker_cut),
                 (slot, incarnation),
-                Arc::clone(&self.history),
+                (Arc::clone(&self.history), Arc::clone(&self.fragile)),
             ),
             recorder: Arc::clone(&self.recorder),
             skew_ms: plan.skews[slot],
@@ -692,6 +732,10 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
         recorder: Arc::clone(&recorder),
         history: Arc::clone(&history),
         stranded: Arc::default(),
+        fragile: Arc::new(Fragile {
+            refusing: plan.fixed_at.is_some().into(),
+            pause_on_refusal: plan.refusal_pause.into(),
+        }),
         restarts: Vec::new(),
     };
     for slot in 0..plan.instances {
@@ -791,6 +835,13 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
                     fleet.start(which);
                 }
             }
+            Step::Fix => {
+                history.harness(usize::MAX, "the broker takes notices again");
+                fleet
+                    .fragile
+                    .refusing
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
+            }
             Step::Heal => {
                 fleet.set_faults(false);
                 writer_faults.set(false);
@@ -815,7 +866,10 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
             began.elapsed()
         );
     }
-    let settled = settle(&plan, &commands, &triggers, &inner, &cosmos, &seen).await;
+    let settled = settle(
+        &plan, &commands, &triggers, &inner, &cosmos, &seen, &history,
+    )
+    .await;
     let settled_in = healed.elapsed();
     // Quiet once settled: nothing more is published (a zombie's publish, a relay acting on an
     // old page). Counted once every answer held past its timeout has arrived and every cut-off
@@ -943,6 +997,9 @@ fn steps(
     if let Some(at) = plan.split_at {
         steps.push((at, Step::Split));
     }
+    if let Some(at) = plan.fixed_at {
+        steps.push((at, Step::Fix));
+    }
 
     for (at, which, down) in &plan.crashes {
         steps.push((*at, Step::Crash(*which, *down)));
@@ -969,6 +1026,7 @@ async fn watch(broker: &InMemoryBroker, seen: &Arc<Mutex<Seen>>) {
         EVENTS.to_owned(),
         RESERVED.to_owned(),
         TRIGGERED.to_owned(),
+        NOTICES.to_owned(),
         dead_letter_destination(SimPlace::registration().destination),
         dead_letter_destination(SimPoison::registration().destination),
         dead_letter_destination(SimReserve::registration().destination),
@@ -994,6 +1052,8 @@ async fn watch(broker: &InMemoryBroker, seen: &Arc<Mutex<Seen>>) {
                         seen.triggered.push((tenant, trigger));
                     } else if message.destination == RESERVED {
                         *seen.reserved.entry(command).or_default() += 1;
+                    } else if message.destination == NOTICES {
+                        *seen.notices.entry(command).or_default() += 1;
                     } else {
                         *seen.dead_letters.entry(message.message_id).or_default() += 1;
                     }
@@ -1013,14 +1073,20 @@ async fn settle(
     broker: &InMemoryBroker,
     cosmos: &CosmosConnection,
     seen: &Arc<Mutex<Seen>>,
+    history: &History,
 ) -> Result<(), String> {
     let deadline = Instant::now() + STALL_BOUND;
     let destinations = [
         SimPlace::registration().destination,
         SimPoison::registration().destination,
         SimReserve::registration().destination,
+        SimNotify::registration().destination,
     ];
+    let mut operator = Operator::default();
     loop {
+        if plan.notices > 0 {
+            operator.requeue_notices(cosmos, history).await;
+        }
         let queued: usize = destinations.iter().map(|d| broker.pending_count(d)).sum();
         let missing = {
             let seen = seen.lock().unwrap();
@@ -1038,6 +1104,7 @@ async fn settle(
                     Kind::Place => c.events.iter().any(|e| !published.contains(e.as_str())),
                     Kind::Reserve => !seen.reserved.contains_key(&c.message.message_id),
                     Kind::Poison => !seen.dead_letters.contains_key(&c.message.message_id),
+                    Kind::Notice => !seen.notices.contains_key(&c.message.message_id),
                 })
                 .map(|c| c.message.message_id.clone())
                 .chain(triggers_missing)
@@ -1062,5 +1129,54 @@ async fn settle(
             ));
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The operator of a run with notices: once the broker takes them again, requeues each notice
+/// the relays stamped `undeliverable` (through the CLI's code, `chatter outbox requeue
+/// --destination`), once: a notice found `undeliverable` again had its verdict overwritten.
+#[derive(Default)]
+struct Operator {
+    requeued: BTreeSet<String>,
+    last: Option<Instant>,
+}
+
+impl Operator {
+    async fn requeue_notices(&mut self, cosmos: &CosmosConnection, history: &History) {
+        use chatter_runtime::operator::{self, MessageSource, Selection};
+        if self
+            .last
+            .is_some_and(|at| at.elapsed() < Duration::from_millis(250))
+        {
+            return;
+        }
+        self.last = Some(Instant::now());
+        let selection = Selection::Destination(NOTICES.to_owned());
+        let Ok(mut plan) = operator::plan_requeue(
+            cosmos,
+            DATABASE,
+            ORDERS,
+            &selection,
+            MessageSource::Document,
+            false,
+        )
+        .await
+        else {
+            return;
+        };
+        plan.changes
+            .retain(|change| !self.requeued.contains(&change.message_id));
+        if plan.changes.is_empty() {
+            return;
+        }
+        if let Ok(applied) = operator::apply(cosmos, DATABASE, ORDERS, &plan).await {
+            for (change, outcome) in plan.changes.iter().zip(&applied) {
+                history.harness(
+                    usize::MAX,
+                    format!("the operator requeued {}: {outcome:?}", change.message_id),
+                );
+                self.requeued.insert(change.message_id.clone());
+            }
+        }
     }
 }
