@@ -36,7 +36,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long each CI chunk takes new seeds for (a run under way then finishes).
-const CHUNK_BUDGET: Duration = Duration::from_secs(12);
+const CHUNK_BUDGET: Duration = Duration::from_secs(10);
 /// Test functions the CI seeds are split over (nextest runs each alone: `.config/nextest.toml`).
 const CI_CHUNKS: u64 = 8;
 /// Seeds that together hit every probe of `probes.rs` but the rare ones (checked by
