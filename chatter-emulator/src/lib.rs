@@ -149,8 +149,9 @@ pub enum Injection {
 pub type Injector = Arc<dyn Fn(&str, &str) -> Option<Injection> + Send + Sync>;
 
 /// Told, for every request, its HTTP method, its path and the status (and `x-ms-substatus`,
-/// if any) of the answer the client gets, once it is sent: what a request came to, injected or
-/// not (a store that answered 410/1007 during a split, say).
+/// if any) of the answer the client gets, just before it is sent: what a request came to,
+/// injected or not (a store that answered 410/1007 during a split, say). Not told of a request
+/// whose client gave up before its answer.
 pub type Observer = Arc<dyn Fn(&str, &str, u16, Option<u32>) + Send + Sync>;
 
 #[derive(Debug)]
@@ -332,8 +333,9 @@ impl EmulatorServer {
 
     /// An account with two regions: [`REGION_NAME`], which takes the writes, served on
     /// `write_region`, and [`READ_REGION_NAME`], served on `read_region`, which receives every
-    /// write after a lag drawn (from `seed`) within `lag`, **in the order the writes were
-    /// made**, as Cosmos DB replicates (the emulator's own random delays would apply a later
+    /// write after a lag drawn (from `seed`) within `lag`, or a millisecond after the write
+    /// before it if that is later: **in the order the writes were made**, as Cosmos DB
+    /// replicates (while the emulator's 64 replications in flight keep up with the writes) (the emulator's own random delays would apply a later
     /// write before an earlier one, which no Cosmos region does). `consistency` is the
     /// account's default: a client reading in the read region (its preferred region) reads
     /// what has replicated there, as the level allows (Eventual and Consistent Prefix: possibly

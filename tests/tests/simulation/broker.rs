@@ -17,6 +17,7 @@ use futures::future::BoxFuture;
 use super::commands::NOTICES;
 use super::faults::{Cut, PublishFault, Schedule, pick_publish_fault};
 use super::history::{Event, History, Who};
+use super::instance::PUBLISH_TIMEOUT;
 
 /// The broker's refusal of [`NOTICES`], for good, until the run fixes it; a refusal may pause
 /// its publisher's thread right there (a GC pause at the worst moment: between a publish and
@@ -66,10 +67,12 @@ impl SimBroker {
             return None;
         }
         self.record(message, "refused for good (too large)");
-        // Taken: one pause per run, on the first refusal.
-        if let Some(pause) = self.fragile.pause_on_refusal.lock().unwrap().take() {
-            self.history.harness(
+        // Taken: one pause per run, on the first refusal (the lock released before it).
+        let pause = self.fragile.pause_on_refusal.lock().unwrap().take();
+        if let Some(pause) = pause {
+            self.history.paused(
                 self.who.0,
+                pause,
                 format!("paused for {pause:?} inside a refused publish, before its stamp"),
             );
             // Blocks the instance's thread: nothing of it runs meanwhile.
@@ -110,12 +113,26 @@ impl Broker for SimBroker {
                 return Err(refusal);
             }
             if let Some(held) = self.cut.remaining() {
-                // Cut off: the publish reaches the broker when the cut ends; the publisher
-                // has long given up by then.
+                // Cut off: the publish reaches the broker when the cut ends, on a task of its
+                // own, as bytes already on their way do: the publisher, whose publish timeout
+                // drops this future, has often given up by then.
                 self.publishes.tally.add("broker cut off (publish held)");
-                self.record(&message, "held by a cut-off, published when it ended");
+                self.record(
+                    &message,
+                    if held > PUBLISH_TIMEOUT {
+                        "held by a cut-off past the publish timeout, published when it ended"
+                    } else {
+                        "held by a cut-off, published when it ended"
+                    },
+                );
+                let inner = self.inner.clone();
+                let reaching = message.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(held).await;
+                    let _ = inner.publish(reaching).await;
+                });
                 tokio::time::sleep(held).await;
-                return self.inner.publish(message).await;
+                return Ok(());
             }
             if let Some(latency) = latency {
                 tokio::time::sleep(latency).await;

@@ -53,6 +53,7 @@ impl Event {
 pub struct History {
     began: Instant,
     events: Mutex<Vec<(Instant, Event)>>,
+    pauses_end: Mutex<Vec<Instant>>,
 }
 
 impl Default for History {
@@ -60,6 +61,7 @@ impl Default for History {
         Self {
             began: Instant::now(),
             events: Mutex::default(),
+            pauses_end: Mutex::default(),
         }
     }
 }
@@ -90,6 +92,20 @@ impl History {
             slot,
             what: what.into(),
         });
+    }
+
+    /// Records a pause of instance `slot` for `period`, and when it ends.
+    pub fn paused(&self, slot: usize, period: std::time::Duration, what: String) {
+        self.pauses_end
+            .lock()
+            .unwrap()
+            .push(Instant::now() + period);
+        self.harness(slot, what);
+    }
+
+    /// When the last pause ends (or ended), if there was one.
+    pub fn pauses_end(&self) -> Option<Instant> {
+        self.pauses_end.lock().unwrap().iter().max().copied()
     }
 
     pub fn events(&self) -> Vec<(Instant, Event)> {

@@ -26,6 +26,9 @@ use tokio::sync::{mpsc, oneshot};
 use super::broker::SimBroker;
 use super::commands::Recorder;
 
+/// How long an instance waits for one publish (its broker confirm included).
+pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// The timings of every instance: production's, compressed so that a run takes seconds. Their
 /// ratios keep the checks `start()` makes.
 pub fn relay_options(compression: u32) -> RelayOptions {
@@ -37,7 +40,7 @@ pub fn relay_options(compression: u32) -> RelayOptions {
         .lease_expiry(Duration::from_secs(3))
         .lease_acquire_interval(Duration::from_millis(300))
         .store_timeout(Duration::from_secs(5))
-        .publish_timeout(Duration::from_secs(3))
+        .publish_timeout(PUBLISH_TIMEOUT)
         .handler_timeout(Duration::from_secs(10))
         .max_backoff(Duration::from_millis(100))
         .backlog_interval(Duration::from_millis(1000))

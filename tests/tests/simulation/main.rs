@@ -77,11 +77,12 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
 // Seeds that show the breaks the publish-after-commit issue is to fix, not run by CI (they fail
 // on today's code); each becomes a regression seed with its fix:
 // - per-key order, a stale pending check: `SIM_CONSISTENCY=eventual SIM_AFTER_COMMIT=on`,
-//   seeds 5016 and 5039 (a later command's event published by its instance's eager path
+//   seeds 5016 and 5039 (each failed once in its range's run; a replay repeats it about 1 run
+//   in 8: `SIM_REPEAT`; a later command's event published by its instance's eager path
 //   while an earlier one, committed by another instance, was still pending and unseen by the
 //   check in the read region; the same 40 seeds with `SIM_AFTER_COMMIT=off`: no violation);
 // - the same process publishing twice after its own stamp failed: `SIM_STRICT=1`, seed 214
-//   (3 runs in 16 with `SIM_REPEAT=16`: the eager stamp met 410/1007 while the split
+//   (4 runs in 24 with `SIM_REPEAT=24`: the eager stamp met 410/1007 while the split
 //   completed, and the relay in the same process published the document again);
 // - a stamp overwriting another verdict: `SIM_VERDICTS=1`, seed 139 (an instance paused inside
 //   a refused publish stamps its notice `undeliverable` unconditionally when it resumes, and

@@ -235,7 +235,7 @@ impl Plan {
         if let Some(consistency) = family {
             // Within what the emulator replicates in order without falling behind (its 64
             // replications in flight at once, each for its lag).
-            let low = stale.between(0, 20);
+            let low = stale.between(10, 20);
             plan.regions = Some(Regions {
                 consistency,
                 lag_ms: (low, low + stale.between(10, 40)),
@@ -254,7 +254,7 @@ impl Plan {
             crashes = (0..deeper.below(4))
                 .map(|_| (at(&mut deeper), which(&mut deeper), deeper.millis(0, 3_000)))
                 .collect();
-            // Past the lease expiry (3 s) and the claim (3 s plus the margin): a zombie.
+            // Often past the lease expiry (3 s) and the claim (3 s plus the margin): a zombie.
             plan.pauses = (0..deeper.below(3))
                 .map(|_| {
                     (
@@ -660,7 +660,7 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
         .map_err(|e| format!("provision: {e}"))?;
     super::triggers::provision(&cosmos).await?;
     // The emulator makes four physical partitions; merged (before anything is written) into the
-    // plan's 1 or 2: fewer leases to poll, and one partition the run may split.
+    // plan's 1 or 2, or left at 4: fewer leases to poll, and one partition the run may split.
     let store = server.store();
     let mut partitions = Vec::new();
     for container in MONITORED {
@@ -804,7 +804,11 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
                 if let Some(instance) = fleet.slots[which].instance.take() {
                     crashes += 1;
                     history.harness(which, format!("crashed, down for {down:?}"));
-                    instance.crash();
+                    // Off this thread, which serves the store: a paused instance's thread
+                    // finishes its pause before it can be joined.
+                    tokio::task::spawn_blocking(move || instance.crash())
+                        .await
+                        .map_err(|e| format!("crash: {e}"))?;
                     fleet
                         .restarts
                         .push((tokio::time::Instant::now() + down, which));
@@ -812,7 +816,7 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
             }
             Step::Pause(which, period) => {
                 if let Some(instance) = &fleet.slots[which].instance {
-                    history.harness(which, format!("paused for {period:?}"));
+                    history.paused(which, period, format!("paused for {period:?}"));
                     instance.pause(period);
                 }
             }
@@ -873,8 +877,9 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
     let settled_in = healed.elapsed();
     // Quiet once settled: nothing more is published (a zombie's publish, a relay acting on an
     // old page). Counted once every answer held past its timeout has arrived and every cut-off
-    // ended: a page read before healing and answered after it, or a publish held by a cut-off,
-    // may publish again what was delivered since, as at-least-once allows.
+    // and pause ended: a page read before healing and answered after it, a publish held by a
+    // cut-off, a zombie resuming, may publish again what was delivered since, as at-least-once
+    // allows.
     let cuts_end = fleet
         .slots
         .iter()
@@ -889,6 +894,7 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
         })
         .map(|(at, _)| *at + super::faults::LONGEST_HELD_ANSWER)
         .chain(cuts_end)
+        .chain(history.pauses_end())
         .max();
     if let Some(held_until) = held_until {
         // And the moment it takes to hand a released publish over.
