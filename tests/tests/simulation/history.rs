@@ -170,30 +170,44 @@ impl History {
 }
 
 /// The message id of the Outbox Document a request path names (`…/docs/outbox:<unpadded
-/// base64url of the message id>`), if it names one.
+/// base64url of the message id>`, as `chatter_runtime::cosmos::outbox_id` writes it), if it
+/// names one.
 pub fn outbox_message_id(path: &str) -> Option<String> {
-    decode_base64url(decode(path).rsplit('/').next()?.strip_prefix("outbox:")?)
-}
-
-fn decode_base64url(encoded: &str) -> Option<String> {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut bits = 0u32;
-    let mut held = 0;
-    let mut out = Vec::new();
-    for byte in encoded.bytes() {
-        let value = ALPHABET.iter().position(|b| *b == byte)? as u32;
-        bits = (bits << 6) | value;
-        held += 6;
-        if held >= 8 {
-            held -= 8;
-            out.push((bits >> held) as u8);
-            bits &= (1 << held) - 1;
-        }
-    }
-    String::from_utf8(out).ok()
+    use base64::Engine as _;
+    let encoded = decode(path)
+        .rsplit('/')
+        .next()?
+        .strip_prefix("outbox:")?
+        .to_owned();
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(encoded)
+        .ok()?;
+    String::from_utf8(bytes).ok()
 }
 
 /// A request path with its percent-escapes of `:` (document ids are `outbox:…`) undone.
 fn decode(path: &str) -> String {
     path.replace("%3A", ":").replace("%3a", ":")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::outbox_message_id;
+
+    #[test]
+    fn a_stamp_path_names_the_message_id_its_document_id_encodes() {
+        let id = chatter_runtime::cosmos::outbox_id("s7-place-3:placed:1").unwrap();
+        let escaped = id.replace(':', "%3A");
+        for path in [
+            format!("/dbs/sim/colls/orders/docs/{id}"),
+            format!("/dbs/sim/colls/orders/docs/{escaped}"),
+        ] {
+            assert_eq!(
+                outbox_message_id(&path).as_deref(),
+                Some("s7-place-3:placed:1")
+            );
+        }
+        assert_eq!(outbox_message_id("/dbs/sim/colls/orders/docs"), None);
+        assert_eq!(outbox_message_id("/dbs/sim/colls/orders/docs/ledger"), None);
+    }
 }

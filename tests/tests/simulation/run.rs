@@ -660,28 +660,24 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
         .map_err(|e| format!("provision: {e}"))?;
     super::triggers::provision(&cosmos).await?;
     // The emulator makes four physical partitions; merged (before anything is written) into the
-    // plan's 1 or 2, or left at 4: fewer leases to poll, and one partition the run may split.
+    // plan's 1 or 2, or left at 4: fewer leases to poll. A single partition, the one a run may
+    // split, is kept by its id.
     let store = server.store();
-    let mut partitions = Vec::new();
-    for container in MONITORED {
+    let mut single = Vec::new();
+    for container in MONITORED.into_iter().filter(|_| plan.partitions < 4) {
         let merge = |a, b| {
-            store.merge_partitions_and_wait(DATABASE, container, a, b, Duration::from_millis(1))
+            let merged = store.merge_partitions_and_wait(
+                DATABASE,
+                container,
+                a,
+                b,
+                Duration::from_millis(1),
+            );
+            async move { merged.await.map_err(|e| format!("merge: {e}")) }
         };
-        match plan.partitions {
-            4 => partitions.push((container, 0, 0)),
-            2 => {
-                let left = merge(0, 1).await.map_err(|e| format!("merge: {e}"))?;
-                let right = merge(2, 3).await.map_err(|e| format!("merge: {e}"))?;
-                partitions.push((container, left, right));
-            }
-            _ => {
-                let left = merge(0, 1).await.map_err(|e| format!("merge: {e}"))?;
-                let right = merge(2, 3).await.map_err(|e| format!("merge: {e}"))?;
-                let one = merge(left, right)
-                    .await
-                    .map_err(|e| format!("merge: {e}"))?;
-                partitions.push((container, one, one));
-            }
+        let (left, right) = (merge(0, 1).await?, merge(2, 3).await?);
+        if plan.partitions == 1 {
+            single.push((container, merge(left, right).await?));
         }
     }
 
@@ -790,7 +786,7 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
                 .await
                 .map_err(|e| format!("publish: {e}"))?,
             Step::Split => {
-                for (container, partition, _) in &partitions {
+                for (container, partition) in &single {
                     store.split_partition(
                         DATABASE,
                         container,

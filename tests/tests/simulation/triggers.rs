@@ -110,11 +110,11 @@ pub async fn write(
                     "MessageId": message_id,
                     "tenant": tenant,
                 });
-                upsert(&bodies, &tenant, &message_id, &body).await?;
+                write_doc(&bodies, &tenant, &body, false).await?;
                 // Created, not upserted: a retry of a write whose answer was lost (by this
                 // loop or inside the SDK, after its own timeout) must not set a delivered
                 // trigger back to pending.
-                create(&triggers, &tenant, &trigger).await?;
+                write_doc(&triggers, &tenant, &trigger, true).await?;
                 written.push(message_id);
                 tokio::time::sleep(gap).await;
             }
@@ -126,39 +126,30 @@ pub async fn write(
         .map(|written| written.into_iter().collect())
 }
 
-async fn create(
+/// Writes `doc` of `tenant`, created (a copy already there is this write, by an earlier try
+/// whose answer was lost) or upserted, trying again while the store refuses it.
+async fn write_doc(
     container: &ContainerClient,
     tenant: &str,
     doc: &serde_json::Value,
+    create: bool,
 ) -> Result<(), String> {
+    use chatter_runtime::testing::{create_item, upsert_item};
     for _ in 0..200 {
         let key = cosmos::partition_key(&[json!(tenant)]).map_err(|e| e.to_string())?;
-        match chatter_runtime::testing::create_item(container, key, doc).await {
+        let written = if create {
+            create_item(container, key, doc).await
+        } else {
+            upsert_item(container, key, doc).await
+        };
+        match written {
             Ok(_) => return Ok(()),
-            Err(e) if e.is_status(409) => return Ok(()),
+            Err(e) if create && e.is_status(409) => return Ok(()),
             Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
         }
     }
     Err(format!(
         "the other service could not write {} in 200 tries",
         doc["id"]
-    ))
-}
-
-async fn upsert(
-    container: &ContainerClient,
-    tenant: &str,
-    id: &str,
-    doc: &serde_json::Value,
-) -> Result<(), String> {
-    for _ in 0..200 {
-        let key = cosmos::partition_key(&[json!(tenant)]).map_err(|e| e.to_string())?;
-        match container.upsert_item(key, id, doc, None).await {
-            Ok(_) => return Ok(()),
-            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-        }
-    }
-    Err(format!(
-        "the other service could not write {id} in 200 tries"
     ))
 }
