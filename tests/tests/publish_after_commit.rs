@@ -328,3 +328,81 @@ async fn a_duplicate_command_during_its_dispatch_does_not_make_the_relay_publish
     );
     runtime.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_document_published_after_commit_whose_stamp_failed_is_only_stamped_by_the_relay_here() {
+    let (emulator, cosmos) = store().await;
+    let broker = InMemoryBroker::new();
+    let received = chatter_tests::broker::Received::on(&broker, EVENTS).await;
+    // The store refuses the first stamp (publish after commit's, the first PATCH of the run)
+    // with a status the SDK does not retry: the event is out, its document still pending.
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    emulator
+        .faults()
+        .inject_with(Some(Arc::new(move |method: &str, _: &str| {
+            (method == "PATCH" && armed.swap(false, Ordering::SeqCst)).then_some(
+                chatter_emulator::Injection::Refuse {
+                    status: 403,
+                    sub_status: None,
+                    retry_after: None,
+                },
+            )
+        })));
+    let runtime = runtime(
+        &cosmos,
+        broker.clone(),
+        relay_polling_every(Duration::from_millis(100)),
+        true,
+    )
+    .await;
+    runtime.dispatch(order("o-1"), "cmd-1").await.unwrap();
+    eventually(WAIT, POLL, "the relay stamped it delivered", || {
+        let cosmos = cosmos.clone();
+        async move { stamped_delivered(&cosmos, "o-1", "cmd-1:placed").await }
+    })
+    .await;
+    runtime.relay_idle(WAIT).await.unwrap();
+    // The process that published it knew it had: its relay stamped it, and published nothing.
+    assert_eq!(
+        received.snapshot().into_iter().collect::<Vec<_>>(),
+        [("cmd-1:placed".to_owned(), 1)]
+    );
+    runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_pending_check_read_in_a_lagging_region_at_eventual_consistency_keeps_the_keys_order() {
+    // Reads in the read region see writes 1.5 s late, and an Eventual account sends no session
+    // token: the check cannot see what another process committed just before.
+    let lag = Duration::from_millis(1500);
+    let (write, _read, cosmos) =
+        chatter_tests::store::two_regions(chatter_emulator::ConsistencyLevel::Eventual, lag).await;
+    provisioned_with_leases(&cosmos, DB, CONTAINER, &["/orderId"], "orders-leases").await;
+    let broker = InMemoryBroker::new();
+    let mut events = broker.subscribe(EVENTS).await.unwrap();
+    let remote = chatter_tests::store::reading_in_read_region(write.endpoint())
+        .await
+        .unwrap();
+    let runtime = runtime(
+        &remote,
+        broker.clone(),
+        relay_polling_every(Duration::from_millis(200)),
+        true,
+    )
+    .await;
+    // Another process commits o-1's first command and does not publish it.
+    let other = writer(&cosmos, InMemoryBroker::new()).await;
+    other.dispatch(order("o-1"), "cmd-1").await.unwrap();
+    runtime.dispatch(order("o-1"), "cmd-2").await.unwrap();
+    let first = next_delivery(&mut events, WAIT).await;
+    let second = next_delivery(&mut events, WAIT).await;
+    assert_eq!(
+        [
+            first.message.message_id.as_str(),
+            second.message.message_id.as_str()
+        ],
+        ["cmd-1:placed", "cmd-2:placed"],
+        "the second command's event overtook the first's"
+    );
+    runtime.shutdown().await;
+}

@@ -257,3 +257,109 @@ async fn a_refused_undeliverable_stamp_propagates_as_itself_and_logs_nothing() {
     assert_eq!(reread(&c, &doc).await["status"], "pending");
     assert_eq!(broker.published_count("orders"), 0);
 }
+
+// No stamp overwrites another writer's verdict (the publish-after-commit issue's third break,
+// found by the simulation's seed 139): every stamp is conditional on the version it was decided
+// for, and a 412 reads the document before deciding.
+
+/// Writes `doc` with `changes` as another writer (an operator, another relay) would, after the
+/// drain read it: the page still holds the version before.
+async fn written_since(c: &ContainerClient, doc: &Value, changes: Value) -> Value {
+    let mut now = doc.clone();
+    for (field, value) in changes.as_object().unwrap() {
+        now[field] = value.clone();
+    }
+    let key = chatter_runtime::cosmos::partition_key(&[doc["tenantId"].clone()]).unwrap();
+    chatter_runtime::testing::upsert_item(c, key, &now)
+        .await
+        .unwrap();
+    reread(c, doc).await
+}
+
+#[tokio::test]
+async fn an_undeliverable_verdict_does_not_overwrite_a_delivered_stamp_written_since() {
+    let (logs, _guard) = capture();
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let poison = stored(&c, without(pending("msg-bad", "t"), "Destination")).await;
+    written_since(&c, &poison, json!({ "status": "delivered", "ttl": 60 })).await;
+
+    let report = drain(&c, &broker)
+        .drain("0", std::slice::from_ref(&poison))
+        .await
+        .unwrap();
+    assert_eq!((report.undeliverable, report.skipped), (0, 1), "{report:?}");
+    let now = reread(&c, &poison).await;
+    assert_eq!(now["status"], "delivered", "the later verdict stands");
+    assert_eq!(now["ttl"], 60);
+    assert!(
+        logs.at(Level::ERROR).is_empty(),
+        "nothing was stamped undeliverable"
+    );
+}
+
+#[tokio::test]
+async fn a_delivered_stamp_does_not_overwrite_an_operators_give_up_written_since() {
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let doc = stored(&c, pending("msg-1", "t")).await;
+    written_since(
+        &c,
+        &doc,
+        json!({ "status": "undeliverable", "chatterOperatorReason": "given up" }),
+    )
+    .await;
+
+    // The page read it pending: it is published, and its stamp meets the give-up.
+    let report = drain(&c, &broker)
+        .drain("0", std::slice::from_ref(&doc))
+        .await
+        .unwrap();
+    assert_eq!(report.published, 1, "{report:?}");
+    assert_eq!(broker.published_count("orders"), 1);
+    let now = reread(&c, &doc).await;
+    assert_eq!(
+        now["status"], "undeliverable",
+        "the operator's verdict stands"
+    );
+    assert_eq!(now["chatterOperatorReason"], "given up");
+    assert!(now.get("ttl").is_none(), "kept for inspection: no ttl");
+}
+
+#[tokio::test]
+async fn a_delivered_stamp_that_meets_a_rewrite_of_the_same_message_stamps_that_version() {
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let doc = stored(&c, pending("msg-1", "t")).await;
+    // The stranded sweep's rewrite: the same message, pending, a new version.
+    let rewritten = written_since(&c, &doc, json!({ "status": "pending" })).await;
+    assert_ne!(rewritten["_etag"], doc["_etag"]);
+
+    let report = drain(&c, &broker)
+        .drain("0", std::slice::from_ref(&doc))
+        .await
+        .unwrap();
+    assert_eq!(report.published, 1, "{report:?}");
+    let now = reread(&c, &doc).await;
+    assert_eq!(
+        now["status"], "delivered",
+        "the new version of what was published"
+    );
+    assert!(now["ttl"].is_i64());
+}
+
+#[tokio::test]
+async fn a_delivered_stamp_leaves_a_new_message_written_since_pending() {
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let doc = stored(&c, pending("msg-1", "t")).await;
+    // Another body under the same id: not what was published, so the relay publishes it too.
+    written_since(&c, &doc, json!({ "MessageBody": "{\"orderId\":8}" })).await;
+
+    let report = drain(&c, &broker)
+        .drain("0", std::slice::from_ref(&doc))
+        .await
+        .unwrap();
+    assert_eq!(report.published, 1, "{report:?}");
+    assert_eq!(reread(&c, &doc).await["status"], "pending");
+}

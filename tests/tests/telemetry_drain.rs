@@ -299,6 +299,8 @@ async fn an_undeliverable_document_is_counted_without_attributes_or_outcome() {
     chatter_runtime::testing::upsert_item(&f.container, key, &poison)
         .await
         .unwrap();
+    // The page holds the version written last (its `_etag`), as a change-feed read would.
+    let poison = document(&f.container, &[json!("t")], poison["id"].as_str().unwrap()).await;
     let report = f.drain().drain("0", &[poison]).await.unwrap();
     assert_eq!(report.undeliverable, 1);
     let undeliverable = f.metrics.of(UNDELIVERABLE);

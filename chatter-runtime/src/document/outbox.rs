@@ -28,6 +28,9 @@ pub(crate) const MESSAGE_BODY_FIELD: &str = "MessageBody";
 pub(crate) const MESSAGE_CONTENT_TYPE_FIELD: &str = "MessageContentType";
 /// The message-context field: a JSON *string* holding the serialized context.
 pub(crate) const MESSAGE_CONTEXT_FIELD: &str = "MessageContext";
+/// The property an operator's give-up leaves its reason in (the relay's own undeliverable stamp
+/// writes none: it keeps the .NET document shape); a requeue removes it.
+pub const OPERATOR_REASON_FIELD: &str = "chatterOperatorReason";
 /// The context key carrying the content type.
 pub(crate) const CONTENT_TYPE_CONTEXT_KEY: &str = "Chatter.ContentType";
 /// The context key naming the messaging infrastructure.
@@ -62,6 +65,30 @@ pub(crate) fn delivered_stamp(status: &str, ttl_seconds: i64) -> [(&'static str,
         (STATUS_PATH, Value::from(status)),
         (TTL_PATH, Value::from(ttl_seconds)),
     ]
+}
+
+/// Whether two versions of a document hold the same message: equal but for the fields a stamp,
+/// an operator's repair or the store writes (`status`, `ttl`, [`OPERATOR_REASON_FIELD`], and the
+/// system fields `_rid`, `_self`, `_etag`, `_attachments`, `_ts`, `_lsn`). A version written
+/// since by the sweep or a requeue is the same message; one written with another body is not.
+pub(crate) fn same_message(a: &Value, b: &Value) -> bool {
+    fn message(doc: &Value) -> Option<Map<String, Value>> {
+        const NOT_THE_MESSAGE: [&str; 9] = [
+            STATUS_FIELD,
+            "ttl",
+            OPERATOR_REASON_FIELD,
+            "_rid",
+            "_self",
+            "_etag",
+            "_attachments",
+            "_ts",
+            "_lsn",
+        ];
+        let mut fields = doc.as_object()?.clone();
+        fields.retain(|name, _| !NOT_THE_MESSAGE.contains(&name.as_str()));
+        Some(fields)
+    }
+    matches!((message(a), message(b)), (Some(a), Some(b)) if a == b)
 }
 
 /// The patch that marks a document undeliverable: the state alone, no ttl, so it stays for a

@@ -18,9 +18,7 @@ use crate::document::outbox::{
 };
 use crate::partition_key;
 
-/// The property an operator's give-up leaves its reason in (the relay's own undeliverable stamp
-/// writes none: it keeps the .NET document shape); a requeue removes it.
-pub const OPERATOR_REASON_FIELD: &str = "chatterOperatorReason";
+pub use crate::document::outbox::OPERATOR_REASON_FIELD;
 
 /// Which documents a repair takes.
 #[derive(Debug, Clone, PartialEq, Eq)]

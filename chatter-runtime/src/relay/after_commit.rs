@@ -39,13 +39,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use std::num::NonZeroU32;
+
+use azure_data_cosmos::Query;
 use azure_data_cosmos::feed::FeedScope;
+use azure_data_cosmos::options::{MaxItemCountHint, QueryOptions};
 use futures::StreamExt;
 use serde_json::Value;
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
-use super::dispatch::{Dispatch, Processed, Stamp};
+use super::dispatch::{Dispatch, Processed, Stamp, Target};
 use super::in_flight::InFlightLimit;
 use super::suspension::DrainGate;
 use crate::cosmos::CosmosStoreError;
@@ -59,6 +63,28 @@ use crate::telemetry::metrics::{AfterCommitOutcome, LeftBecause};
 /// the relay: the relay meets the same failure and handles it by its rules (one document at a
 /// time, Drain Suspension, a blocked lease) instead of every command trying again.
 pub(crate) const PAUSE_AFTER_FAILURE: Duration = Duration::from_secs(60);
+
+/// How many times the pending check is read before it is left to the relay, when its reads do
+/// not show the batch's own documents (a replica behind the commit: another region, or an
+/// account below Session consistency); the pause between reads doubles from 20 ms.
+const CHECK_READS: u32 = 4;
+
+/// The pending check's page: one page holds every pending document of a key the check can
+/// judge (past it, the key is left to the relay).
+const CHECK_PAGE: u32 = 1000;
+
+/// What the pending check read.
+enum Check {
+    /// The pending Outbox Documents of the key other than the batch's (ids and versions), by a
+    /// read that showed the batch's own.
+    Pending(Vec<(String, String)>),
+    /// The read did not show all of the batch's own documents: it may be stale.
+    Unwitnessed,
+    /// A document of the batch was stamped already (another process's relay was first).
+    SettledElsewhere,
+    /// More pending documents than one page.
+    ManyPending,
+}
 
 /// How long the drain remembers a document version this path stamped, so a page read before
 /// the stamp does not publish it again. Past a page's handler timeout and poll interval.
@@ -82,16 +108,48 @@ enum Dispatched {
     /// only for a lower number: no two wait for each other); being checked, published and
     /// stamped.
     InFlight(String, u64),
-    /// This version was stamped by this path.
-    Stamped(String),
+    /// This version was published, and its stamp did not land: the relay here stamps it and
+    /// does not publish it again.
+    Published(Published),
+    /// Stamped delivered over these versions (the batch's, and a newer version of the same
+    /// message the stamp met: the sweep's rewrite).
+    Stamped(Vec<String>),
     /// Not published by this path (left to the relay, or its batch did not commit).
     Failed,
 }
 
+/// A version of a document this process published whose stamp did not land.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Published {
+    pub(crate) version: String,
+    pub(crate) message_id: String,
+    pub(crate) destination: String,
+}
+
 impl Dispatched {
     fn settled(&self) -> bool {
-        matches!(self, Self::Stamped(_) | Self::Failed)
+        matches!(self, Self::Published(_) | Self::Stamped(_) | Self::Failed)
     }
+
+    /// Whether version `etag` of the document was published by this process (stamped or not).
+    fn published_as(&self, etag: &str) -> bool {
+        match self {
+            Self::Stamped(versions) => versions.iter().any(|version| version == etag),
+            Self::Published(published) => published.version == etag,
+            _ => false,
+        }
+    }
+}
+
+/// What this process did with the version of a document a change-feed page holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Here {
+    /// Published and stamped it: nothing is left to do.
+    Stamped,
+    /// Published it; its stamp did not land: the relay stamps it, and publishes nothing.
+    Published(Published),
+    /// Nothing: the relay publishes it.
+    Nothing,
 }
 
 struct Entry {
@@ -141,16 +199,42 @@ impl Ticket {
             .send(Dispatched::InFlight(etag.to_owned(), number));
     }
 
-    fn finish(self, stamped: bool) {
+    /// Settles the dispatch: stamped over `stamped` (the batch's version, then any newer one
+    /// the stamp met), published without a stamp (`published`), or neither.
+    fn finish(self, outcome: Finished) {
         self.state.send_modify(|state| {
-            *state = match state {
-                Dispatched::InFlight(etag, _) if stamped => {
-                    Dispatched::Stamped(std::mem::take(etag))
+            *state = match (std::mem::replace(state, Dispatched::Failed), outcome) {
+                (Dispatched::InFlight(etag, _), Finished::Stamped(newer)) => {
+                    Dispatched::Stamped(std::iter::once(etag).chain(newer).collect())
                 }
+                (
+                    Dispatched::InFlight(etag, _),
+                    Finished::Published {
+                        message_id,
+                        destination,
+                    },
+                ) => Dispatched::Published(Published {
+                    version: etag,
+                    message_id,
+                    destination,
+                }),
                 _ => Dispatched::Failed,
             }
         });
     }
+}
+
+/// How a dispatch ended, for its [`Ticket`].
+enum Finished {
+    /// Stamped; over a newer version of the same message too, when the stamp met one.
+    Stamped(Option<String>),
+    /// Published; the stamp did not land.
+    Published {
+        message_id: String,
+        destination: String,
+    },
+    /// Not published.
+    Failed,
 }
 
 impl Drop for Ticket {
@@ -177,6 +261,13 @@ impl AfterCommitInFlight {
     /// Marks document `id` of `key` as committing: a page that reads it waits for its outcome.
     fn begin(&self, id: &str, key: &[Value]) -> Ticket {
         let (state, receiver) = watch::channel(Dispatched::Committing);
+        self.remember(id, key, receiver);
+        Ticket { state }
+    }
+
+    /// Adds a dispatch of document `id` of `key` to the record, dropping (at most once per
+    /// [`PURGE_EVERY`]) the settled ones older than [`REMEMBERED_FOR`].
+    fn remember(&self, id: &str, key: &[Value], state: watch::Receiver<Dispatched>) {
         let now = Instant::now();
         let mut record = self.record();
         if record
@@ -196,50 +287,55 @@ impl AfterCommitInFlight {
             .entries
             .entry(identity(id, key))
             .or_default()
-            .push(Entry {
-                state: receiver,
-                since: now,
-            });
-        Ticket { state }
+            .push(Entry { state, since: now });
     }
 
     /// Whether pending document `id` of `key`, seen at version `etag` by the check of the
     /// dispatch numbered `number`, does not hold that dispatch back: this process committed
-    /// that very version later (a higher number), or earlier and this path stamped it (waited
-    /// for while in flight). A batch still executing here is waited for first (it waits for
-    /// nothing but the store), as only its outcome tells whether it wrote that version or is a
-    /// retry of a command that committed it before. Anything else holds the dispatch back: a
-    /// document of another process, another version, one this path did not publish.
+    /// that very version later (a higher number), or earlier and this path published it
+    /// (waited for while in flight), or its relay published it. A batch still executing here is
+    /// waited for first (it waits for nothing but the store), as only its outcome tells whether
+    /// it wrote that version or is a retry of a command that committed it before. Anything else
+    /// holds the dispatch back: a document of another process, another version, one this
+    /// process did not publish.
     async fn not_holding_back(&self, id: &str, etag: &str, key: &[Value], number: u64) -> bool {
         for mut state in self.states_of(id, key) {
             let _ = state
                 .wait_for(|state| *state != Dispatched::Committing)
                 .await;
             let earlier = match &*state.borrow() {
-                Dispatched::Stamped(stamped) if stamped == etag => return true,
+                settled if settled.published_as(etag) => return true,
                 Dispatched::InFlight(theirs, number_of_theirs) if theirs == etag => {
                     *number_of_theirs < number
                 }
                 _ => continue,
             };
-            return !earlier || stamped_as(state, etag).await;
+            return !earlier || published_as(state, etag).await;
         }
         false
     }
 
-    /// Whether this process stamped `doc` (this version of it, by its `_etag`) after its
-    /// commit: waits while that document's commit or dispatch is in flight here. `false` for a
-    /// document this path never took, one it did not publish, or one written again since.
-    pub(crate) async fn stamped_here(&self, doc: &Value, id: &str, key: &[Value]) -> bool {
+    /// What this process did with version `doc` (by its `_etag`) of document `id`: waits while
+    /// that document's commit or dispatch is in flight here. [`Here::Nothing`] for a document
+    /// this process never published, or one written again since.
+    pub(crate) async fn here(&self, doc: &Value, id: &str, key: &[Value]) -> Here {
         let Some(etag) = doc.get("_etag").and_then(Value::as_str) else {
-            return false;
+            return Here::Nothing;
         };
-        for state in self.states_of(id, key) {
-            if stamped_as(state, etag).await {
-                return true;
+        let mut here = Here::Nothing;
+        for mut state in self.states_of(id, key) {
+            let _ = state.wait_for(Dispatched::settled).await;
+            match &*state.borrow() {
+                Dispatched::Stamped(versions) if versions.iter().any(|v| v == etag) => {
+                    return Here::Stamped;
+                }
+                Dispatched::Published(published) if published.version == etag => {
+                    here = Here::Published(published.clone());
+                }
+                _ => {}
             }
         }
-        false
+        here
     }
 
     /// The states of document `id` of `key`'s dispatches here, oldest first (none if this path
@@ -253,11 +349,11 @@ impl AfterCommitInFlight {
     }
 }
 
-/// Waits until a dispatch settled; whether it stamped version `etag`. A dropped ticket settles
-/// its state first, so the last state is always readable.
-async fn stamped_as(mut state: watch::Receiver<Dispatched>, etag: &str) -> bool {
+/// Waits until a dispatch settled; whether it published version `etag`. A dropped ticket
+/// settles its state first, so the last state is always readable.
+async fn published_as(mut state: watch::Receiver<Dispatched>, etag: &str) -> bool {
     let _ = state.wait_for(Dispatched::settled).await;
-    matches!(&*state.borrow(), Dispatched::Stamped(stamped) if stamped == etag)
+    state.borrow().published_as(etag)
 }
 
 /// Publish after commit for the Outbox Documents of one monitored container: the drain's
@@ -418,8 +514,14 @@ impl AfterCommit {
             .map(|(ticket, doc)| doc.etag.as_ref().map(|_| ticket))
             .collect();
         let ours: Vec<&str> = committed.iter().map(|doc| doc.id.as_str()).collect();
-        let others = match self.others_pending(key, &ours).await {
-            Ok(others) => others,
+        let others = match self.check(key, &ours).await {
+            Ok(Check::Pending(others)) => others,
+            Ok(Check::ManyPending) => return left(LeftBecause::EarlierPending),
+            Ok(Check::SettledElsewhere) => return left(LeftBecause::SettledElsewhere),
+            Ok(Check::Unwitnessed) => {
+                tracing::debug!(source_identity = %self.dispatch.source_identity, "publish after commit: the pending check's reads did not show the batch's own documents (a replica behind the commit); the relay publishes");
+                return left(LeftBecause::StaleRead);
+            }
             Err(error) => {
                 tracing::debug!(source_identity = %self.dispatch.source_identity, error = %crate::error_chain::ErrorChain(&error), "publish after commit: the pending check failed; the relay publishes");
                 return left(LeftBecause::CheckFailed);
@@ -443,11 +545,8 @@ impl AfterCommit {
                 // No ETag to stamp against: the relay publishes it, and so every later one.
                 break;
             };
-            let outcome = self.publish_one(key, doc, committed_at).await;
-            ticket.finish(matches!(
-                outcome,
-                AfterCommitOutcome::Published | AfterCommitOutcome::Undeliverable
-            ));
+            let (outcome, finished) = self.publish_one(key, doc, committed_at).await;
+            ticket.finish(finished);
             outcomes.push(outcome);
             if let AfterCommitOutcome::Left(_) = outcome {
                 self.pause();
@@ -462,12 +561,13 @@ impl AfterCommit {
         outcomes
     }
 
+    /// Publishes and stamps one committed document: what it did, and how its dispatch ends.
     async fn publish_one(
         &self,
         key: &[Value],
         doc: &Committed,
         committed_at: Instant,
-    ) -> AfterCommitOutcome {
+    ) -> (AfterCommitOutcome, Finished) {
         // One permit of the relay's in-flight limit, as every document the relay drains holds.
         let _permit = self.limit.permits.acquire().await.ok();
         if let Some(metrics) = &self.dispatch.metrics {
@@ -477,74 +577,152 @@ impl AfterCommit {
             Ok(stamp) => stamp,
             Err(error) => {
                 tracing::warn!(source_identity = %self.dispatch.source_identity, id = doc.id, error = %crate::error_chain::ErrorChain(&error), "publish after commit failed; the relay publishes the document, and every document of this container for a minute");
-                return AfterCommitOutcome::Left(LeftBecause::PublishFailed);
+                return (
+                    AfterCommitOutcome::Left(LeftBecause::PublishFailed),
+                    Finished::Failed,
+                );
             }
         };
-        let published = matches!(stamp, Stamp::Delivered { .. });
-        if published && let Some(metrics) = &self.dispatch.metrics {
-            metrics.commit_to_publish(committed_at.elapsed());
-        }
-        match self
-            .dispatch
-            .settle("after-commit", &doc.id, key, stamp, doc.etag.as_deref())
-            .await
-        {
-            Ok(Processed::Published(_) | Processed::Dropped(_)) => {
+        let published = match &stamp {
+            Stamp::Delivered {
+                message_id,
+                destination,
+            } => {
+                if let Some(metrics) = &self.dispatch.metrics {
+                    metrics.commit_to_publish(committed_at.elapsed());
+                }
+                Some(Finished::Published {
+                    message_id: message_id.clone(),
+                    destination: destination.clone(),
+                })
+            }
+            Stamp::Undeliverable(_) | Stamp::Dropped => None,
+        };
+        let target = Target {
+            id: &doc.id,
+            key,
+            version: doc.etag.as_deref(),
+            doc: &doc.document,
+        };
+        match self.dispatch.settle("after-commit", target, stamp).await {
+            Ok(Processed::Published { version, .. }) => {
                 self.dispatch.charges.relayed(1);
-                AfterCommitOutcome::Published
+                // The version the stamp was written over, when newer than the batch's.
+                let newer = version.filter(|v| Some(v.as_str()) != doc.etag.as_deref());
+                (AfterCommitOutcome::Published, Finished::Stamped(newer))
+            }
+            Ok(Processed::Dropped(_)) => {
+                self.dispatch.charges.relayed(1);
+                (AfterCommitOutcome::Published, Finished::Stamped(None))
             }
             Ok(Processed::Undeliverable(_)) => {
                 self.dispatch.charges.relayed(1);
-                AfterCommitOutcome::Undeliverable
+                (AfterCommitOutcome::Undeliverable, Finished::Stamped(None))
             }
+            // Another writer decided a newer version: nothing of it is this path's.
+            Ok(Processed::Superseded(_)) => (AfterCommitOutcome::Superseded, Finished::Failed),
             Err(error) => {
-                tracing::warn!(source_identity = %self.dispatch.source_identity, id = doc.id, error = %crate::error_chain::ErrorChain(&error), "publish after commit: the stamp did not land; the relay publishes the document again");
-                AfterCommitOutcome::Left(LeftBecause::StampFailed)
+                tracing::warn!(source_identity = %self.dispatch.source_identity, id = doc.id, error = %crate::error_chain::ErrorChain(&error), "publish after commit: the stamp did not land; the relay here stamps the document it published");
+                (
+                    AfterCommitOutcome::Left(LeftBecause::StampFailed),
+                    published.unwrap_or(Finished::Failed),
+                )
             }
         }
     }
 
-    /// The ids and versions (ETags) of the pending Outbox Documents of partition key `key`
-    /// other than `ours`.
+    /// The pending check, read until it shows the batch's own documents (or
+    /// [`CHECK_READS`] times): the ids and versions of the pending Outbox Documents of `key`
+    /// other than `ours`, or why the check cannot tell.
+    async fn check(&self, key: &[Value], ours: &[&str]) -> Result<Check, CosmosStoreError> {
+        let mut read = 0;
+        loop {
+            let check = self.others_pending(key, ours).await?;
+            read += 1;
+            if !matches!(check, Check::Unwitnessed) || read == CHECK_READS {
+                return Ok(check);
+            }
+            tokio::time::sleep(Duration::from_millis(10 << read)).await;
+        }
+    }
+
+    /// One read of the pending check: the pending Outbox Documents of partition key `key`,
+    /// and the batch's own documents (`ours`) whatever their status, as witnesses. A read that
+    /// shows all of `ours` was served by a replica that had applied the batch, so every write
+    /// of the partition committed before it (a replica applies a partition's writes in commit
+    /// order): whatever the account's consistency level or the region read, the check then
+    /// sees every document of the key committed earlier. One that misses any of them may be
+    /// stale, and tells nothing.
     async fn others_pending(
         &self,
         key: &[Value],
         ours: &[&str],
-    ) -> Result<Vec<(String, String)>, CosmosStoreError> {
+    ) -> Result<Check, CosmosStoreError> {
         const OPERATION: &str = "query_items";
-        // Ids and versions only: the batch's own documents are pending too, and need not be
-        // sent back whole.
-        let query = crate::cosmos::outbox_query::outbox_query("c.id, c._etag", STATUS_PENDING)?;
+        // Ids, versions and status only: the batch's own documents need not be sent back whole.
+        let query = Query::from(format!(
+            "SELECT c.{ID}, c._etag, c.{STATUS} FROM c WHERE c.{KIND} = @kind AND \
+             (c.{STATUS} = @pending OR ARRAY_CONTAINS(@ours, c.{ID}))",
+            ID = document::outbox::ID_FIELD,
+            STATUS = document::outbox::STATUS_FIELD,
+            KIND = document::outbox::DISCRIMINATOR_FIELD,
+        ))
+        .with_parameter("@kind", document::id::OUTBOX_KIND)
+        .and_then(|q| q.with_parameter("@pending", STATUS_PENDING))
+        .and_then(|q| q.with_parameter("@ours", ours))
+        .map_err(|e| CosmosStoreError::codec(OPERATION, e))?;
         let sdk_key = partition_key::sdk_key(key)?;
+        // One page: a replica serves each page, and only the page that holds the witnesses is
+        // known to be fresh.
+        let options = QueryOptions::default().with_max_item_count(MaxItemCountHint::Limit(
+            NonZeroU32::new(CHECK_PAGE).unwrap_or(NonZeroU32::MIN),
+        ));
         let read = async {
             let mut others = Vec::new();
+            let mut witnessed = 0;
             let mut pages = self
                 .dispatch
                 .container
-                .query_items::<Value>(query, FeedScope::partition(sdk_key), None)
+                .query_items::<Value>(query, FeedScope::partition(sdk_key), Some(options))
                 .await
                 .map_err(|e| CosmosStoreError::request(OPERATION, e))?
                 .into_pages();
+            let mut items_in = 0;
             while let Some(page) = pages.next().await {
                 let page = page.map_err(|e| CosmosStoreError::request(OPERATION, e))?;
                 self.dispatch
                     .charges
                     .command_extra(page.headers().request_charge().map_or(0.0, |c| c.value()));
-                // Conservative: anything that looks pending under another id holds the key
-                // back (one without an id too), as the relay publishes in change-feed order
-                // whatever it is.
-                for doc in page.into_items() {
-                    let id = doc
-                        .get(document::outbox::ID_FIELD)
-                        .and_then(Value::as_str)
-                        .unwrap_or_default();
-                    if !ours.contains(&id) {
-                        let etag = doc.get("_etag").and_then(Value::as_str).unwrap_or_default();
-                        others.push((id.to_owned(), etag.to_owned()));
+                let items = page.into_items();
+                if !items.is_empty() {
+                    items_in += 1;
+                }
+                for doc in items {
+                    let text = |field: &str| doc.get(field).and_then(Value::as_str);
+                    let id = text(document::outbox::ID_FIELD).unwrap_or_default();
+                    let pending = text(document::outbox::STATUS_FIELD) == Some(STATUS_PENDING);
+                    if ours.contains(&id) {
+                        if !pending {
+                            // Stamped already: another process's relay read it first.
+                            return Ok(Check::SettledElsewhere);
+                        }
+                        witnessed += 1;
+                    } else if pending {
+                        // Conservative: anything that looks pending under another id holds
+                        // the key back (one without an id too), as the relay publishes in
+                        // change-feed order whatever it is.
+                        others.push((id.to_owned(), text("_etag").unwrap_or_default().to_owned()));
                     }
                 }
             }
-            Ok(others)
+            Ok(if items_in > 1 {
+                // More than a page pending: the relay is far behind on this key anyway.
+                Check::ManyPending
+            } else if witnessed < ours.len() {
+                Check::Unwitnessed
+            } else {
+                Check::Pending(others)
+            })
         };
         bounded(OPERATION, self.dispatch.store_timeout, read).await
     }

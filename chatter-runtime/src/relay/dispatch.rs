@@ -21,6 +21,7 @@ use crate::broker::{self, Broker, BrokerError};
 use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::store::{PatchOp, patch_item_if_match};
 use crate::cosmos::{self, ContainerClient, CosmosStoreError};
+use crate::document::outbox::STATUS_PENDING;
 use crate::document::{ContractViolations, outbox, outbox_contract};
 use crate::error_chain::ErrorChain;
 use crate::message::BrokeredMessage;
@@ -50,10 +51,27 @@ pub(crate) enum UndeliverableReason {
 
 /// What one pending document did.
 pub(super) enum Processed {
-    Published(ConfirmationReceipt),
+    /// Published, and stamped delivered over `version` (the pending version the stamp was
+    /// written over), or found decided by another writer (`None`: its verdict stands).
+    Published {
+        receipt: ConfirmationReceipt,
+        version: Option<String>,
+    },
     Undeliverable(ConfirmationReceipt),
     Dropped(ConfirmationReceipt),
+    /// Judged undeliverable, but a newer version another writer decided (a delivered stamp, a
+    /// requeue, a new message) stands: nothing was stamped or logged.
+    Superseded(ConfirmationReceipt),
 }
+
+/// How many times a stamp is written again over a newer pending version of the same message
+/// (the sweep's rewrite, an operator's requeue) before it fails as the 412 it last met.
+const STAMP_ROUNDS: usize = 3;
+
+/// How many times a stamp that met a 412 reads the document back before it takes the read for
+/// a replica that has not caught up with the write the 412 saw (the read shows the version
+/// the stamp was conditional on) and fails as that 412; with a pause that grows between reads.
+const READS_AFTER_CONFLICT: u32 = 4;
 
 /// What a published (or never publishable) document still needs: its one stamp.
 pub(super) enum Stamp {
@@ -66,6 +84,27 @@ pub(super) enum Stamp {
     Undeliverable(UndeliverableReason),
     /// The resolver built no message: stamped delivered, nothing published.
     Dropped,
+}
+
+/// The document a stamp is for: its id and partition key, the version it is written over (the
+/// ETag of the version read or committed) and that version's fields (to tell a newer version of
+/// the same message from another writer's).
+#[derive(Clone, Copy)]
+pub(super) struct Target<'a> {
+    pub(super) id: &'a str,
+    pub(super) key: &'a [Value],
+    pub(super) version: Option<&'a str>,
+    pub(super) doc: &'a Value,
+}
+
+/// What a read after a 412 found.
+enum Newer {
+    /// A version other than the one the stamp was conditional on.
+    Version(Value),
+    /// The document is gone (deleted, or expired after a delivered stamp).
+    Gone,
+    /// Every read still showed the version the stamp was conditional on.
+    NotSeen,
 }
 
 /// What publishes and stamps the Outbox Documents of one monitored container.
@@ -215,29 +254,33 @@ impl Dispatch {
         }
     }
 
-    /// Writes the stamp a document's publish step called for. `if_match`: the stamp is
-    /// conditional on that ETag (publish after commit: the one the batch returned), and a 412
-    /// means another stamped it first, which is as good.
+    /// Writes the stamp a document's publish step called for, over `version`: the document
+    /// `doc` as the caller read or wrote it (a change-feed page, or the batch whose ETag publish
+    /// after commit holds). Every stamp is conditional on that version; a 412 reads the document
+    /// before deciding ([`stamp_over`](Self::stamp_over)), so no stamp overwrites another
+    /// writer's verdict.
     pub(super) async fn settle(
         &self,
         lease_token: &str,
-        id: &str,
-        key: &[Value],
+        target: Target<'_>,
         stamp: Stamp,
-        if_match: Option<&str>,
     ) -> Result<Processed, DrainError> {
         let (message_id, destination) = match stamp {
             Stamp::Undeliverable(reason) => {
-                return self.give_up(lease_token, key, id, &reason).await;
+                return self.give_up(lease_token, target, &reason).await;
             }
-            Stamp::Dropped => return self.drop_document(key, id).await,
+            Stamp::Dropped => return self.drop_document(target).await,
             Stamp::Delivered {
                 message_id,
                 destination,
             } => (message_id, destination),
         };
-        let receipt = self
-            .stamp_delivered(key, id, if_match)
+        let delivered = outbox::delivered_stamp(
+            &self.settings.delivered_status,
+            self.settings.delivered_ttl_seconds,
+        );
+        let version = self
+            .stamp_over(target, &delivered, true)
             .await
             .map_err(|source| DrainError::Confirmation {
                 message_id: message_id.clone(),
@@ -248,7 +291,10 @@ impl Dispatch {
             destination,
             "chatter relay published outbox message"
         );
-        Ok(Processed::Published(receipt))
+        Ok(Processed::Published {
+            receipt: ConfirmationReceipt,
+            version,
+        })
     }
 
     /// The resolver path: builds a resolver for the document and asks it for the message
@@ -282,66 +328,146 @@ impl Dispatch {
     /// The resolver built no message: publishes nothing and stamps the document delivered
     /// (outcome `dropped`). A failed stamp fails the page as itself: nothing was published, so
     /// it is no Confirmation Failure.
-    async fn drop_document(&self, key: &[Value], id: &str) -> Result<Processed, DrainError> {
-        let receipt = self
-            .stamp_delivered(key, id, None)
+    async fn drop_document(&self, target: Target<'_>) -> Result<Processed, DrainError> {
+        let delivered = outbox::delivered_stamp(
+            &self.settings.delivered_status,
+            self.settings.delivered_ttl_seconds,
+        );
+        self.stamp_over(target, &delivered, true)
             .await
             .map_err(|source| DrainError::DroppedStamp {
-                id: id.to_owned(),
+                id: target.id.to_owned(),
                 source,
             })?;
         if let Some(metrics) = &self.metrics {
             metrics.document(DrainOutcome::Dropped);
         }
         tracing::debug!(
-            id,
+            id = target.id,
             "chatter relay dropped an outbox document its resolver built no message for"
         );
-        Ok(Processed::Dropped(receipt))
+        Ok(Processed::Dropped(ConfirmationReceipt))
     }
 
     /// Stamps `undeliverable` (one op, no ttl: the document is kept for a person to inspect),
-    /// then logs. A failed stamp propagates as itself, with nothing logged.
+    /// then logs. Only over the version judged: a newer one (a requeue after the broker was
+    /// fixed, another relay's delivered stamp) stands, as the judgement may be out of date for
+    /// it. A failed stamp propagates as itself, with nothing logged.
     async fn give_up(
         &self,
         lease_token: &str,
-        key: &[Value],
-        id: &str,
+        target: Target<'_>,
         reason: &UndeliverableReason,
     ) -> Result<Processed, DrainError> {
         let stamp = outbox::undeliverable_stamp();
-        let receipt = self.patch(key, id, &stamp, None).await.map_err(|source| {
-            DrainError::UndeliverableStamp {
-                id: id.to_owned(),
+        let landed = self
+            .stamp_over(target, &stamp, false)
+            .await
+            .map_err(|source| DrainError::UndeliverableStamp {
+                id: target.id.to_owned(),
                 source,
-            }
-        })?;
+            })?;
+        if landed.is_none() && target.version.is_some() {
+            tracing::info!(
+                source_identity = %self.source_identity,
+                lease_token,
+                id = target.id,
+                "an outbox document judged undeliverable was written since by another (a \
+                 delivered stamp, a requeue, a new message): that version stands"
+            );
+            return Ok(Processed::Superseded(ConfirmationReceipt));
+        }
         diagnostics::undeliverable(
             self.metrics.as_deref(),
             &self.source_identity,
             lease_token,
-            id,
+            target.id,
             reason,
         );
-        Ok(Processed::Undeliverable(receipt))
+        Ok(Processed::Undeliverable(ConfirmationReceipt))
     }
 
-    /// Stamps the document delivered: its status and the delivered ttl, in one patch
-    /// (conditional on `if_match`, where a 412 counts as stamped: another stamped it first).
-    async fn stamp_delivered(
+    /// Writes stamp `ops` on the document `target` names, over its version. A 412 reads the
+    /// document back: a newer pending version of the same message (the sweep's rewrite, an
+    /// operator's requeue) is stamped in turn when `again` (a delivered stamp records a
+    /// publish, which holds for every version of the message), up to [`STAMP_ROUNDS`]; any
+    /// other version stands (another writer's verdict, a new message, a requeue), as does a
+    /// document gone. Returns the version the stamp was written over, `None` when another
+    /// stood (or the target has no version: an unconditional stamp, for a document without an
+    /// `_etag`, which Cosmos always sends).
+    async fn stamp_over(
         &self,
-        key: &[Value],
-        id: &str,
-        if_match: Option<&str>,
-    ) -> Result<ConfirmationReceipt, CosmosStoreError> {
-        let stamp = outbox::delivered_stamp(
-            &self.settings.delivered_status,
-            self.settings.delivered_ttl_seconds,
-        );
-        match self.patch(key, id, &stamp, if_match).await {
-            Err(error) if if_match.is_some() && error.is_status(412) => Ok(ConfirmationReceipt),
-            stamped => stamped,
+        target: Target<'_>,
+        ops: &[(&str, Value)],
+        again: bool,
+    ) -> Result<Option<String>, CosmosStoreError> {
+        let Some(first) = target.version else {
+            self.patch(target.key, target.id, ops, None).await?;
+            return Ok(None);
+        };
+        let mut version = first.to_owned();
+        let mut round = 0;
+        loop {
+            let conflict = match self.patch(target.key, target.id, ops, Some(&version)).await {
+                Ok(_) => return Ok(Some(version)),
+                Err(error) if error.is_status(412) => error,
+                Err(error) => return Err(error),
+            };
+            round += 1;
+            if round == STAMP_ROUNDS {
+                // Rewritten again each time: it fails as the 412, and is judged again.
+                return Err(conflict);
+            }
+            match self.read_newer(target, &version).await? {
+                Newer::Version(now) => {
+                    let pending = now.get(outbox::STATUS_FIELD).and_then(Value::as_str)
+                        == Some(STATUS_PENDING);
+                    let etag = now.get("_etag").and_then(Value::as_str);
+                    match etag {
+                        Some(etag)
+                            if again && pending && outbox::same_message(&now, target.doc) =>
+                        {
+                            version = etag.to_owned();
+                        }
+                        _ => return Ok(None),
+                    }
+                }
+                Newer::Gone => return Ok(None),
+                Newer::NotSeen => return Err(conflict),
+            }
         }
+    }
+
+    /// Reads the document `target` names until a version other than `version` shows (a 412 on
+    /// `version` says one exists; a read that still shows `version` came from a replica that
+    /// has not caught up).
+    async fn read_newer(
+        &self,
+        target: Target<'_>,
+        version: &str,
+    ) -> Result<Newer, CosmosStoreError> {
+        for read in 0..READS_AFTER_CONFLICT {
+            if read > 0 {
+                tokio::time::sleep(Duration::from_millis(25 << read)).await;
+            }
+            let key = partition_key::sdk_key(target.key)?;
+            let reading = cosmos::store::read_item_charged(&self.container, key, target.id);
+            let (outcome, charge) = Box::pin(cosmos::store::bounded(
+                "read_item",
+                self.store_timeout,
+                reading,
+            ))
+            .await?;
+            self.charges.relay(charge);
+            match outcome.into_document() {
+                None => return Ok(Newer::Gone),
+                Some(now) if now.get("_etag").and_then(Value::as_str) != Some(version) => {
+                    return Ok(Newer::Version(now));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(Newer::NotSeen)
     }
 
     /// One patch keyed by the document's id and `key`, the partition key read back from the

@@ -60,10 +60,10 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::Value;
 use tokio::sync::SemaphorePermit;
 
-use super::after_commit::{AfterCommit, AfterCommitInFlight};
+use super::after_commit::{AfterCommit, AfterCommitInFlight, Here};
 use super::delivery::DeliverySettings;
 use super::diagnostics;
-use super::dispatch::{Dispatch, Processed, Stamp};
+use super::dispatch::{Dispatch, Processed, Stamp, Target};
 use super::error::DrainError;
 use super::in_flight::InFlightLimit;
 use super::options::DEFAULT_DRAIN_TIMEOUT;
@@ -136,8 +136,12 @@ impl GroupOutcome {
     /// Records one document's settled stamp; a failure stops the page.
     fn record(&mut self, settled: Result<Processed, DrainError>, page: &PageInFlight<'_>) {
         let minted = match settled {
-            Ok(Processed::Published(minted)) => {
+            Ok(Processed::Published { receipt, .. }) => {
                 self.report.published += 1;
+                receipt
+            }
+            Ok(Processed::Superseded(minted)) => {
+                self.report.skipped += 1;
                 minted
             }
             Ok(Processed::Dropped(minted)) => {
@@ -593,11 +597,14 @@ impl Drain {
                 break;
             }
             // Published after its commit by this process (waited for while in flight): this
-            // version is stamped already.
-            let stamped_here =
-                self.after_commit
-                    .stamped_here(pending.doc, pending.id, &pending.key);
-            if settling(stamped_here, &mut stamping, &mut outcome, page).await {
+            // version is stamped, or its stamp did not land and it is only to be stamped (a
+            // document the relay itself published and failed to stamp is published again, as
+            // the catalog's Drain Suspension rows count).
+            let here = self
+                .after_commit
+                .here(pending.doc, pending.id, &pending.key);
+            let here = settling(here, &mut stamping, &mut outcome, page).await;
+            if here == Here::Stamped {
                 outcome.report.skipped += 1;
                 continue;
             }
@@ -610,7 +617,19 @@ impl Drain {
             if page.stop.load(Ordering::Acquire) {
                 break;
             }
-            let publishing = self.dispatch.publish(pending.doc, pending.id, &pending.key);
+            let publishing = async {
+                match here {
+                    Here::Published(published) => Ok(Stamp::Delivered {
+                        message_id: published.message_id,
+                        destination: published.destination,
+                    }),
+                    _ => {
+                        self.dispatch
+                            .publish(pending.doc, pending.id, &pending.key)
+                            .await
+                    }
+                }
+            };
             match settling(publishing, &mut stamping, &mut outcome, page).await {
                 Ok(stamp) => {
                     if matches!(stamp, Stamp::Delivered { .. }) {
@@ -648,11 +667,14 @@ impl Drain {
         permit: Option<SemaphorePermit<'_>>,
     ) -> Result<Processed, DrainError> {
         let _permit = permit;
-        let settled = self
-            .dispatch
-            .settle(page.lease_token, pending.id, &pending.key, stamp, None)
-            .await;
-        if let Ok(Processed::Published(_)) = settled {
+        let target = Target {
+            id: pending.id,
+            key: &pending.key,
+            version: pending.doc.get("_etag").and_then(Value::as_str),
+            doc: pending.doc,
+        };
+        let settled = self.dispatch.settle(page.lease_token, target, stamp).await;
+        if let Ok(Processed::Published { .. }) = settled {
             page.unconfirmed.fetch_sub(1, Ordering::AcqRel);
         }
         settled

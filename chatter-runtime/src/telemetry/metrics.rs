@@ -77,6 +77,9 @@ pub(crate) enum AfterCommitOutcome {
     Published,
     /// Never publishable: stamped `undeliverable` (logged at Error), as the relay would.
     Undeliverable,
+    /// Judged undeliverable, but another writer decided a newer version first (a requeue, a
+    /// delivered stamp): that stands.
+    Superseded,
     /// Left to the relay.
     Left(LeftBecause),
 }
@@ -92,8 +95,13 @@ pub(crate) enum LeftBecause {
     CheckFailed,
     /// Its publish failed (or was not tried, after an earlier document of the batch failed).
     PublishFailed,
-    /// Published, but its stamp did not land: the relay publishes it again.
+    /// Published, but its stamp did not land: the relay here stamps it (another process's
+    /// may publish it again).
     StampFailed,
+    /// The pending check's reads never showed the batch's own documents (a stale replica).
+    StaleRead,
+    /// A document of the batch was stamped by another process's relay before the check.
+    SettledElsewhere,
 }
 
 impl AfterCommitOutcome {
@@ -101,6 +109,7 @@ impl AfterCommitOutcome {
         match self {
             Self::Published => "published",
             Self::Undeliverable => "undeliverable",
+            Self::Superseded => "superseded",
             Self::Left(_) => "left_to_relay",
         }
     }
@@ -112,6 +121,8 @@ impl AfterCommitOutcome {
             Self::Left(LeftBecause::CheckFailed) => Some("check_failed"),
             Self::Left(LeftBecause::PublishFailed) => Some("publish_failed"),
             Self::Left(LeftBecause::StampFailed) => Some("stamp_failed"),
+            Self::Left(LeftBecause::StaleRead) => Some("stale_read"),
+            Self::Left(LeftBecause::SettledElsewhere) => Some("settled_elsewhere"),
             _ => None,
         }
     }
@@ -242,7 +253,7 @@ impl DrainInstruments {
                 .with_unit("{document}")
                 .with_description(
                     "Number of committed Outbox Documents publish after commit handled, by \
-                     outcome (published, undeliverable, left_to_relay) and why it left one to \
+                     outcome (published, undeliverable, superseded, left_to_relay) and why it left one to \
                      the relay.",
                 )
                 .build(),

@@ -26,6 +26,43 @@ pub async fn emulator_server() -> (RunningEmulator, CosmosConnection) {
     (emulator, cosmos)
 }
 
+/// A `chatter-emulator` account of two regions at `consistency`, its read region `lag` behind
+/// (replicated in commit order): the write region's server, the read region's, and a
+/// connection to the write region.
+pub async fn two_regions(
+    consistency: chatter_emulator::ConsistencyLevel,
+    lag: std::time::Duration,
+) -> (RunningEmulator, RunningEmulator, CosmosConnection) {
+    let bind = || async { tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap() };
+    let (write, read) =
+        EmulatorServer::with_read_region(bind().await, bind().await, consistency, lag..=lag, 0)
+            .unwrap();
+    let (write, read) = (write.spawn(), read.spawn());
+    let cosmos = CosmosConnection::connect(write.endpoint(), None)
+        .await
+        .unwrap();
+    (write, read, cosmos)
+}
+
+/// A connection to the account at `endpoint` that reads in its read region first (the
+/// emulator's [`READ_REGION_NAME`](chatter_emulator::READ_REGION_NAME), West US), as an
+/// application in that region configures its client.
+pub async fn reading_in_read_region(
+    endpoint: &str,
+) -> Result<CosmosConnection, chatter_runtime::BoxError> {
+    use azure_data_cosmos::options::Region;
+    use azure_data_cosmos::{AccountReference, CosmosClientBuilder, RoutingStrategy};
+    let account =
+        AccountReference::with_authentication_key(endpoint.parse()?, cosmos::EMULATOR_KEY);
+    let client = CosmosClientBuilder::new()
+        .build(
+            account,
+            RoutingStrategy::PreferredRegions(vec![Region::WEST_US]),
+        )
+        .await?;
+    Ok(CosmosConnection::from_client(client, endpoint))
+}
+
 /// Ensures `database/container` with partition-key `paths` and returns its handle.
 pub async fn provisioned(
     cosmos: &CosmosConnection,

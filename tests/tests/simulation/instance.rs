@@ -261,7 +261,7 @@ async fn serve(
 
 async fn start(setup: &Setup) -> Result<Runtime, chatter_runtime::BoxError> {
     let cosmos = if setup.read_region {
-        reading_in_read_region(&setup.endpoint).await?
+        chatter_tests::store::reading_in_read_region(&setup.endpoint).await?
     } else {
         CosmosConnection::connect(&setup.endpoint, None).await?
     };
@@ -282,24 +282,4 @@ async fn start(setup: &Setup) -> Result<Runtime, chatter_runtime::BoxError> {
         .start()
         .await?;
     Ok(runtime)
-}
-
-/// A connection to the account at `endpoint` that reads in its read region first, as an
-/// application in that region configures its client.
-async fn reading_in_read_region(
-    endpoint: &str,
-) -> Result<CosmosConnection, chatter_runtime::BoxError> {
-    use azure_data_cosmos::options::Region;
-    use azure_data_cosmos::{AccountReference, CosmosClientBuilder, RoutingStrategy};
-    let account = AccountReference::with_authentication_key(
-        endpoint.parse()?,
-        chatter_runtime::cosmos::EMULATOR_KEY,
-    );
-    let client = CosmosClientBuilder::new()
-        .build(
-            account,
-            RoutingStrategy::PreferredRegions(vec![Region::WEST_US]),
-        )
-        .await?;
-    Ok(CosmosConnection::from_client(client, endpoint))
 }
