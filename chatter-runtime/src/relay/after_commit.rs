@@ -15,18 +15,28 @@
 //! order. Except for this process's own documents: its batches of one key commit one at a time
 //! (a per-key turn, which a consumer's key lane already gives) and are numbered in that order; a
 //! document of a later batch does not hold an earlier one back, and one of an earlier batch is
-//! waited for and does not hold it back once stamped (waits go to lower numbers only: no two
+//! waited for and does not hold it back once published (waits go to lower numbers only: no two
 //! wait for each other). Both by the version the check read (its ETag): a retry of a command
 //! whose first batch committed without an answer marks the same document again, and must not
-//! pass for a later batch. (The simulation found that: seeds 7, 77 and 166.) So a burst of one key's commands in one process goes out in order
-//! without the relay. The batch's own documents go out one
-//! after another, in batch order, each stamped (conditional on the ETag the batch returned: a
-//! 412 means another stamped it, which is as good) before the next.
+//! pass for a later batch. (The simulation found that: seeds 7, 77 and 166.) So a burst of one
+//! key's commands in one process goes out in order without the relay.
+//!
+//! **A check that proves it is fresh.** The query also returns the batch's own documents, as
+//! witnesses: a replica that shows them had applied the batch, and so every earlier write of
+//! the partition. One that misses them (a lagging region, an account below Session) is read
+//! again, then the batch is left to the relay: order holds at every consistency level with one
+//! write region. (The simulation found the stale check at Eventual: seeds 5013, 5016, 5039.)
+//!
+//! The batch's own documents go out one after another, in batch order, each stamped before the
+//! next, conditional on the ETag the batch returned (a 412 is decided by
+//! [`Dispatch::settle`]: no stamp overwrites another writer's verdict).
 //!
 //! **The relay in the same process** waits for a document whose eager dispatch is in flight
-//! ([`AfterCommitInFlight`]) and skips the version this path stamped, so one process does not
-//! publish a document twice. Another process's relay can read a document before its stamp lands
-//! and publish it again: a duplicate the consumer's inbox recognises by its message id.
+//! ([`AfterCommitInFlight`]), skips the version this path stamped, and only stamps a version
+//! this path published whose stamp did not land (`Published`), so one process does not publish
+//! a document twice. (The simulation found it did: seed 214.) Another process's relay can read
+//! a document before its stamp lands and publish it again: a duplicate the consumer's inbox
+//! recognises by its message id.
 //!
 //! **Failures** never fail the command (its batch committed): the document stays pending and
 //! the relay publishes it. While any lease of the container's processor is failing (failed

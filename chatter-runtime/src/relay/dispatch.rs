@@ -5,7 +5,9 @@
 //! [`Dispatch::publish`] verifies the document (the Outbox Document Contract, or a standalone
 //! relay's body resolver) and publishes it under a `send` span; [`Dispatch::settle`] writes the
 //! one stamp that calls for: `delivered` with the TTL, `undeliverable` (no TTL, logged at
-//! Error), or `delivered` without a publish (the resolver built no message).
+//! Error), or `delivered` without a publish (the resolver built no message). Every stamp is
+//! conditional on the version it was decided for, and a 412 reads the document before deciding,
+//! so no stamp overwrites another writer's verdict (the simulation found one that did: seed 139).
 
 use std::sync::Arc;
 use std::time::Duration;
