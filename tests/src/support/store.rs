@@ -50,17 +50,30 @@ pub async fn two_regions(
 pub async fn reading_in_read_region(
     endpoint: &str,
 ) -> Result<CosmosConnection, chatter_runtime::BoxError> {
+    connection_through(endpoint, endpoint, true).await
+}
+
+/// A connection that dials `url` (one port of a `chatter-emulator` account: its own faults)
+/// and names the account `account`, as every process of a fleet names the one account it
+/// shares (the relay's processors are named after it); it reads in the read region first when
+/// `read_region`.
+pub async fn connection_through(
+    url: &str,
+    account: &str,
+    read_region: bool,
+) -> Result<CosmosConnection, chatter_runtime::BoxError> {
     use azure_data_cosmos::options::Region;
     use azure_data_cosmos::{AccountReference, CosmosClientBuilder, RoutingStrategy};
-    let account =
-        AccountReference::with_authentication_key(endpoint.parse()?, cosmos::EMULATOR_KEY);
+    let reference = AccountReference::with_authentication_key(url.parse()?, cosmos::EMULATOR_KEY);
+    let region = if read_region {
+        Region::WEST_US
+    } else {
+        Region::EAST_US
+    };
     let client = CosmosClientBuilder::new()
-        .build(
-            account,
-            RoutingStrategy::PreferredRegions(vec![Region::WEST_US]),
-        )
+        .build(reference, RoutingStrategy::PreferredRegions(vec![region]))
         .await?;
-    Ok(CosmosConnection::from_client(client, endpoint))
+    Ok(CosmosConnection::from_client(client, account))
 }
 
 /// Ensures `database/container` with partition-key `paths` and returns its handle.

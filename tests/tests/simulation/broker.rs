@@ -127,12 +127,13 @@ impl Broker for SimBroker {
                 );
                 let inner = self.inner.clone();
                 let reaching = message.clone();
-                tokio::spawn(async move {
+                let arrival = tokio::spawn(async move {
                     tokio::time::sleep(held).await;
-                    let _ = inner.publish(reaching).await;
+                    inner.publish(reaching).await
                 });
-                tokio::time::sleep(held).await;
-                return Ok(());
+                // Confirmed once it reached the broker (not when the cut ends: the publisher's
+                // next message would overtake this one).
+                return arrival.await.unwrap_or(Ok(()));
             }
             if let Some(latency) = latency {
                 tokio::time::sleep(latency).await;

@@ -18,7 +18,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::testing::MonotonicClock;
 use chatter_runtime::{Runtime, relay::RelayOptions};
 use tokio::sync::{mpsc, oneshot};
@@ -76,7 +75,11 @@ impl MonotonicClock for Compressed {
 /// What an instance is started with.
 #[derive(Clone)]
 pub struct Setup {
+    /// The port it dials (its own faults).
     pub endpoint: String,
+    /// The account's endpoint, as every instance names it: their relays are one processor per
+    /// container, sharing its leases (the processor's name holds the endpoint).
+    pub account: String,
     pub broker: SimBroker,
     pub recorder: Arc<Recorder>,
     /// How far this instance's clock is off, in milliseconds (within [`CLOCK_MARGIN`]).
@@ -260,11 +263,12 @@ async fn serve(
 }
 
 async fn start(setup: &Setup) -> Result<Runtime, chatter_runtime::BoxError> {
-    let cosmos = if setup.read_region {
-        chatter_tests::store::reading_in_read_region(&setup.endpoint).await?
-    } else {
-        CosmosConnection::connect(&setup.endpoint, None).await?
-    };
+    let cosmos = chatter_tests::store::connection_through(
+        &setup.endpoint,
+        &setup.account,
+        setup.read_region,
+    )
+    .await?;
     let triggers = super::triggers::relay(&cosmos, relay_options(60)).await?;
     let runtime = Runtime::builder()
         .cosmos(cosmos)

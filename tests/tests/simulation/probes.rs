@@ -1,8 +1,7 @@
 //! Named probes, as FoundationDB's code probes: the windows where a promise is at stake,
 //! counted per run from its history, so a harness that stops reaching one is seen
 //! (`probes_are_reached` in `main.rs` fails when one of [`PROBES`] is never hit, but for
-//! those in [`RARE`]: counted in every chunk's summary, too rare for a few seeds to hit surely;
-//! and those in [`OPT_IN`], which only a family outside the default draws reaches).
+//! those in [`RARE`]: counted in every chunk's summary, too rare for a few seeds to hit surely).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -51,7 +50,8 @@ pub const PROBES: &[(&str, &str)] = &[
     ),
     (
         "second publish after a failed stamp",
-        "one incarnation published a document again, its own stamp of it having failed",
+        "one incarnation's relay published a document again, its own stamp of it having failed \
+         (the catalog's Drain Suspension rows republish then)",
     ),
     (
         "recovery under faults",
@@ -70,13 +70,6 @@ pub const RARE: &[&str] = &[
     // A broker cut-off longer than the publish timeout (3 s) with a publish under way: about
     // one run in sixty.
     "publish held past its timeout",
-];
-
-/// Probes only a family outside the default draws reaches (`SIM_VERDICTS=1`): not required of
-/// the probe seeds either.
-pub const OPT_IN: &[&str] = &[
-    "paused between a refusal and its stamp",
-    "requeued by the operator",
 ];
 
 /// How many times `plan`'s run hit each probe.
@@ -128,20 +121,22 @@ pub fn count(
             Event::Publish { outcome, .. } if outcome.contains("past the publish timeout") => {
                 hit("publish held past its timeout", 1);
             }
-            Event::Harness { what, .. }
+            // One line may hit two probes (a pause inside a refusal, past the lease expiry).
+            Event::Harness { what, .. } => {
                 if what.starts_with("paused for ")
-                    && pause_of(what).is_some_and(|p| p > lease_expiry) =>
-            {
-                hit("zombie past its lease", 1);
-            }
-            Event::Harness { what, .. } if what.starts_with("stops gracefully") => {
-                hit("rolling restart", 1);
-            }
-            Event::Harness { what, .. } if what.contains("inside a refused publish") => {
-                hit("paused between a refusal and its stamp", 1);
-            }
-            Event::Harness { what, .. } if what.starts_with("the operator requeued") => {
-                hit("requeued by the operator", 1);
+                    && pause_of(what).is_some_and(|p| p > lease_expiry)
+                {
+                    hit("zombie past its lease", 1);
+                }
+                if what.contains("inside a refused publish") {
+                    hit("paused between a refusal and its stamp", 1);
+                }
+                if what.starts_with("stops gracefully") {
+                    hit("rolling restart", 1);
+                }
+                if what.starts_with("the operator requeued") {
+                    hit("requeued by the operator", 1);
+                }
             }
             _ => {}
         }
@@ -160,7 +155,7 @@ pub fn count(
         .map(|(_, runs)| runs.ends.iter().filter(|e| **e == RunEnd::Cut).count() as u64)
         .sum();
     hit("claim ran out mid-handler", cut_runs);
-    let (_, excused) = super::check::same_process_duplicates(history);
+    let (_, excused) = super::check::same_process_duplicates(history, &ended.logged);
     hit("second publish after a failed stamp", excused);
     if plan.family == Family::Recovery {
         hit("recovery under faults", 1);
