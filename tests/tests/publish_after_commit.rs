@@ -406,3 +406,49 @@ async fn a_pending_check_read_in_a_lagging_region_at_eventual_consistency_keeps_
     );
     runtime.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_document_the_relay_never_publishes_does_not_hold_its_key_back() {
+    let (_emulator, cosmos) = store().await;
+    // Another writer's mistake in o-1's partition: it looks pending, but its id is not the one
+    // Chatter mints for its MessageId, so the relay's pending gate turns it away for good.
+    let container = cosmos.container(DB, CONTAINER).await.unwrap();
+    let mistaken = json!({
+        "id": "not-the-minted-id",
+        "_chatterType": "outbox",
+        "status": "pending",
+        "MessageId": "elsewhere",
+        "Destination": EVENTS,
+        "orderId": "o-1",
+    });
+    chatter_tests::store::created(&container, &[json!("o-1")], &mistaken).await;
+    let broker = InMemoryBroker::new();
+    let mut events = broker.subscribe(EVENTS).await.unwrap();
+    // The relay reads once at start, then not for an hour.
+    let runtime = runtime(
+        &cosmos,
+        broker.clone(),
+        relay_polling_every(Duration::from_secs(3600)),
+        true,
+    )
+    .await;
+    relay_read_once(&runtime).await;
+    runtime.dispatch(order("o-1"), "cmd-1").await.unwrap();
+    let delivery = next_delivery(&mut events, WAIT).await;
+    assert_eq!(delivery.message.message_id, "cmd-1:placed");
+    runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_runtime_without_its_relay_says_at_start_where_its_documents_wait() {
+    let (logs, _guard) = chatter_tests::logs::capture();
+    let (_emulator, cosmos) = store().await;
+    let _runtime = writer(&cosmos, InMemoryBroker::new()).await;
+    let said = logs.matching(tracing::Level::INFO, "built without its relay");
+    let ours: Vec<_> = said
+        .iter()
+        .filter(|entry| entry.field("container") == Some(CONTAINER))
+        .collect();
+    assert_eq!(ours.len(), 1, "{said:?}");
+    assert_eq!(ours[0].field("lease"), Some("orders-leases"));
+}

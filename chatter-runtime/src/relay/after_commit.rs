@@ -533,7 +533,8 @@ impl AfterCommit {
                 return left(LeftBecause::StaleRead);
             }
             Err(error) => {
-                tracing::debug!(source_identity = %self.dispatch.source_identity, error = %crate::error_chain::ErrorChain(&error), "publish after commit: the pending check failed; the relay publishes");
+                tracing::warn!(source_identity = %self.dispatch.source_identity, error = %crate::error_chain::ErrorChain(&error), "publish after commit: the pending check failed; the relay publishes the batch's documents, and every document of this container for a minute");
+                self.pause();
                 return left(LeftBecause::CheckFailed);
             }
         };
@@ -670,9 +671,11 @@ impl AfterCommit {
     ) -> Result<Check, CosmosStoreError> {
         const OPERATION: &str = "query_items";
         // Ids, versions and status only: the batch's own documents need not be sent back whole.
+        // What the relay's pending gate reads, and the version.
         let query = Query::from(format!(
-            "SELECT c.{ID}, c._etag, c.{STATUS} FROM c WHERE c.{KIND} = @kind AND \
+            "SELECT {GATE}, c._etag FROM c WHERE c.{KIND} = @kind AND \
              (c.{STATUS} = @pending OR ARRAY_CONTAINS(@ours, c.{ID}))",
+            GATE = crate::cosmos::outbox_query::gate_fields(),
             ID = document::outbox::ID_FIELD,
             STATUS = document::outbox::STATUS_FIELD,
             KIND = document::outbox::DISCRIMINATOR_FIELD,
@@ -717,10 +720,10 @@ impl AfterCommit {
                             return Ok(Check::SettledElsewhere);
                         }
                         witnessed += 1;
-                    } else if pending {
-                        // Conservative: anything that looks pending under another id holds
-                        // the key back (one without an id too), as the relay publishes in
-                        // change-feed order whatever it is.
+                    } else if document::is_pending_outbox(&doc) {
+                        // Exactly what the relay publishes holds the key back: a document its
+                        // pending gate turns away (an id that is not the one Chatter mints for
+                        // its MessageId) would hold it back for ever.
                         others.push((id.to_owned(), text("_etag").unwrap_or_default().to_owned()));
                     }
                 }

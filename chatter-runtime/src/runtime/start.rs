@@ -88,6 +88,9 @@ impl RuntimeBuilder {
         let charges = Arc::new(RequestMeter::default());
         let (relay, watched) =
             start_relay(relay_specs, &relay_broker, &charges, &telemetry).await?;
+        if self.relay.is_none() {
+            say_where_outbox_documents_go(&registry, &cosmos);
+        }
         let after_commit = match &relay {
             Some(relay) if self.publish_after_commit => relay.after_commit().clone(),
             _ => std::collections::HashMap::new(),
@@ -460,6 +463,25 @@ async fn start_consumers(
 /// The processors the runtime's relay runs: one per distinct source of the registry (with
 /// `pipeline` options; none without them) and one per standalone relay. `None` when there are
 /// none. Two with one identity are refused.
+/// A runtime built `without_relay()` publishes no Outbox Document itself (not even right after
+/// its commits): says so once, naming where its commands' documents wait, so nobody waits for
+/// events this process will never send.
+fn say_where_outbox_documents_go(registry: &Registry, cosmos: &CosmosConnection) {
+    for source in identity::distinct_sources(registry, cosmos.endpoint()) {
+        tracing::info!(
+            database = source.database,
+            container = source.container,
+            lease = source.lease,
+            processor = source.processor_name,
+            commands = ?source.commands,
+            "chatter runtime built without its relay: the Outbox Documents of these commands stay \
+             pending in their container until a relay elsewhere publishes them (another process \
+             of this service with its relay on, sharing the lease container, or `chatter relay`); \
+             this process publishes none of them"
+        );
+    }
+}
+
 fn relay_specs(
     registry: &Registry,
     cosmos: &CosmosConnection,
