@@ -125,24 +125,6 @@ async fn a_port_serves_the_same_store_and_meets_only_its_own_faults() {
     );
 }
 
-/// A client of a two-region account that reads in the read region (its preferred region).
-async fn reading_in_read_region(endpoint: &str) -> chatter_runtime::cosmos::CosmosConnection {
-    use azure_data_cosmos::options::Region;
-    use azure_data_cosmos::{AccountReference, CosmosClientBuilder, RoutingStrategy};
-    let account = AccountReference::with_authentication_key(
-        endpoint.parse().unwrap(),
-        chatter_runtime::cosmos::EMULATOR_KEY,
-    );
-    let client = CosmosClientBuilder::new()
-        .build(
-            account,
-            RoutingStrategy::PreferredRegions(vec![Region::WEST_US]),
-        )
-        .await
-        .unwrap();
-    chatter_runtime::cosmos::CosmosConnection::from_client(client, endpoint)
-}
-
 #[tokio::test]
 async fn the_read_region_serves_older_data_until_a_write_replicates_under_eventual() {
     use chatter_emulator::{ConsistencyLevel, EmulatorServer};
@@ -161,7 +143,9 @@ async fn the_read_region_serves_older_data_until_a_write_replicates_under_eventu
         .await
         .unwrap();
     let docs = provisioned(&writer, "regions", "docs", &["/pk"]).await;
-    let reader = reading_in_read_region(write.endpoint()).await;
+    let reader = chatter_tests::store::reading_in_read_region(write.endpoint())
+        .await
+        .unwrap();
     let stale = reader.container("regions", "docs").await.unwrap();
     create_item(
         &docs,
