@@ -85,6 +85,17 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          order violation; also seed 82)",
     ),
     (82, "as seed 13"),
+    (
+        95,
+        "publish after commit's stamp failed after the broker confirmed, and the relay in the \
+         same process published the document again (before the Published state)",
+    ),
+    (
+        137,
+        "as seed 139: a stale `undeliverable` stamp over a requeued and delivered notice (also \
+         seed 148)",
+    ),
+    (148, "as seed 137"),
 ];
 
 // Seeds that showed the publish-after-commit issue's breaks before their fixes, replayed with
