@@ -473,6 +473,40 @@ async fn a_probe_whose_stamp_lands_resumes_the_lease_whether_delivered_or_undeli
     }
 }
 
+// R6.16's other side: only a stamp that landed resumes the lease. A probe whose stamp meets
+// another writer's verdict (its 412, read back) wrote nothing: the store has not shown it takes
+// stamps again.
+#[tokio::test]
+async fn a_probe_whose_stamp_meets_another_writers_verdict_does_not_resume_the_lease() {
+    let f = Fixture::new().await;
+    let doc = f.failing_confirmations(5).await;
+    f.faults().clear();
+    // Another relay stamped it meanwhile (another ttl than this relay's).
+    let mut delivered = doc.clone();
+    delivered["status"] = json!("delivered");
+    delivered["ttl"] = json!(60);
+    chatter_runtime::testing::upsert_item(
+        &f.container,
+        chatter_runtime::cosmos::partition_key(&[json!("t")]).unwrap(),
+        &delivered,
+    )
+    .await
+    .unwrap();
+    f.clock.advance(SUSPENSION_WINDOW);
+    // The probe holds the version the change feed read before that stamp.
+    let report = f
+        .drain
+        .drain("0", std::slice::from_ref(&doc))
+        .await
+        .unwrap();
+    assert_eq!(report.published, 1);
+    assert!(
+        f.drain.gate().is_suspended("0"),
+        "no stamp landed: still suspended"
+    );
+    assert_eq!(f.read(&doc).await["ttl"], 60, "the other verdict stands");
+}
+
 // R6.41: gates are per processor.
 #[tokio::test]
 async fn two_sources_on_the_same_lease_token_have_their_own_gates() {

@@ -363,3 +363,29 @@ async fn a_delivered_stamp_leaves_a_new_message_written_since_pending() {
     assert_eq!(report.published, 1, "{report:?}");
     assert_eq!(reread(&c, &doc).await["status"], "pending");
 }
+
+#[tokio::test]
+async fn an_undeliverable_stamp_whose_answer_was_lost_is_found_written_and_logged_once() {
+    let (logs, _guard) = capture();
+    let (emulator, cosmos) = emulator_server().await;
+    let c = provisioned(&cosmos, "shop", "orders", PATHS).await;
+    let broker = InMemoryBroker::new();
+    let poison = stored(&c, without(pending("msg-bad", "t"), "Destination")).await;
+    // The stamp applies, its answer is lost (503, which the SDK retries: the retry meets the
+    // stamp's own version, 412).
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    emulator
+        .faults()
+        .inject_with(Some(Arc::new(move |method: &str, _: &str| {
+            (method == "PATCH" && armed.swap(false, std::sync::atomic::Ordering::SeqCst))
+                .then_some(chatter_emulator::Injection::LoseAnswer { status: 503 })
+        })));
+
+    let report = drain(&c, &broker)
+        .drain("0", std::slice::from_ref(&poison))
+        .await
+        .unwrap();
+    assert_eq!(report.undeliverable, 1, "{report:?}");
+    assert_eq!(reread(&c, &poison).await["status"], "undeliverable");
+    assert_eq!(logs.at(Level::ERROR).len(), 1, "logged once");
+}

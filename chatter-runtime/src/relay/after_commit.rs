@@ -96,8 +96,10 @@ enum Check {
     ManyPending,
 }
 
-/// How long the drain remembers a document version this path stamped, so a page read before
-/// the stamp does not publish it again. Past a page's handler timeout and poll interval.
+/// How long the drain remembers a document version this path stamped (so a page read before
+/// the stamp does not publish it again) or published without its stamp landing (so the relay
+/// here only stamps it). Past a page's handler timeout and poll interval; a relay suspended
+/// longer than that publishes such a version again.
 const REMEMBERED_FOR: Duration = Duration::from_secs(600);
 
 /// One Outbox Document a batch committed: its id, its body as written, and the ETag the batch
@@ -559,16 +561,23 @@ impl AfterCommit {
             let (outcome, finished) = self.publish_one(key, doc, committed_at).await;
             ticket.finish(finished);
             outcomes.push(outcome);
-            if let AfterCommitOutcome::Left(_) = outcome {
-                self.pause();
-                break;
+            match outcome {
+                AfterCommitOutcome::Left(_) => {
+                    self.pause();
+                    break;
+                }
+                // A newer version of it may still be pending: the rest of the batch must not
+                // overtake it.
+                AfterCommitOutcome::Superseded => break,
+                AfterCommitOutcome::Published | AfterCommitOutcome::Undeliverable => {}
             }
         }
-        // What was not tried waits for the relay, in order behind the one that failed.
-        outcomes.resize(
-            committed.len(),
-            AfterCommitOutcome::Left(LeftBecause::PublishFailed),
-        );
+        // What was not tried waits for the relay, in order behind the one that stopped it.
+        let behind = match outcomes.last() {
+            Some(AfterCommitOutcome::Superseded) => LeftBecause::EarlierPending,
+            _ => LeftBecause::PublishFailed,
+        };
+        outcomes.resize(committed.len(), AfterCommitOutcome::Left(behind));
         outcomes
     }
 
@@ -631,7 +640,7 @@ impl AfterCommit {
                 (AfterCommitOutcome::Undeliverable, Finished::Stamped(None))
             }
             // Another writer decided a newer version: nothing of it is this path's.
-            Ok(Processed::Superseded(_)) => (AfterCommitOutcome::Superseded, Finished::Failed),
+            Ok(Processed::Superseded) => (AfterCommitOutcome::Superseded, Finished::Failed),
             Err(error) => {
                 tracing::warn!(source_identity = %self.dispatch.source_identity, id = doc.id, error = %crate::error_chain::ErrorChain(&error), "publish after commit: the stamp did not land; the relay here stamps the document it published");
                 (
@@ -645,16 +654,20 @@ impl AfterCommit {
     /// The pending check, read until it shows the batch's own documents (or
     /// [`CHECK_READS`] times): the ids and versions of the pending Outbox Documents of `key`
     /// other than `ours`, or why the check cannot tell.
+    /// All of it within the store timeout, as the one read it was.
     async fn check(&self, key: &[Value], ours: &[&str]) -> Result<Check, CosmosStoreError> {
-        let mut read = 0;
-        loop {
-            let check = self.others_pending(key, ours).await?;
-            read += 1;
-            if !matches!(check, Check::Unwitnessed) || read == CHECK_READS {
-                return Ok(check);
+        let reading = async {
+            let mut read = 0;
+            loop {
+                let check = self.others_pending(key, ours).await?;
+                read += 1;
+                if !matches!(check, Check::Unwitnessed) || read == CHECK_READS {
+                    return Ok(check);
+                }
+                tokio::time::sleep(Duration::from_millis(10 << read)).await;
             }
-            tokio::time::sleep(Duration::from_millis(10 << read)).await;
-        }
+        };
+        bounded("query_items", self.dispatch.store_timeout, reading).await
     }
 
     /// One read of the pending check: the pending Outbox Documents of partition key `key`,
@@ -700,17 +713,14 @@ impl AfterCommit {
                 .await
                 .map_err(|e| CosmosStoreError::request(OPERATION, e))?
                 .into_pages();
-            let mut items_in = 0;
+            let mut read = 0;
             while let Some(page) = pages.next().await {
                 let page = page.map_err(|e| CosmosStoreError::request(OPERATION, e))?;
                 self.dispatch
                     .charges
                     .command_extra(page.headers().request_charge().map_or(0.0, |c| c.value()));
-                let items = page.into_items();
-                if !items.is_empty() {
-                    items_in += 1;
-                }
-                for doc in items {
+                read += 1;
+                for doc in page.into_items() {
                     let text = |field: &str| doc.get(field).and_then(Value::as_str);
                     let id = text(document::outbox::ID_FIELD).unwrap_or_default();
                     let pending = text(document::outbox::STATUS_FIELD) == Some(STATUS_PENDING);
@@ -728,8 +738,10 @@ impl AfterCommit {
                     }
                 }
             }
-            Ok(if items_in > 1 {
-                // More than a page pending: the relay is far behind on this key anyway.
+            Ok(if read > 1 {
+                // More than one page, each perhaps from another replica: only the one holding
+                // the witnesses is known to be fresh (and past a page of pending documents, the
+                // relay is far behind on this key anyway).
                 Check::ManyPending
             } else if witnessed < ours.len() {
                 Check::Unwitnessed

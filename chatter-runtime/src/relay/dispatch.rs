@@ -51,29 +51,49 @@ pub(crate) enum UndeliverableReason {
     },
 }
 
-/// What one pending document did.
+/// What one pending document did. A receipt only where a stamp of it landed (written now, or
+/// found written by this stamp's own earlier attempt): a verdict of another writer that stood
+/// proves nothing of the status write path (the Drain Suspension resumes on landed stamps only).
 pub(super) enum Processed {
     /// Published, and stamped delivered over `version` (the pending version the stamp was
-    /// written over), or found decided by another writer (`None`: its verdict stands).
+    /// written over), or found decided by another writer (`version` `None`: its verdict stands).
     Published {
-        receipt: ConfirmationReceipt,
+        receipt: Option<ConfirmationReceipt>,
         version: Option<String>,
     },
     Undeliverable(ConfirmationReceipt),
-    Dropped(ConfirmationReceipt),
+    Dropped(Option<ConfirmationReceipt>),
     /// Judged undeliverable, but a newer version another writer decided (a delivered stamp, a
     /// requeue, a new message) stands: nothing was stamped or logged.
-    Superseded(ConfirmationReceipt),
+    Superseded,
 }
 
-/// How many times a stamp is written again over a newer pending version of the same message
-/// (the sweep's rewrite, an operator's requeue) before it fails as the 412 it last met.
+/// How many conditional writes a stamp makes at most: the first, then one over each newer
+/// pending version of the same message it meets (the sweep's rewrite, an operator's requeue);
+/// past them it fails as the 412 it last met.
 const STAMP_ROUNDS: usize = 3;
 
 /// How many times a stamp that met a 412 reads the document back before it takes the read for
 /// a replica that has not caught up with the write the 412 saw (the read shows the version
 /// the stamp was conditional on) and fails as that 412; with a pause that grows between reads.
 const READS_AFTER_CONFLICT: u32 = 4;
+
+/// What a stamp came to.
+enum Stamped {
+    /// Written over this version (`None`: unconditionally, the target having no version).
+    Over(Option<String>),
+    /// A newer version already holds this very stamp, on the same message: this stamp's own
+    /// earlier attempt (an answer lost, a retry of the SDK's) or another's identical verdict.
+    Found,
+    /// Another writer's version stands (another verdict, a new message, a document gone).
+    Stood,
+}
+
+impl Stamped {
+    fn receipt(&self) -> Option<ConfirmationReceipt> {
+        matches!(self, Self::Over(_) | Self::Found).then_some(ConfirmationReceipt)
+    }
+}
 
 /// What a published (or never publishable) document still needs: its one stamp.
 pub(super) enum Stamp {
@@ -281,7 +301,7 @@ impl Dispatch {
             &self.settings.delivered_status,
             self.settings.delivered_ttl_seconds,
         );
-        let version = self
+        let stamped = self
             .stamp_over(target, &delivered, true)
             .await
             .map_err(|source| DrainError::Confirmation {
@@ -294,8 +314,11 @@ impl Dispatch {
             "chatter relay published outbox message"
         );
         Ok(Processed::Published {
-            receipt: ConfirmationReceipt,
-            version,
+            receipt: stamped.receipt(),
+            version: match stamped {
+                Stamped::Over(version) => version,
+                Stamped::Found | Stamped::Stood => None,
+            },
         })
     }
 
@@ -335,7 +358,9 @@ impl Dispatch {
             &self.settings.delivered_status,
             self.settings.delivered_ttl_seconds,
         );
-        self.stamp_over(target, &delivered, true)
+        // Nothing was published: a newer version (a requeue) is not this stamp's to decide.
+        let stamped = self
+            .stamp_over(target, &delivered, false)
             .await
             .map_err(|source| DrainError::DroppedStamp {
                 id: target.id.to_owned(),
@@ -348,7 +373,7 @@ impl Dispatch {
             id = target.id,
             "chatter relay dropped an outbox document its resolver built no message for"
         );
-        Ok(Processed::Dropped(ConfirmationReceipt))
+        Ok(Processed::Dropped(stamped.receipt()))
     }
 
     /// Stamps `undeliverable` (one op, no ttl: the document is kept for a person to inspect),
@@ -362,14 +387,14 @@ impl Dispatch {
         reason: &UndeliverableReason,
     ) -> Result<Processed, DrainError> {
         let stamp = outbox::undeliverable_stamp();
-        let landed = self
+        let stamped = self
             .stamp_over(target, &stamp, false)
             .await
             .map_err(|source| DrainError::UndeliverableStamp {
                 id: target.id.to_owned(),
                 source,
             })?;
-        if landed.is_none() && target.version.is_some() {
+        if let Stamped::Stood = stamped {
             tracing::info!(
                 source_identity = %self.source_identity,
                 lease_token,
@@ -377,7 +402,7 @@ impl Dispatch {
                 "an outbox document judged undeliverable was written since by another (a \
                  delivered stamp, a requeue, a new message): that version stands"
             );
-            return Ok(Processed::Superseded(ConfirmationReceipt));
+            return Ok(Processed::Superseded);
         }
         diagnostics::undeliverable(
             self.metrics.as_deref(),
@@ -389,55 +414,68 @@ impl Dispatch {
         Ok(Processed::Undeliverable(ConfirmationReceipt))
     }
 
-    /// Writes stamp `ops` on the document `target` names, over its version. A 412 reads the
-    /// document back: a newer pending version of the same message (the sweep's rewrite, an
-    /// operator's requeue) is stamped in turn when `again` (a delivered stamp records a
-    /// publish, which holds for every version of the message), up to [`STAMP_ROUNDS`]; any
-    /// other version stands (another writer's verdict, a new message, a requeue), as does a
-    /// document gone. Returns the version the stamp was written over, `None` when another
-    /// stood (or the target has no version: an unconditional stamp, for a document without an
-    /// `_etag`, which Cosmos always sends).
+    /// Writes stamp `ops` on the document `target` names, over its version, within the store
+    /// timeout as one stamp was before it was conditional. A 412 reads the document back: a
+    /// newer version that already holds this stamp on the same message is this stamp found
+    /// written (its own earlier attempt, whose answer was lost); a newer pending version of
+    /// the same message (the sweep's rewrite, an operator's requeue) is stamped in turn when
+    /// `again` (a delivered stamp records a publish, which holds for every version of the
+    /// message), up to [`STAMP_ROUNDS`] writes; any other version stands (another writer's
+    /// verdict, a new message, a requeue), as does a document gone. Without a version (a
+    /// document without an `_etag`, which Cosmos always sends) the stamp is unconditional.
     async fn stamp_over(
         &self,
         target: Target<'_>,
         ops: &[(&str, Value)],
         again: bool,
-    ) -> Result<Option<String>, CosmosStoreError> {
-        let Some(first) = target.version else {
-            self.patch(target.key, target.id, ops, None).await?;
-            return Ok(None);
-        };
-        let mut version = first.to_owned();
-        let mut round = 0;
-        loop {
-            let conflict = match self.patch(target.key, target.id, ops, Some(&version)).await {
-                Ok(_) => return Ok(Some(version)),
-                Err(error) if error.is_status(412) => error,
-                Err(error) => return Err(error),
+    ) -> Result<Stamped, CosmosStoreError> {
+        let stamping = async {
+            let Some(first) = target.version else {
+                self.patch(target.key, target.id, ops, None).await?;
+                return Ok(Stamped::Over(None));
             };
-            round += 1;
-            if round == STAMP_ROUNDS {
-                // Rewritten again each time: it fails as the 412, and is judged again.
-                return Err(conflict);
-            }
-            match self.read_newer(target, &version).await? {
-                Newer::Version(now) => {
-                    let pending = now.get(outbox::STATUS_FIELD).and_then(Value::as_str)
-                        == Some(STATUS_PENDING);
-                    let etag = now.get("_etag").and_then(Value::as_str);
-                    match etag {
-                        Some(etag)
-                            if again && pending && outbox::same_message(&now, target.doc) =>
-                        {
-                            version = etag.to_owned();
-                        }
-                        _ => return Ok(None),
-                    }
+            let mut version = first.to_owned();
+            let mut writes = 0;
+            loop {
+                let conflict = match self.patch(target.key, target.id, ops, Some(&version)).await {
+                    Ok(_) => return Ok(Stamped::Over(Some(version))),
+                    Err(error) if error.is_status(412) => error,
+                    Err(error) => return Err(error),
+                };
+                writes += 1;
+                let now = match self.read_newer(target, &version).await? {
+                    Newer::Version(now) => now,
+                    Newer::Gone => return Ok(Stamped::Stood),
+                    Newer::NotSeen => return Err(conflict),
+                };
+                if !outbox::same_message(&now, target.doc) {
+                    return Ok(Stamped::Stood);
                 }
-                Newer::Gone => return Ok(None),
-                Newer::NotSeen => return Err(conflict),
+                let holds = |(path, value): &(&str, Value)| {
+                    now.get(path.trim_start_matches('/')) == Some(value)
+                };
+                if ops.iter().all(holds) {
+                    return Ok(Stamped::Found);
+                }
+                let pending =
+                    now.get(outbox::STATUS_FIELD).and_then(Value::as_str) == Some(STATUS_PENDING);
+                match now.get("_etag").and_then(Value::as_str) {
+                    Some(etag) if again && pending && writes < STAMP_ROUNDS => {
+                        version = etag.to_owned();
+                    }
+                    // Rewritten again each time: it fails as the 412, and is judged again.
+                    Some(_) if again && pending => return Err(conflict),
+                    _ => return Ok(Stamped::Stood),
+                }
             }
-        }
+        };
+        // Boxed: the patches' futures are large (see `patch`).
+        Box::pin(cosmos::store::bounded(
+            "patch_item",
+            self.store_timeout,
+            stamping,
+        ))
+        .await
     }
 
     /// Reads the document `target` names until a version other than `version` shows (a 412 on

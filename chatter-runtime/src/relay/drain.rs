@@ -133,24 +133,25 @@ struct GroupOutcome {
 }
 
 impl GroupOutcome {
-    /// Records one document's settled stamp; a failure stops the page.
+    /// Records one document's settled stamp; a failure stops the page. Only a stamp that landed
+    /// is a receipt: another writer's verdict that stood says nothing of the status write path.
     fn record(&mut self, settled: Result<Processed, DrainError>, page: &PageInFlight<'_>) {
         let minted = match settled {
             Ok(Processed::Published { receipt, .. }) => {
                 self.report.published += 1;
                 receipt
             }
-            Ok(Processed::Superseded(minted)) => {
-                self.report.skipped += 1;
-                minted
-            }
-            Ok(Processed::Dropped(minted)) => {
+            Ok(Processed::Dropped(receipt)) => {
                 self.report.dropped += 1;
-                minted
+                receipt
             }
-            Ok(Processed::Undeliverable(minted)) => {
+            Ok(Processed::Undeliverable(receipt)) => {
                 self.report.undeliverable += 1;
-                minted
+                Some(receipt)
+            }
+            Ok(Processed::Superseded) => {
+                self.report.skipped += 1;
+                None
             }
             Err(error) => {
                 page.stop.store(true, Ordering::Release);
@@ -158,8 +159,10 @@ impl GroupOutcome {
                 return;
             }
         };
-        page.minted.store(true, Ordering::Release);
-        self.receipt = Some(minted);
+        if let Some(minted) = minted {
+            page.minted.store(true, Ordering::Release);
+            self.receipt = Some(minted);
+        }
     }
 }
 

@@ -159,9 +159,10 @@ pub enum DrainError {
         source: BrokerError,
     },
     /// Published, but the delivered stamp failed (a Confirmation Failure): it will be published
-    /// again (consumers dedup), until the gate suspends the lease.
+    /// again (consumers dedup), until the gate suspends the lease; one publish after commit
+    /// published is only stamped again by the relay of its process.
     #[error(
-        "outbox message '{message_id}' was published but stamping it delivered failed; it stays pending and is published again"
+        "outbox message '{message_id}' was published but stamping it delivered failed; it stays pending and is tried again"
     )]
     Confirmation {
         /// The message id.

@@ -460,9 +460,6 @@ async fn start_consumers(
     })
 }
 
-/// The processors the runtime's relay runs: one per distinct source of the registry (with
-/// `pipeline` options; none without them) and one per standalone relay. `None` when there are
-/// none. Two with one identity are refused.
 /// A runtime built `without_relay()` publishes no Outbox Document itself (not even right after
 /// its commits): says so once, naming where its commands' documents wait, so nobody waits for
 /// events this process will never send.
@@ -475,13 +472,16 @@ fn say_where_outbox_documents_go(registry: &Registry, cosmos: &CosmosConnection)
             processor = source.processor_name,
             commands = ?source.commands,
             "chatter runtime built without its relay: the Outbox Documents of these commands stay \
-             pending in their container until a relay elsewhere publishes them (another process \
-             of this service with its relay on, sharing the lease container, or `chatter relay`); \
-             this process publishes none of them"
+             pending in their container until a relay publishes them (another process of this \
+             service with its relay on, sharing the lease container, or `chatter relay`); this \
+             process's pipeline relay is off, and publish after commit with it"
         );
     }
 }
 
+/// The processors the runtime's relay runs: one per distinct source of the registry (with
+/// `pipeline` options; none without them) and one per standalone relay. `None` when there are
+/// none. Two with one identity are refused.
 fn relay_specs(
     registry: &Registry,
     cosmos: &CosmosConnection,
