@@ -342,6 +342,37 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn the_same_message_is_told_apart_from_what_stamps_repairs_and_the_store_write() {
+        let written = json!({
+            "id": "outbox:bTE", "_chatterType": "outbox", "status": "pending",
+            "MessageId": "m1", "Destination": "orders", "MessageBody": "{}", "tenantId": "t",
+        });
+        let mut stamped = written.clone();
+        stamped["status"] = json!("delivered");
+        stamped["ttl"] = json!(60);
+        stamped[OPERATOR_REASON_FIELD] = json!("given up");
+        for (field, value) in [
+            ("_etag", "\"2\""),
+            ("_rid", "r"),
+            ("_self", "s"),
+            ("_ts", "1"),
+        ] {
+            stamped[field] = json!(value);
+        }
+        assert!(same_message(&written, &stamped));
+        let mut other_body = written.clone();
+        other_body["MessageBody"] = json!("{\"orderId\":8}");
+        assert!(!same_message(&written, &other_body));
+        let mut other_kind = written.clone();
+        other_kind["_chatterType"] = json!("inbox");
+        assert!(
+            !same_message(&written, &other_kind),
+            "only the system fields are skipped"
+        );
+        assert!(!same_message(&written, &json!("not an object")));
+    }
+
     fn message() -> BrokeredMessage {
         let mut message = BrokeredMessage::json("msg-1", "destination-queue", r#"{"orderId":42}"#);
         message
