@@ -452,3 +452,48 @@ async fn a_runtime_without_its_relay_says_at_start_where_its_documents_wait() {
     assert_eq!(ours.len(), 1, "{said:?}");
     assert_eq!(ours[0].field("lease"), Some("orders-leases"));
 }
+
+#[tokio::test]
+async fn past_its_task_bound_a_burst_is_left_to_the_relay_and_nothing_is_lost() {
+    let (_emulator, cosmos) = store().await;
+    let broker = InMemoryBroker::new();
+    let received = chatter_tests::broker::Received::on(&broker, EVENTS).await;
+    let metrics = chatter_tests::telemetry::Metrics::new();
+    // One document in flight at once, each confirmed 300 ms late: a burst of commits piles up
+    // dispatch tasks waiting for the one permit, past 4 per permit.
+    let slow = confirming_late(&broker, Duration::from_millis(300));
+    let runtime = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .broker(slow)
+        .consume(false)
+        .relay_options(relay_polling_every(Duration::from_millis(200)).max_in_flight(1))
+        .meter(metrics.meter())
+        .without_tracing()
+        .start()
+        .await
+        .unwrap();
+    const COMMANDS: usize = 12;
+    for n in 0..COMMANDS {
+        runtime
+            .dispatch(order(&format!("o-{n}")), format!("cmd-{n}"))
+            .await
+            .unwrap();
+    }
+    eventually(WAIT, POLL, "every event published", || {
+        let distinct = received.distinct();
+        async move { distinct == COMMANDS }
+    })
+    .await;
+    let busy: f64 = metrics
+        .of("chatter.messaging.outbox.after_commit")
+        .iter()
+        .filter(|p| {
+            p.attributes
+                .get("chatter.messaging.outbox.after_commit.reason")
+                .is_some_and(|reason| reason == "busy")
+        })
+        .map(|p| p.number())
+        .sum();
+    assert!(busy >= 1.0, "no batch was left to the relay past the bound");
+    runtime.shutdown().await;
+}

@@ -83,6 +83,10 @@ const CHECK_READS: u32 = 4;
 /// judge (past it, the key is left to the relay).
 const CHECK_PAGE: u32 = 1000;
 
+/// How many dispatch tasks per permit of the relay's in-flight limit may run beside the
+/// commands before batches are left to the relay (128 with the default limit of 32).
+const TASKS_PER_PERMIT: usize = 4;
+
 /// What the pending check read.
 enum Check {
     /// The pending Outbox Documents of the key other than the batch's (ids and versions), by a
@@ -426,7 +430,11 @@ impl AfterCommit {
 
     /// [`publish`](Self::publish) on a task of its own: the command that committed the batch
     /// goes on (its delivery is acked, the next command starts) while its documents are
-    /// published. A process that dies meanwhile leaves them pending, for the relay.
+    /// published. A process that dies meanwhile leaves them pending, for the relay. Past
+    /// [`TASKS_PER_PERMIT`] tasks per permit of the in-flight limit (a slow broker, a burst),
+    /// the batch is left to the relay instead (reason `busy`): tasks waiting for a permit
+    /// would only pile up, and a page of the relay here waits for each one whose document
+    /// it reads.
     pub(crate) fn spawn_publish(
         &self,
         key: Vec<Value>,
@@ -435,6 +443,16 @@ impl AfterCommit {
         number: u64,
         committed_at: Instant,
     ) {
+        if self.tasks.len() >= self.limit.size().saturating_mul(TASKS_PER_PERMIT) {
+            // Dropped unfinished, the tickets tell the relay here to publish them.
+            drop(tickets);
+            if let Some(metrics) = &self.dispatch.metrics {
+                for _ in &committed {
+                    metrics.after_commit(AfterCommitOutcome::Left(LeftBecause::Busy));
+                }
+            }
+            return;
+        }
         let this = self.clone();
         self.tasks.spawn(async move {
             this.publish(&key, committed, tickets, number, committed_at)

@@ -36,6 +36,11 @@ impl InFlightLimit {
         self.permits.available_permits()
     }
 
+    /// The permits it was made with: how many documents may be in flight at once.
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
+
     /// Whether no document is in flight now (every permit returned).
     pub(crate) fn holds_none(&self) -> bool {
         self.permits.available_permits() == self.size

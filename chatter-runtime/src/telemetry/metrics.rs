@@ -102,6 +102,8 @@ pub(crate) enum LeftBecause {
     StaleRead,
     /// A document of the batch was stamped by another process's relay before the check.
     SettledElsewhere,
+    /// Too many dispatches were running already (a slow broker, a burst).
+    Busy,
 }
 
 impl AfterCommitOutcome {
@@ -123,6 +125,7 @@ impl AfterCommitOutcome {
             Self::Left(LeftBecause::StampFailed) => Some("stamp_failed"),
             Self::Left(LeftBecause::StaleRead) => Some("stale_read"),
             Self::Left(LeftBecause::SettledElsewhere) => Some("settled_elsewhere"),
+            Self::Left(LeftBecause::Busy) => Some("busy"),
             _ => None,
         }
     }
