@@ -497,3 +497,37 @@ async fn past_its_task_bound_a_burst_is_left_to_the_relay_and_nothing_is_lost() 
     assert!(busy >= 1.0, "no batch was left to the relay past the bound");
     runtime.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_standalone_relay_over_a_command_container_does_not_turn_publish_after_commit_on() {
+    let (_emulator, cosmos) = store().await;
+    chatter_runtime::provision::ensure_lease_container(&cosmos, DB, "other-leases")
+        .await
+        .unwrap();
+    // It reads once at start, then not for an hour.
+    let over_orders = chatter_runtime::relay::StandaloneRelay::builder(
+        &cosmos,
+        (DB, CONTAINER),
+        (DB, "other-leases"),
+    )
+    .partition_key_paths(&["/orderId"])
+    .options(relay_polling_every(Duration::from_secs(3600)))
+    .build()
+    .unwrap();
+    let broker = InMemoryBroker::new();
+    let mut events = broker.subscribe(EVENTS).await.unwrap();
+    let runtime = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .broker(broker.clone())
+        .consume(false)
+        .without_relay()
+        .standalone_relay(over_orders)
+        .without_metrics()
+        .start()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    runtime.dispatch(order("o-1"), "cmd-1").await.unwrap();
+    // Built without its relay, this runtime publishes nothing right after its commits.
+    chatter_tests::broker::assert_quiet_for(&mut events, Duration::from_secs(2)).await;
+}

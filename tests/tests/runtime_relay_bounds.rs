@@ -209,3 +209,29 @@ async fn the_start_check_of_the_nats_duplicate_window_uses_the_longest_republish
         "names the standalone relay's bound: {text}"
     );
 }
+
+#[tokio::test]
+async fn a_standalone_relay_over_a_container_the_pipeline_relay_relays_is_refused_at_start() {
+    let (cosmos, _) = store().await;
+    provision::ensure_lease_container(&cosmos, "shop", "other-leases")
+        .await
+        .unwrap();
+    let over_orders =
+        StandaloneRelay::builder(&cosmos, ("shop", "orders"), ("shop", "other-leases"))
+            .partition_key_paths(&["/orderId"])
+            .build()
+            .unwrap();
+    let error = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .consume(false)
+        .standalone_relay(over_orders)
+        .without_metrics()
+        .start()
+        .await
+        .expect_err("two relays over shop/orders");
+    let text = error.to_string();
+    assert!(
+        text.contains("`shop/orders`") && text.contains("publish each of its documents twice"),
+        "{text}"
+    );
+}

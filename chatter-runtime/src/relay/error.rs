@@ -88,6 +88,19 @@ pub enum RelayError {
         /// The shared processor name.
         processor_name: String,
     },
+    /// A standalone relay monitors a container the runtime's pipeline relay already relays
+    /// (one its commands write): each document would be published twice, by two processors.
+    #[error(
+        "A standalone Cosmos outbox relay monitors `{database}/{container}`, which this runtime's pipeline relay already relays (processor '{processor_name}'): two relays over one container publish each of its documents twice. Drop the standalone relay, or build the runtime without its relay (`RuntimeBuilder::without_relay`) if the standalone relay is to publish that container."
+    )]
+    OverPipelineContainer {
+        /// The database.
+        database: String,
+        /// The container both would monitor.
+        container: String,
+        /// The pipeline relay's processor of that container.
+        processor_name: String,
+    },
     /// A change-feed processor did not start.
     #[error("the change-feed processor of `{database}/{container}` did not start")]
     Processor {
@@ -110,7 +123,9 @@ impl RelayError {
     pub fn is_identity_conflict(&self) -> bool {
         matches!(
             self,
-            Self::DuplicateDeclaredIdentity { .. } | Self::SameGroundTruth { .. }
+            Self::DuplicateDeclaredIdentity { .. }
+                | Self::SameGroundTruth { .. }
+                | Self::OverPipelineContainer { .. }
         )
     }
 }

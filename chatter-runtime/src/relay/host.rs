@@ -63,6 +63,9 @@ pub(crate) struct RelaySpec {
     /// The limit of the relay this processor belongs to (`options.max_in_flight` documents),
     /// shared by that relay's processors only.
     pub(crate) in_flight: InFlightLimit,
+    /// The pipeline relay's processor of a container commands write: publish after commit
+    /// answers to it (a standalone relay's never, whatever container it monitors).
+    pub(crate) pipeline: bool,
 }
 
 impl RelaySpec {
@@ -87,6 +90,7 @@ impl RelaySpec {
             resolver: None,
             pending_filter: None,
             in_flight: in_flight.clone(),
+            pipeline: true,
         }
     }
 }
@@ -139,12 +143,13 @@ impl RelayHost {
                 }
             }
         }
-        // Publish after commit, for the containers chatter's commands write (the verbatim
-        // path: a standalone relay's resolver or filter is no command's).
+        // Publish after commit, for the containers chatter's commands write: the pipeline
+        // relay's (a standalone relay over such a container, with the pipeline relay off, does
+        // not turn it on).
         let after_commit = specs
             .iter()
             .zip(&processors)
-            .filter(|(spec, _)| spec.resolver.is_none() && spec.pending_filter.is_none())
+            .filter(|(spec, _)| spec.pipeline)
             .map(|(spec, started)| {
                 (
                     (spec.database.clone(), spec.container.clone()),

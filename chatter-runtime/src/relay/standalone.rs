@@ -159,6 +159,20 @@ pub(crate) fn specs(
     let mut specs = Vec::with_capacity(relays.len());
     for relay in relays {
         relay.options.validate()?;
+        // Two relays over one container, on lease containers of their own, publish each of
+        // its documents twice (and publish after commit would wait for the wrong one).
+        if let Some(pipeline) = others.iter().find(|other| {
+            other.pipeline
+                && other.cosmos.endpoint() == relay.cosmos.endpoint()
+                && other.database == relay.database
+                && other.container == relay.container
+        }) {
+            return Err(RelayError::OverPipelineContainer {
+                database: relay.database.clone(),
+                container: relay.container.clone(),
+                processor_name: pipeline.processor_name.clone(),
+            });
+        }
         let identity = relay.source_identity();
         if seen.contains(&identity) {
             return Err(match identity {
@@ -192,6 +206,7 @@ impl StandaloneRelay {
             pending_filter: self.pending_filter.clone(),
             // Its own, not the pipeline relay's nor another standalone relay's.
             in_flight: InFlightLimit::new(self.options.max_in_flight),
+            pipeline: false,
         }
     }
 }
