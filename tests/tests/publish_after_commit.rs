@@ -531,3 +531,49 @@ async fn a_standalone_relay_over_a_command_container_does_not_turn_publish_after
     // Built without its relay, this runtime publishes nothing right after its commits.
     chatter_tests::broker::assert_quiet_for(&mut events, Duration::from_secs(2)).await;
 }
+
+#[tokio::test]
+async fn a_key_busy_across_processes_keeps_the_fast_path_while_the_earlier_stamp_lands() {
+    let (_emulator, cosmos) = store().await;
+    let broker = InMemoryBroker::new();
+    let mut events = broker.subscribe(EVENTS).await.unwrap();
+    // Test double (a slow confirm at a known moment, which no real broker gives on demand): A's
+    // broker says when A's publish starts, and confirms it 40 ms later.
+    let publishing = Arc::new(tokio::sync::Notify::new());
+    let a_broker = Intercepted::new(broker.clone(), {
+        let publishing = Arc::clone(&publishing);
+        move |_: &chatter_runtime::BrokeredMessage| {
+            publishing.notify_one();
+            Box::pin(async {
+                tokio::time::sleep(Duration::from_millis(40)).await;
+                None
+            })
+        }
+    });
+    // Both relays read once at start, then not for an hour: only publish after commit can
+    // publish within the wait.
+    let hour = relay_polling_every(Duration::from_secs(3600));
+    let a = runtime(&cosmos, a_broker, hour.clone(), true).await;
+    let b = runtime(&cosmos, broker.clone(), hour, true).await;
+    // Balanced (2 leases each) and read once: no lease moves, so no relay reads again.
+    chatter_tests::relay::owning(&a, 2).await;
+    chatter_tests::relay::owning(&b, 2).await;
+    relay_read_once(&a).await;
+    relay_read_once(&b).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    a.dispatch(order("o-1"), "cmd-1").await.unwrap();
+    // A's check is done and its publish under way: B's check finds cmd-1 pending, unstamped.
+    publishing.notified().await;
+    b.dispatch(order("o-1"), "cmd-2").await.unwrap();
+    let first = next_delivery(&mut events, Duration::from_secs(5)).await;
+    let second = next_delivery(&mut events, Duration::from_secs(5)).await;
+    assert_eq!(
+        [
+            first.message.message_id.as_str(),
+            second.message.message_id.as_str()
+        ],
+        ["cmd-1:placed", "cmd-2:placed"]
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}

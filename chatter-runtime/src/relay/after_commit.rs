@@ -87,6 +87,16 @@ const CHECK_PAGE: u32 = 1000;
 /// commands before batches are left to the relay (128 with the default limit of 32).
 const TASKS_PER_PERMIT: usize = 4;
 
+/// How long publish after commit waits, before each new read of the pending check, for an
+/// earlier document of the key another process is publishing (its stamp usually lands within
+/// milliseconds) before leaving the batch to the relay: 75 ms in all.
+const HOT_KEY_WAITS: [Duration; 4] = [
+    Duration::from_millis(5),
+    Duration::from_millis(10),
+    Duration::from_millis(20),
+    Duration::from_millis(40),
+];
+
 /// What the pending check read.
 enum Check {
     /// The pending Outbox Documents of the key other than the batch's (ids and versions), by a
@@ -544,30 +554,44 @@ impl AfterCommit {
             .map(|(ticket, doc)| doc.etag.as_ref().map(|_| ticket))
             .collect();
         let ours: Vec<&str> = committed.iter().map(|doc| doc.id.as_str()).collect();
-        let others = match self.check(key, &ours).await {
-            Ok(Check::Pending(others)) => others,
-            Ok(Check::ManyPending) => return left(LeftBecause::EarlierPending),
-            Ok(Check::SettledElsewhere) => return left(LeftBecause::SettledElsewhere),
-            Ok(Check::Unwitnessed) => {
-                tracing::debug!(source_identity = %self.dispatch.source_identity, "publish after commit: the pending check's reads did not show the batch's own documents (a replica behind the commit); the relay publishes");
-                return left(LeftBecause::StaleRead);
-            }
-            Err(error) => {
-                tracing::warn!(source_identity = %self.dispatch.source_identity, error = %crate::error_chain::ErrorChain(&error), "publish after commit: the pending check failed; the relay publishes the batch's documents, and every document of this container for a minute");
-                self.pause();
-                return left(LeftBecause::CheckFailed);
-            }
-        };
         // Another pending document of the key holds these back, unless this process is
-        // publishing it after its own commit and it gets stamped: a burst of one key's commands
-        // in this process goes out in order without the relay.
-        for (other, etag) in &others {
-            if !self
-                .in_flight
-                .not_holding_back(other, etag, key, number)
-                .await
-            {
-                return left(LeftBecause::EarlierPending);
+        // publishing it after its own commit and it gets published: a burst of one key's
+        // commands in this process goes out in order without the relay. One of another
+        // process (a key busy across processes) is usually stamped within milliseconds: the
+        // check is read again a few times before the batch is left to the relay.
+        let mut waits = HOT_KEY_WAITS.iter();
+        loop {
+            let others = match self.check(key, &ours).await {
+                Ok(Check::Pending(others)) => others,
+                Ok(Check::ManyPending) => return left(LeftBecause::EarlierPending),
+                Ok(Check::SettledElsewhere) => return left(LeftBecause::SettledElsewhere),
+                Ok(Check::Unwitnessed) => {
+                    tracing::debug!(source_identity = %self.dispatch.source_identity, "publish after commit: the pending check's reads did not show the batch's own documents (a replica behind the commit); the relay publishes");
+                    return left(LeftBecause::StaleRead);
+                }
+                Err(error) => {
+                    tracing::warn!(source_identity = %self.dispatch.source_identity, error = %crate::error_chain::ErrorChain(&error), "publish after commit: the pending check failed; the relay publishes the batch's documents, and every document of this container for a minute");
+                    self.pause();
+                    return left(LeftBecause::CheckFailed);
+                }
+            };
+            let mut held = false;
+            for (other, etag) in &others {
+                if !self
+                    .in_flight
+                    .not_holding_back(other, etag, key, number)
+                    .await
+                {
+                    held = true;
+                    break;
+                }
+            }
+            if !held {
+                break;
+            }
+            match waits.next() {
+                Some(wait) => tokio::time::sleep(*wait).await,
+                None => return left(LeftBecause::EarlierPending),
             }
         }
         let mut outcomes = Vec::with_capacity(committed.len());
