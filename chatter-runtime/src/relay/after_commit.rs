@@ -225,8 +225,9 @@ impl Ticket {
             .send(Dispatched::InFlight(etag.to_owned(), number));
     }
 
-    /// Settles the dispatch: stamped over `stamped` (the batch's version, then any newer one
-    /// the stamp met), published without a stamp (`published`), or neither.
+    /// Settles the dispatch as `outcome` says: stamped (over the batch's version, and over a
+    /// newer one of the same message the stamp met), published without its stamp landing, or
+    /// neither.
     fn finish(self, outcome: Finished) {
         self.state.send_modify(|state| {
             *state = match (std::mem::replace(state, Dispatched::Failed), outcome) {
