@@ -101,6 +101,21 @@ async fn stamped_delivered(cosmos: &CosmosConnection, key: &str, message_id: &st
     doc["status"] == "delivered" && doc["ttl"].is_i64()
 }
 
+/// Asserts that the next two events of `events`, each within `within`, are cmd-1's then
+/// cmd-2's: the second command's event did not overtake the first's.
+async fn first_two_in_order(events: &mut chatter_runtime::broker::Subscription, within: Duration) {
+    let first = next_delivery(events, within).await;
+    let second = next_delivery(events, within).await;
+    assert_eq!(
+        [
+            first.message.message_id.as_str(),
+            second.message.message_id.as_str()
+        ],
+        ["cmd-1:placed", "cmd-2:placed"],
+        "the second command's event overtook the first's"
+    );
+}
+
 #[tokio::test]
 async fn a_committed_event_is_published_and_stamped_without_waiting_for_the_relays_read() {
     let (_emulator, cosmos) = store().await;
@@ -166,15 +181,7 @@ async fn a_key_whose_earlier_document_is_pending_keeps_its_order() {
     other.dispatch(order("o-1"), "cmd-1").await.unwrap();
     // The second command of o-1: its event must not overtake the first one.
     runtime.dispatch(order("o-1"), "cmd-2").await.unwrap();
-    let first = next_delivery(&mut events, WAIT).await;
-    let second = next_delivery(&mut events, WAIT).await;
-    assert_eq!(
-        [
-            first.message.message_id.as_str(),
-            second.message.message_id.as_str()
-        ],
-        ["cmd-1:placed", "cmd-2:placed"]
-    );
+    first_two_in_order(&mut events, WAIT).await;
     runtime.shutdown().await;
 }
 
@@ -394,16 +401,7 @@ async fn a_pending_check_read_in_a_lagging_region_at_eventual_consistency_keeps_
     let other = writer(&cosmos, InMemoryBroker::new()).await;
     other.dispatch(order("o-1"), "cmd-1").await.unwrap();
     runtime.dispatch(order("o-1"), "cmd-2").await.unwrap();
-    let first = next_delivery(&mut events, WAIT).await;
-    let second = next_delivery(&mut events, WAIT).await;
-    assert_eq!(
-        [
-            first.message.message_id.as_str(),
-            second.message.message_id.as_str()
-        ],
-        ["cmd-1:placed", "cmd-2:placed"],
-        "the second command's event overtook the first's"
-    );
+    first_two_in_order(&mut events, WAIT).await;
     runtime.shutdown().await;
 }
 
@@ -565,15 +563,7 @@ async fn a_key_busy_across_processes_keeps_the_fast_path_while_the_earlier_stamp
     // A's check is done and its publish under way: B's check finds cmd-1 pending, unstamped.
     publishing.notified().await;
     b.dispatch(order("o-1"), "cmd-2").await.unwrap();
-    let first = next_delivery(&mut events, Duration::from_secs(5)).await;
-    let second = next_delivery(&mut events, Duration::from_secs(5)).await;
-    assert_eq!(
-        [
-            first.message.message_id.as_str(),
-            second.message.message_id.as_str()
-        ],
-        ["cmd-1:placed", "cmd-2:placed"]
-    );
+    first_two_in_order(&mut events, Duration::from_secs(5)).await;
     a.shutdown().await;
     b.shutdown().await;
 }
