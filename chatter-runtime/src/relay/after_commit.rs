@@ -792,7 +792,8 @@ impl AfterCommit {
                 Check::Pending(others)
             })
         };
-        bounded(OPERATION, self.dispatch.store_timeout, read).await
+        // Within the store timeout with the check's every read: [`check`](Self::check) bounds them.
+        read.await
     }
 
     fn paused(&self) -> bool {
