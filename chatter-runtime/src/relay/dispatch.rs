@@ -480,7 +480,8 @@ impl Dispatch {
 
     /// Reads the document `target` names until a version other than `version` shows (a 412 on
     /// `version` says one exists; a read that still shows `version` came from a replica that
-    /// has not caught up).
+    /// has not caught up). Within the store timeout [`stamp_over`](Self::stamp_over) bounds the
+    /// whole stamp by.
     async fn read_newer(
         &self,
         target: Target<'_>,
@@ -492,12 +493,7 @@ impl Dispatch {
             }
             let key = partition_key::sdk_key(target.key)?;
             let reading = cosmos::store::read_item_charged(&self.container, key, target.id);
-            let (outcome, charge) = Box::pin(cosmos::store::bounded(
-                "read_item",
-                self.store_timeout,
-                reading,
-            ))
-            .await?;
+            let (outcome, charge) = Box::pin(reading).await?;
             self.charges.relay(charge);
             match outcome.into_document() {
                 None => return Ok(Newer::Gone),
