@@ -537,6 +537,19 @@ pub fn same_process_duplicates(
                     " and neither did its stamp"
                 }
             ));
+            // What the instance said meanwhile: the attribution above reads these.
+            let said: Vec<&str> = logged
+                .iter()
+                .filter(|log| {
+                    log.at >= first
+                        && log.at <= again
+                        && log.instance.rsplit('-').next() == Some(slot.to_string().as_str())
+                })
+                .map(|log| log.text.as_str())
+                .collect();
+            if let Some(last) = broken.last_mut() {
+                last.push_str(&format!("\n  its Error logs meanwhile: {said:?}"));
+            }
         }
     }
     (broken, by_failed_stamp)

@@ -627,8 +627,6 @@ async fn port(
 
 async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report, String> {
     let began = Instant::now();
-    // A seed run before in this process leaves no logs to this run.
-    super::errors::take(plan.seed);
     let mut rng = Rng::new(plan.seed).fork(0xC0FFEE);
     let tally = Arc::new(Tally::default());
     // Each concern of each instance decides from a base of its own.
@@ -938,7 +936,7 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
             instance.crash();
         }
     }
-    let logged = super::errors::take(plan.seed);
+    let logged = super::errors::take(plan.seed, run);
     if let Err(stall) = settled {
         return Err(format!(
             "{stall}\n  Error logs after healing: {}",
