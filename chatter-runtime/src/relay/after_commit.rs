@@ -44,7 +44,7 @@
 //! eager publish or stamp failed, every document is left to the relay, whose Drain Suspension
 //! and blocked-lease state then see the failure as it meets it again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -110,11 +110,13 @@ enum Check {
     ManyPending,
 }
 
-/// How long the drain remembers a document version this path stamped (so a page read before
-/// the stamp does not publish it again) or published without its stamp landing (so the relay
-/// here only stamps it). Past a page's handler timeout and poll interval; a relay suspended
-/// longer than that publishes such a version again.
-const REMEMBERED_FOR: Duration = Duration::from_secs(600);
+/// At most this many settled versions are remembered per container: past it the oldest are
+/// forgotten first, sooner than their span (about 33 MB: 327 bytes a version, measured with a
+/// counting allocator; with the default span it binds above about 166 documents a second per
+/// container). A page republishes a version forgotten early
+/// only if it read that version before its stamp landed and reaches it more than this many
+/// settlements later.
+const MAX_REMEMBERED: usize = 100_000;
 
 /// One Outbox Document a batch committed: its id, its body as written, and the ETag the batch
 /// returned for it.
@@ -178,31 +180,89 @@ pub(crate) enum Here {
     Nothing,
 }
 
+/// A dispatch not settled yet.
 struct Entry {
+    /// Tells this dispatch apart from the other dispatches of the same document.
+    serial: u64,
     state: watch::Receiver<Dispatched>,
-    since: Instant,
 }
 
-/// The documents this process is committing and publishing after their commit, and those it
-/// stamped, by identity (id and partition-key value): shared by the path and the drain of one
-/// container.
-#[derive(Clone, Default)]
+/// The documents this process is committing and publishing after their commit, and the
+/// versions it stamped or published, by identity (id and partition-key value): shared by the
+/// path and the drain of one container.
+///
+/// Bounded by what is in flight and by settlement: a dispatch that published nothing is
+/// forgotten as it settles; a version it published is remembered (as a plain value, its
+/// channel gone) for a span from its settlement, long enough for every page of this process
+/// that read the document before its stamp, and at most [`MAX_REMEMBERED`] of them, forgotten
+/// oldest first.
+#[derive(Clone)]
 pub(crate) struct AfterCommitInFlight(Arc<Mutex<Record>>);
 
-#[derive(Default)]
-struct Record {
-    /// Every dispatch of a document, oldest first: a second copy of a command (a duplicate
-    /// delivery, a retry) begins its own while the first's is still in flight or remembered,
-    /// and must not hide it. (Replacing it made the relay here publish the first's document
-    /// again once the copy's batch failed as a duplicate.)
-    entries: HashMap<String, Vec<Entry>>,
-    /// When settled entries older than [`REMEMBERED_FOR`] were last dropped: at most once per
-    /// [`PURGE_EVERY`], not on every commit (a scan of every entry).
-    purged_at: Option<Instant>,
+impl Default for AfterCommitInFlight {
+    fn default() -> Self {
+        Self::new(super::RelayOptions::default().after_commit_remembered_for())
+    }
 }
 
-/// How often the record drops what it no longer needs to remember.
-const PURGE_EVERY: Duration = Duration::from_secs(10);
+struct Record {
+    /// Every dispatch of a document in flight, oldest first: a second copy of a command (a
+    /// duplicate delivery, a retry) begins its own while the first's is still in flight or
+    /// remembered, and must not hide it. (Replacing it made the relay here publish the first's
+    /// document again once the copy's batch failed as a duplicate.)
+    live: HashMap<String, Vec<Entry>>,
+    /// The settled dispatches that published, by identity: each its serial and last state
+    /// ([`Dispatched::Stamped`] or [`Dispatched::Published`]).
+    published: HashMap<Arc<str>, Vec<(u64, Dispatched)>>,
+    /// The same, in settlement order: when to forget each (never, past the clock's range), its
+    /// identity and serial. Forgetting pops from the front, never scans the record.
+    settled: VecDeque<(Option<Instant>, Arc<str>, u64)>,
+    /// The next dispatch's serial.
+    next: u64,
+    /// How long a settled dispatch that published is remembered.
+    remembered_for: Duration,
+    /// At most how many settled dispatches are remembered.
+    limit: usize,
+}
+
+impl Record {
+    /// Dispatch `serial` of `identity` settled at `now` as `last`: it leaves the dispatches in
+    /// flight, and is remembered if it published (the relay publishes a document no dispatch
+    /// published as if this path had never taken it). Then forgets the remembered dispatches
+    /// whose span ended by `now`, and the oldest past the limit.
+    fn settle(&mut self, identity: &str, serial: u64, last: Dispatched, now: Instant) {
+        if let Some(entries) = self.live.get_mut(identity) {
+            entries.retain(|entry| entry.serial != serial);
+            if entries.is_empty() {
+                self.live.remove(identity);
+            }
+        }
+        if matches!(last, Dispatched::Stamped(_) | Dispatched::Published(_)) {
+            let identity: Arc<str> = Arc::from(identity);
+            // Nearly always the one dispatch of its document: no room for more.
+            self.published
+                .entry(Arc::clone(&identity))
+                .or_insert_with(|| Vec::with_capacity(1))
+                .push((serial, last));
+            let until = now.checked_add(self.remembered_for);
+            self.settled.push_back((until, identity, serial));
+        }
+        while let Some((until, _, _)) = self.settled.front() {
+            if until.is_none_or(|until| until > now) && self.settled.len() <= self.limit {
+                break;
+            }
+            let Some((_, identity, serial)) = self.settled.pop_front() else {
+                break;
+            };
+            if let Some(versions) = self.published.get_mut(&identity) {
+                versions.retain(|(theirs, _)| *theirs != serial);
+                if versions.is_empty() {
+                    self.published.remove(&identity);
+                }
+            }
+        }
+    }
+}
 
 impl std::fmt::Debug for AfterCommitInFlight {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -216,6 +276,10 @@ impl std::fmt::Debug for AfterCommitInFlight {
 /// not published, and the relay publishes it.
 pub(crate) struct Ticket {
     state: watch::Sender<Dispatched>,
+    /// Where its dispatch is remembered, as which document and which dispatch of it.
+    record: AfterCommitInFlight,
+    identity: String,
+    serial: u64,
 }
 
 impl Ticket {
@@ -265,6 +329,7 @@ enum Finished {
 }
 
 impl Drop for Ticket {
+    /// Settles the dispatch ([`Dispatched::Failed`] if unfinished) and tells the record.
     fn drop(&mut self) {
         self.state.send_if_modified(|state| {
             let unfinished = !state.settled();
@@ -273,6 +338,10 @@ impl Drop for Ticket {
             }
             unfinished
         });
+        let last = self.state.borrow().clone();
+        self.record
+            .record()
+            .settle(&self.identity, self.serial, last, Instant::now());
     }
 }
 
@@ -285,36 +354,43 @@ impl AfterCommitInFlight {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// A record that remembers each settled dispatch that published for `remembered_for`
+    /// from its settlement.
+    pub(crate) fn new(remembered_for: Duration) -> Self {
+        Self(Arc::new(Mutex::new(Record {
+            live: HashMap::new(),
+            published: HashMap::new(),
+            settled: VecDeque::new(),
+            next: 0,
+            remembered_for,
+            limit: MAX_REMEMBERED,
+        })))
+    }
+
     /// Marks document `id` of `key` as committing: a page that reads it waits for its outcome.
     fn begin(&self, id: &str, key: &[Value]) -> Ticket {
         let (state, receiver) = watch::channel(Dispatched::Committing);
-        self.remember(id, key, receiver);
-        Ticket { state }
-    }
-
-    /// Adds a dispatch of document `id` of `key` to the record, dropping (at most once per
-    /// [`PURGE_EVERY`]) the settled ones older than [`REMEMBERED_FOR`].
-    fn remember(&self, id: &str, key: &[Value], state: watch::Receiver<Dispatched>) {
-        let now = Instant::now();
-        let mut record = self.record();
-        if record
-            .purged_at
-            .is_none_or(|at| now.duration_since(at) >= PURGE_EVERY)
-        {
-            record.entries.retain(|_, entries| {
-                entries.retain(|entry| {
-                    now.duration_since(entry.since) < REMEMBERED_FOR
-                        || !entry.state.borrow().settled()
+        let identity = identity(id, key);
+        let serial = {
+            let mut record = self.record();
+            let serial = record.next;
+            record.next += 1;
+            record
+                .live
+                .entry(identity.clone())
+                .or_insert_with(|| Vec::with_capacity(1))
+                .push(Entry {
+                    serial,
+                    state: receiver,
                 });
-                !entries.is_empty()
-            });
-            record.purged_at = Some(now);
+            serial
+        };
+        Ticket {
+            state,
+            record: self.clone(),
+            identity,
+            serial,
         }
-        record
-            .entries
-            .entry(identity(id, key))
-            .or_default()
-            .push(Entry { state, since: now });
     }
 
     /// Whether pending document `id` of `key`, seen at version `etag` by the check of the
@@ -326,7 +402,11 @@ impl AfterCommitInFlight {
     /// holds the dispatch back: a document of another process, another version, one this
     /// process did not publish.
     async fn not_holding_back(&self, id: &str, etag: &str, key: &[Value], number: u64) -> bool {
-        for mut state in self.states_of(id, key) {
+        let (live, settled) = self.seen(id, key);
+        if settled.iter().any(|state| state.published_as(etag)) {
+            return true;
+        }
+        for mut state in live {
             let _ = state
                 .wait_for(|state| *state != Dispatched::Committing)
                 .await;
@@ -349,30 +429,43 @@ impl AfterCommitInFlight {
         let Some(etag) = doc.get("_etag").and_then(Value::as_str) else {
             return Here::Nothing;
         };
-        let mut here = Here::Nothing;
-        for mut state in self.states_of(id, key) {
+        let (live, mut states) = self.seen(id, key);
+        for mut state in live {
             let _ = state.wait_for(Dispatched::settled).await;
-            match &*state.borrow() {
-                Dispatched::Stamped(versions) if versions.iter().any(|v| v == etag) => {
-                    return Here::Stamped;
-                }
-                Dispatched::Published(published) if published.version == etag => {
-                    here = Here::Published(published.clone());
-                }
-                _ => {}
-            }
+            states.push(state.borrow().clone());
         }
-        here
+        let stamped = |state: &Dispatched| matches!(state, Dispatched::Stamped(versions) if versions.iter().any(|v| v == etag));
+        if states.iter().any(stamped) {
+            return Here::Stamped;
+        }
+        states
+            .into_iter()
+            .find_map(|state| match state {
+                Dispatched::Published(published) if published.version == etag => {
+                    Some(Here::Published(published))
+                }
+                _ => None,
+            })
+            .unwrap_or(Here::Nothing)
     }
 
-    /// The states of document `id` of `key`'s dispatches here, oldest first (none if this path
-    /// never took it).
-    fn states_of(&self, id: &str, key: &[Value]) -> Vec<watch::Receiver<Dispatched>> {
-        self.record()
-            .entries
-            .get(&identity(id, key))
+    /// Document `id` of `key`'s dispatches here: those in flight (their states, oldest first)
+    /// and those remembered as published (their last states). Both empty if this path never
+    /// took it, or forgot it.
+    fn seen(&self, id: &str, key: &[Value]) -> (Vec<watch::Receiver<Dispatched>>, Vec<Dispatched>) {
+        let identity = identity(id, key);
+        let record = self.record();
+        let live = record
+            .live
+            .get(&identity)
             .map(|entries| entries.iter().map(|entry| entry.state.clone()).collect())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        let settled = record
+            .published
+            .get(identity.as_str())
+            .map(|versions| versions.iter().map(|(_, state)| state.clone()).collect())
+            .unwrap_or_default();
+        (live, settled)
     }
 }
 
@@ -816,5 +909,141 @@ impl AfterCommit {
             .paused_until
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(self.gate.now() + PAUSE_AFTER_FAILURE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn key() -> Vec<Value> {
+        vec![json!("order-1")]
+    }
+
+    /// A dispatch of document `id` that committed as `etag` and settled as `outcome`.
+    fn settled(record: &AfterCommitInFlight, id: &str, etag: &str, outcome: Finished) {
+        let ticket = record.begin(id, &key());
+        ticket.committed(etag, 0);
+        ticket.finish(outcome);
+    }
+
+    fn stamped() -> Finished {
+        Finished::Stamped(None)
+    }
+
+    /// What the record says of version `etag` of document `id`.
+    async fn here(record: &AfterCommitInFlight, id: &str, etag: &str) -> Here {
+        record.here(&json!({ "_etag": etag }), id, &key()).await
+    }
+
+    /// Makes the record forget what is due at `at` (as a settlement then would).
+    fn tick(record: &AfterCommitInFlight, at: Instant) {
+        record
+            .record()
+            .settle("-", u64::MAX, Dispatched::Failed, at);
+    }
+
+    /// How many dispatches the record holds, in flight or remembered.
+    fn remembered(record: &AfterCommitInFlight) -> usize {
+        let record = record.record();
+        record.live.values().map(Vec::len).sum::<usize>()
+            + record.published.values().map(Vec::len).sum::<usize>()
+    }
+
+    #[tokio::test]
+    async fn a_dispatch_that_published_nothing_is_forgotten_as_it_settles() {
+        let record = AfterCommitInFlight::new(Duration::from_secs(600));
+        for n in 0..1000 {
+            // A batch that failed (a duplicate), and one the path left to the relay.
+            drop(record.begin(&format!("failed-{n}"), &key()));
+            settled(&record, &format!("left-{n}"), "v1", Finished::Failed);
+        }
+        assert_eq!(remembered(&record), 0);
+        assert!(record.record().settled.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_version_this_path_published_is_remembered_for_its_span_after_settling() {
+        let span = Duration::from_secs(10);
+        let record = AfterCommitInFlight::new(span);
+        let before = Instant::now();
+        settled(&record, "a", "v1", stamped());
+        settled(
+            &record,
+            "b",
+            "v1",
+            Finished::Published {
+                message_id: "m-b".into(),
+                destination: "events".into(),
+            },
+        );
+        let after = Instant::now();
+        tick(&record, before + span - Duration::from_millis(1));
+        assert_eq!(here(&record, "a", "v1").await, Here::Stamped);
+        assert!(matches!(here(&record, "b", "v1").await, Here::Published(_)));
+        // Another version of it is not this path's.
+        assert_eq!(here(&record, "a", "v2").await, Here::Nothing);
+        tick(&record, after + span);
+        assert_eq!(here(&record, "a", "v1").await, Here::Nothing);
+        assert_eq!(here(&record, "b", "v1").await, Here::Nothing);
+        assert_eq!(remembered(&record), 0);
+    }
+
+    #[tokio::test]
+    async fn past_the_limit_the_oldest_settled_versions_are_forgotten_first() {
+        let record = AfterCommitInFlight::new(Duration::from_secs(600));
+        record.record().limit = 3;
+        for n in 0..5 {
+            settled(&record, &format!("doc-{n}"), "v1", stamped());
+        }
+        assert_eq!(remembered(&record), 3);
+        for n in 0..2 {
+            assert_eq!(
+                here(&record, &format!("doc-{n}"), "v1").await,
+                Here::Nothing
+            );
+        }
+        for n in 2..5 {
+            assert_eq!(
+                here(&record, &format!("doc-{n}"), "v1").await,
+                Here::Stamped
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dispatch_in_flight_is_never_forgotten() {
+        let record = AfterCommitInFlight::new(Duration::ZERO);
+        record.record().limit = 0;
+        let ticket = record.begin("a", &key());
+        ticket.committed("v1", 0);
+        for n in 0..10 {
+            settled(&record, &format!("doc-{n}"), "v1", stamped());
+        }
+        tick(&record, Instant::now() + Duration::from_secs(3600));
+        assert_eq!(remembered(&record), 1);
+        ticket.finish(stamped());
+        // Settled with a span of zero: forgotten as it settles.
+        assert_eq!(remembered(&record), 0);
+    }
+
+    #[test]
+    fn the_span_covers_a_page_read_ahead_behind_one_that_runs_its_whole_handler_timeout() {
+        let options = crate::relay::RelayOptions::default()
+            .handler_timeout(Duration::from_secs(1200))
+            .poll_interval(Duration::from_secs(2));
+        assert_eq!(
+            options.after_commit_remembered_for(),
+            Duration::from_secs(2402)
+        );
+        let never = crate::relay::RelayOptions::default().handler_timeout(Duration::MAX);
+        assert_eq!(never.after_commit_remembered_for(), Duration::MAX);
+        // A span past the clock's range: kept until the limit forgets it.
+        let record = AfterCommitInFlight::new(Duration::MAX);
+        settled(&record, "a", "v1", stamped());
+        tick(&record, Instant::now() + Duration::from_secs(3600));
+        assert_eq!(remembered(&record), 1);
     }
 }

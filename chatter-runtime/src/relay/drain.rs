@@ -294,6 +294,13 @@ impl Drain {
         self
     }
 
+    /// Remembers each version publish after commit published for `span` after it settled
+    /// ([`RelayOptions::after_commit_remembered_for`](super::RelayOptions)).
+    pub(crate) fn with_after_commit_remembered_for(mut self, span: Duration) -> Self {
+        self.after_commit = AfterCommitInFlight::new(span);
+        self
+    }
+
     /// Admits only the pending documents `filter` also accepts (evaluated once per document).
     pub(crate) fn with_pending_filter(mut self, filter: Option<PendingFilter>) -> Self {
         self.pending_filter = filter;

@@ -328,6 +328,7 @@ fn build_drain(
     )
     .with_resolver(source.resolver.clone())
     .with_pending_filter(source.pending_filter.clone())
+    .with_after_commit_remembered_for(options.after_commit_remembered_for())
     .with_timeouts(options.publish_timeout, options.processor.store_timeout)
     .with_in_flight_limit(source.in_flight.clone())
     .with_request_meter(Arc::clone(shared.charges))

@@ -93,6 +93,17 @@ impl RelayOptions {
             .saturating_add(super::suspension::SUSPENSION_WINDOW)
     }
 
+    /// How long publish after commit's record remembers a version it published, from its
+    /// settlement, for the relay in the same process: a page read before the stamp landed waits
+    /// for the page ahead of it (at most the handler timeout), then runs (at most that again),
+    /// after at most a poll interval.
+    pub(crate) fn after_commit_remembered_for(&self) -> Duration {
+        self.processor
+            .handler_timeout
+            .saturating_mul(2)
+            .saturating_add(self.processor.poll_interval)
+    }
+
     /// Refuses settings that cannot work together, before anything connects.
     pub(crate) fn validate(&self) -> Result<(), RelayError> {
         self.delivery.validate()?;
