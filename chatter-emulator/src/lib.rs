@@ -427,6 +427,9 @@ impl EmulatorServer {
                 }
                 Err(e) => return Err(e),
             };
+            // An answer written in more than one segment must not wait for the client's
+            // delayed ACK (Nagle's algorithm: 40 ms on Linux), as no Cosmos gateway makes it.
+            let _ = stream.set_nodelay(true);
             let emulator = Arc::clone(&emulator);
             let urls = Arc::clone(&urls);
             let counts = Arc::clone(&counts);
