@@ -113,9 +113,8 @@ enum Check {
 /// At most this many settled versions are remembered per container: past it the oldest are
 /// forgotten first, sooner than their span (about 33 MB: 327 bytes a version, measured with a
 /// counting allocator; with the default span it binds above about 166 documents a second per
-/// container). A page republishes a version forgotten early
-/// only if it read that version before its stamp landed and reaches it more than this many
-/// settlements later.
+/// container). A page republishes a version forgotten early only if it read that version
+/// before its stamp landed and reaches it more than this many settlements later.
 const MAX_REMEMBERED: usize = 100_000;
 
 /// One Outbox Document a batch committed: its id, its body as written, and the ETag the batch

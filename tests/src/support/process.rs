@@ -91,6 +91,29 @@ impl ChildProcess {
         timeout(within, self.lines.recv()).await.ok().flatten()
     }
 
+    /// Writes `line` to the process's stdin (piped by the caller's command); panics if it
+    /// cannot.
+    pub fn tell(&mut self, line: &str) {
+        use std::io::Write as _;
+        let stdin = self.child.stdin.as_mut().expect("stdin is piped");
+        writeln!(stdin, "{line}").unwrap_or_else(|e| panic!("{} reads its stdin: {e}", self.name));
+        let _ = stdin.flush();
+    }
+
+    /// Closes the process's stdin (a worker that serves until then shuts down), then waits up
+    /// to `within` for it to exit; whether it exited successfully.
+    pub async fn close_and_wait(&mut self, within: Duration) -> bool {
+        drop(self.child.stdin.take());
+        let deadline = tokio::time::Instant::now() + within;
+        while tokio::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.success();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
     /// The process id, e.g. to read `/proc/<pid>/status`.
     pub fn id(&self) -> u32 {
         self.child.id()
