@@ -549,6 +549,34 @@ impl RunningEmulator {
         &self.endpoint
     }
 
+    /// Creates database `database` (which must not exist yet) and in it each of `containers`:
+    /// its name, partition-key path(s) and number of physical partitions, as an account whose
+    /// containers grew has them (a container created through the API gets 4). For tests of
+    /// containers past the SDK's default cross-partition fan-out of 100.
+    pub fn create_partitioned(
+        &self,
+        database: &str,
+        containers: &[(&str, &[&str], u32)],
+    ) -> Result<(), String> {
+        use azure_data_cosmos_driver::in_memory_emulator::ContainerConfig;
+        use azure_data_cosmos_driver::models::PartitionKeyDefinition;
+        self.store.create_database(database);
+        for (container, paths, partitions) in containers {
+            let config = ContainerConfig::new()
+                .with_partition_count(*partitions)
+                .build()
+                .map_err(|e| format!("{container}: {e}"))?;
+            let paths = paths.iter().map(|path| (*path).to_owned().into()).collect();
+            self.store.create_container_with_config(
+                database,
+                container,
+                PartitionKeyDefinition::new(paths),
+                config,
+            );
+        }
+        Ok(())
+    }
+
     /// The emulator's store, for inspection in tests.
     pub fn store(&self) -> Arc<EmulatorStore> {
         Arc::clone(&self.store)
