@@ -224,6 +224,8 @@ impl Coordinator {
 
     async fn cycle(&mut self) {
         let processor = self.ctx.store.processor.clone();
+        // What a test counts an instance's cycles by (a balancing bound is in cycles).
+        tracing::trace!(target: "cosmos_change_feed::acquire_cycle", %processor, instance = %self.ctx.instance, "acquire cycle");
         // A worker told to stop stays here until its poller has finished (its page may run up to
         // the handler timeout): the balancer counts it as running, so the lease is not taken
         // again, and served twice, while its last page is still being handled.

@@ -77,7 +77,12 @@ pub(crate) async fn served() -> (RunningEmulator, CosmosClient) {
 /// A new client of `emulator` over HTTP (with caches of its own: it sees the partitions as they
 /// are now).
 pub(crate) async fn client_of(emulator: &RunningEmulator) -> CosmosClient {
-    let endpoint: AccountEndpoint = emulator.endpoint().parse().unwrap();
+    client_at(emulator.endpoint()).await
+}
+
+/// A new client of the `chatter-emulator` server at `endpoint`, over HTTP.
+pub(crate) async fn client_at(endpoint: &str) -> CosmosClient {
+    let endpoint: AccountEndpoint = endpoint.parse().unwrap();
     CosmosClientBuilder::new()
         .build(
             AccountReference::with_authentication_key(endpoint, EMULATOR_KEY),
