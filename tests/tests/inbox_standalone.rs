@@ -457,7 +457,12 @@ async fn a_live_claim_is_never_taken_over_and_the_copy_is_told_to_try_later() {
     let InboxError::ClaimHeld { for_at_most, .. } = &error else {
         panic!("the copy waits for the live claim: {error:?}");
     };
-    assert!(*for_at_most > Duration::from_secs(300), "{for_at_most:?}");
+    // The claim period (20 s by default, renewed while the handler runs), the second `_ts`
+    // truncates and the clock margin (10 s).
+    assert!(
+        *for_at_most > Duration::from_secs(20) && *for_at_most <= Duration::from_secs(31),
+        "{for_at_most:?}"
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the copy did not run");
     release.notify_one();
     assert_eq!(first.await.unwrap().unwrap(), InboxOutcome::Handled);
@@ -468,9 +473,209 @@ async fn a_live_claim_is_never_taken_over_and_the_copy_is_told_to_try_later() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     let stored = marker(&cosmos, "evt-twice").await.unwrap();
     assert_eq!(
-        stored["ClaimSeconds"], 300,
-        "the claim's length is in the marker"
+        stored["ClaimSeconds"], 20,
+        "the claim's period is in the marker"
     );
+}
+
+/// A handler that counts its runs, and how many run at once (the most ever), sleeping `for`.
+fn sleeping(
+    runs: &Arc<AtomicUsize>,
+    running: &Arc<AtomicUsize>,
+    most: &Arc<AtomicUsize>,
+    r#for: Duration,
+) -> impl FnOnce() -> Held + Send + use<> {
+    let (runs, running, most) = (Arc::clone(runs), Arc::clone(running), Arc::clone(most));
+    move || {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(r#for).await;
+            running.fetch_sub(1, Ordering::SeqCst);
+            Ok(())
+        })
+    }
+}
+
+// A handler that runs far past its claim period keeps its claim by renewing it: copies that
+// arrive meanwhile are told to try later, never run beside it (without renewals the claim of a
+// 2 s period would be over 3 s after it was written, and the copies would take it over).
+#[tokio::test]
+async fn a_handler_running_past_its_claim_period_keeps_its_claim_by_renewing_it() {
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    let options = InboxOptions::new(DB, CONTAINER)
+        .claim_period(Duration::from_secs(2))
+        .renewal_interval(Duration::from_millis(500))
+        .clock_margin(Duration::ZERO);
+    let inbox = inbox_on(&cosmos, options).await;
+    let (runs, running, most) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let first = tokio::spawn({
+        let inbox = inbox.clone();
+        let handler = sleeping(&runs, &running, &most, Duration::from_secs(7));
+        async move { inbox.receive("evt-long", handler).await }
+    });
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let copy = sleeping(&runs, &running, &most, Duration::ZERO);
+        match inbox.receive("evt-long", copy).await {
+            Err(InboxError::ClaimHeld { .. }) => {}
+            other => panic!("a copy while the handler runs is told to try later: {other:?}"),
+        }
+    }
+    assert_eq!(first.await.unwrap().unwrap(), InboxOutcome::Handled);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "only the first ran");
+    assert_eq!(most.load(Ordering::SeqCst), 1);
+}
+
+// An attempt that dies mid-handler (here: its future dropped, as a process that crashes stops
+// everything) stops renewing; its claim is free for a copy within the claim period, a second
+// and the clock margin, not after the whole claim timeout.
+#[tokio::test]
+async fn a_crashed_attempts_claim_is_taken_over_once_its_period_ran_out() {
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    let options = InboxOptions::new(DB, CONTAINER)
+        .claim_timeout(Duration::from_secs(300))
+        .claim_period(Duration::from_secs(2))
+        .renewal_interval(Duration::from_millis(500))
+        .clock_margin(Duration::from_secs(1));
+    let inbox = inbox_on(&cosmos, options).await;
+    let (runs, running, most) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let doomed = tokio::spawn({
+        let inbox = inbox.clone();
+        let handler = sleeping(&runs, &running, &most, Duration::from_secs(3600));
+        async move { inbox.receive("evt-crash", handler).await }
+    });
+    // Renewed a few times, then it dies.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    doomed.abort();
+    let _ = doomed.await;
+    running.store(0, Ordering::SeqCst);
+    let died = tokio::time::Instant::now();
+    let taken_over = loop {
+        let copy = sleeping(&runs, &running, &most, Duration::ZERO);
+        match inbox.receive("evt-crash", copy).await {
+            Ok(outcome) => break outcome,
+            Err(InboxError::ClaimHeld { .. }) => {
+                assert!(
+                    died.elapsed() < Duration::from_secs(60),
+                    "the claim is still held a minute after its attempt died"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(taken_over, InboxOutcome::TakenOver);
+    // Its period (2 s), the second `_ts` truncates and the margin (1 s) after its last renewal.
+    assert!(
+        died.elapsed() <= Duration::from_secs(5),
+        "taken over {:?} after the attempt died",
+        died.elapsed()
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+// A handler whose renewals fail until its claim ends is stopped there (it never runs on past a
+// claim another attempt may take), nothing of it commits, and the marker stays pending for the
+// next copy. Real fault: the served store refuses every patch (503) from the moment the handler
+// starts.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handler_whose_renewals_fail_past_its_claims_end_is_stopped() {
+    let (emulator, cosmos) = emulator_server().await;
+    let options = InboxOptions::new(DB, CONTAINER)
+        .claim_period(Duration::from_secs(2))
+        .renewal_interval(Duration::from_millis(500))
+        .clock_margin(Duration::ZERO);
+    let inbox = inbox_on(&cosmos, options).await;
+    let stopped = Arc::new(AtomicUsize::new(0));
+    /// Counts the handler's future dropped before it finished.
+    struct Stopped(Arc<AtomicUsize>);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let faults = emulator.faults();
+    let began = tokio::time::Instant::now();
+    let error = inbox
+        .receive("evt-unrenewed", {
+            let stopped = Arc::clone(&stopped);
+            move || async move {
+                faults.refuse("PATCH", 503, Duration::from_secs(3600));
+                let guard = Stopped(stopped);
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                std::mem::forget(guard);
+                Ok::<(), std::io::Error>(())
+            }
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, InboxError::ClaimLost { .. }),
+        "the handler is stopped as its claim ends: {error:?}"
+    );
+    assert_eq!(stopped.load(Ordering::SeqCst), 1, "the handler was stopped");
+    assert!(
+        began.elapsed() < Duration::from_secs(60),
+        "stopped {:?} after it began, not at the claim timeout",
+        began.elapsed()
+    );
+    emulator.faults().clear();
+    let stored = marker(&cosmos, "evt-unrenewed").await.unwrap();
+    assert_eq!(stored["Completed"], false, "nothing of it committed");
+}
+
+// A claim period or renewal interval that cannot keep a claim is refused when the inbox is
+// built.
+#[tokio::test]
+async fn a_claim_that_renewals_cannot_keep_is_refused() {
+    let cosmos = CosmosConnection::embedded().await.unwrap();
+    provision::ensure_container(&cosmos, DB, CONTAINER, &["/idempotencyKey"])
+        .await
+        .unwrap();
+    let build = |options| {
+        let cosmos = cosmos.clone();
+        async move { StandaloneInbox::new(&cosmos, options).await }
+    };
+    let too_short =
+        build(InboxOptions::new(DB, CONTAINER).claim_period(Duration::from_millis(500)))
+            .await
+            .unwrap_err();
+    assert!(
+        matches!(
+            too_short,
+            InboxSetupError::Options(InboxOptionsError::ClaimPeriod { .. })
+        ),
+        "{too_short:?}"
+    );
+    for renewal in [
+        Duration::ZERO,
+        Duration::from_secs(20),
+        Duration::from_secs(30),
+    ] {
+        let refused = build(InboxOptions::new(DB, CONTAINER).renewal_interval(renewal))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                InboxSetupError::Options(InboxOptionsError::RenewalInterval { .. })
+            ),
+            "{renewal:?}: {refused:?}"
+        );
+    }
+    build(InboxOptions::new(DB, CONTAINER).renewal_interval(Duration::from_secs(19)))
+        .await
+        .unwrap();
 }
 
 // A claim that ran out (its attempt crashed) is taken over with a write conditioned on the
@@ -544,26 +749,24 @@ async fn a_time_to_live_that_could_delete_a_live_claim_is_refused() {
     provision::ensure_container(&cosmos, DB, CONTAINER, &["/idempotencyKey"])
         .await
         .unwrap();
-    // 300 s claim + 1 s + 10 s margin: 311 s is too short, 312 s is enough.
+    // A 20 s claim period + 1 s + 10 s margin (the claim lasts that long from its last
+    // renewal, which restarts the marker's time-to-live too): 31 s is too short, 32 s enough.
     let refused = StandaloneInbox::new(
         &cosmos,
-        InboxOptions::new(DB, CONTAINER).marker_ttl_seconds(311),
+        InboxOptions::new(DB, CONTAINER).marker_ttl_seconds(31),
     )
     .await
     .unwrap_err();
     assert!(
         matches!(
             refused,
-            InboxSetupError::Options(InboxOptionsError::MarkerOutlivedByClaim {
-                shortest: 311,
-                ..
-            })
+            InboxSetupError::Options(InboxOptionsError::MarkerOutlivedByClaim { shortest: 31, .. })
         ),
         "{refused:?}"
     );
     StandaloneInbox::new(
         &cosmos,
-        InboxOptions::new(DB, CONTAINER).marker_ttl_seconds(312),
+        InboxOptions::new(DB, CONTAINER).marker_ttl_seconds(32),
     )
     .await
     .unwrap();
@@ -573,7 +776,7 @@ async fn a_time_to_live_that_could_delete_a_live_claim_is_refused() {
         "short-lived".to_owned(),
         PartitionKeyDefinition::new(vec!["/idempotencyKey".into()]),
     )
-    .with_default_ttl(TimeToLive::Seconds(60));
+    .with_default_ttl(TimeToLive::Seconds(30));
     cosmos
         .client()
         .database_client(DB)
@@ -586,7 +789,7 @@ async fn a_time_to_live_that_could_delete_a_live_claim_is_refused() {
     assert!(
         refused
             .to_string()
-            .starts_with("the idempotency container's default time-to-live (60 s) could delete a pending inbox marker"),
+            .starts_with("the idempotency container's default time-to-live (30 s) could delete a pending inbox marker"),
         "{refused}"
     );
     // A marker ttl of its own overrides the container's default.

@@ -25,10 +25,11 @@
 
 pub(crate) mod claim;
 mod options;
+mod renewal;
 
 pub use options::{
-    DEFAULT_CLOCK_MARGIN, DEFAULT_IDEMPOTENCY_KEY_PATH, InboxOptions, InboxOptionsError,
-    MAX_CLAIM_TIMEOUT,
+    DEFAULT_CLAIM_PERIOD, DEFAULT_CLOCK_MARGIN, DEFAULT_IDEMPOTENCY_KEY_PATH, InboxOptions,
+    InboxOptionsError, MAX_CLAIM_TIMEOUT,
 };
 
 use std::future::Future;
@@ -140,6 +141,19 @@ pub enum InboxError {
         message_id: String,
         /// The claim timeout.
         after: Duration,
+    },
+    /// The handler's claim was lost while it ran: no renewal landed before the claim's end (the
+    /// store unreachable for the claim period), or another attempt took it over. The handler
+    /// was stopped where it waited and nothing of it committed; the next delivery runs it
+    /// again.
+    #[error(
+        "the claim of message '{message_id}' was lost while its handler ran ({why}) and the handler was stopped; nothing of it committed, and the next delivery runs it again"
+    )]
+    ClaimLost {
+        /// The message id.
+        message_id: String,
+        /// Why.
+        why: &'static str,
     },
     /// The handler ran, but its completion (the patch, or the batch that also commits its sent
     /// messages) was refused (e.g. 412: its claim ran out and another attempt took it over);
@@ -366,6 +380,9 @@ impl StandaloneInbox {
         )
         .map_err(marker_error)?;
         let key = PartitionKey::from(message_id.to_owned());
+        // The claim lasts from before its write: this process stops the handler before any
+        // reader may judge it over.
+        let claimed_at = tokio::time::Instant::now();
         let (outcome, claim_etag) = match self.claim(key.clone(), &marker).await {
             Ok(etag) => (InboxOutcome::Handled, etag),
             Err(error) if error.is_status(409) => {
@@ -387,7 +404,45 @@ impl StandaloneInbox {
         let deadline = started
             .checked_add(self.options.claim_timeout)
             .unwrap_or_else(claim::far_future);
-        let documents = match tokio::time::timeout_at(deadline, handler()).await {
+        let claim = renewal::Claim::new(claim_etag, claimed_at, self.options.period());
+        let received_at = marker
+            .get(inbox_marker::RECEIVED_AT_UTC_FIELD)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        // The handler runs while its claim is renewed; a claim lost stops it where it waits.
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let keeping = self.keep(
+            key.clone(),
+            &marker_id,
+            &received_at,
+            &claim,
+            stopping,
+            message_id,
+        );
+        let handling = tokio::time::timeout_at(deadline, handler());
+        tokio::pin!(keeping, handling);
+        let handled = tokio::select! {
+            handled = &mut handling => {
+                // A renewal under way finishes first: its ETag is the one to complete on.
+                let _ = stop.send(true);
+                let _ = keeping.await;
+                handled
+            }
+            lost = &mut keeping => {
+                let why = match lost {
+                    Some(renewal::Lost::TakenOver) => "another attempt took it over",
+                    Some(renewal::Lost::RanOut) | None => "no renewal landed before it ended",
+                };
+                tracing::warn!(message_id, why, "chatter inbox lost the claim of a running handler and stopped it; nothing of it committed, and the next delivery runs it again");
+                return Err(InboxError::ClaimLost {
+                    message_id: message_id.to_owned(),
+                    why,
+                });
+            }
+        };
+        let claim_etag = claim.etag();
+        let documents = match handled {
             Ok(Ok(documents)) => documents,
             Ok(Err(source)) => {
                 // Nothing runs under the claim any more: the next copy need not wait it out.

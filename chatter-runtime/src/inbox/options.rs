@@ -37,6 +37,16 @@ pub struct InboxOptions {
     /// How far a reader's clock may be from the Cosmos service's (default 10 s): a claim is
     /// taken over only once it has been over for this long too.
     pub clock_margin: Duration,
+    /// How long a claim lasts unless renewed (default [`DEFAULT_CLAIM_PERIOD`], or the claim
+    /// timeout when that is shorter). While its handler runs, the claim is renewed every
+    /// [`renewal_interval`](Self::renewal_interval), so an attempt that crashes frees its
+    /// message id within this period, a second and the clock margin. At least one second;
+    /// rounded up to whole seconds in the marker.
+    pub claim_period: Option<Duration>,
+    /// How often a running handler's claim is renewed (default a third of the claim period):
+    /// one conditional patch of the marker each time, none for a handler that finishes
+    /// sooner. Below the claim period.
+    pub renewal_interval: Option<Duration>,
 }
 
 /// The longest [`InboxOptions::claim_timeout`] accepted: a day.
@@ -44,6 +54,10 @@ pub const MAX_CLAIM_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 /// The default of [`InboxOptions::clock_margin`].
 pub const DEFAULT_CLOCK_MARGIN: Duration = Duration::from_secs(10);
+
+/// The default of [`InboxOptions::claim_period`] (with the default clock margin, a crashed
+/// attempt's message id is free about 31 s after its last renewal).
+pub const DEFAULT_CLAIM_PERIOD: Duration = Duration::from_secs(20);
 
 impl InboxOptions {
     /// The defaults, for the idempotency container `database/container`.
@@ -58,7 +72,33 @@ impl InboxOptions {
             store_timeout: Duration::from_secs(30),
             claim_timeout: Duration::from_secs(300),
             clock_margin: DEFAULT_CLOCK_MARGIN,
+            claim_period: None,
+            renewal_interval: None,
         }
+    }
+
+    /// Sets [`claim_period`](Self::claim_period).
+    pub fn claim_period(mut self, period: Duration) -> Self {
+        self.claim_period = Some(period);
+        self
+    }
+
+    /// Sets [`renewal_interval`](Self::renewal_interval).
+    pub fn renewal_interval(mut self, interval: Duration) -> Self {
+        self.renewal_interval = Some(interval);
+        self
+    }
+
+    /// The claim period in effect: the one set, or the default (the claim timeout when
+    /// shorter).
+    pub(crate) fn period(&self) -> Duration {
+        self.claim_period
+            .unwrap_or(DEFAULT_CLAIM_PERIOD.min(self.claim_timeout))
+    }
+
+    /// The renewal interval in effect: the one set, or a third of the claim period.
+    pub(crate) fn renewal(&self) -> Duration {
+        self.renewal_interval.unwrap_or(self.period() / 3)
     }
 
     /// Sets [`claim_timeout`](Self::claim_timeout).
@@ -73,10 +113,11 @@ impl InboxOptions {
         self
     }
 
-    /// The claim's length in the marker: the claim timeout in whole seconds, rounded up.
+    /// The claim's length in the marker: the claim period in whole seconds, rounded up.
     pub(crate) fn claim_seconds(&self) -> u64 {
-        let seconds = self.claim_timeout.as_secs();
-        if self.claim_timeout.subsec_nanos() > 0 {
+        let period = self.period();
+        let seconds = period.as_secs();
+        if period.subsec_nanos() > 0 {
             seconds.saturating_add(1)
         } else {
             seconds
@@ -143,6 +184,14 @@ impl InboxOptions {
             return Err(InboxOptionsError::ClaimTimeout {
                 timeout: self.claim_timeout,
             });
+        }
+        let period = self.period();
+        if period < Duration::from_secs(1) || period > MAX_CLAIM_TIMEOUT {
+            return Err(InboxOptionsError::ClaimPeriod { period });
+        }
+        let renewal = self.renewal();
+        if renewal.is_zero() || renewal >= period {
+            return Err(InboxOptionsError::RenewalInterval { renewal, period });
         }
         if let Some(ttl) = self.marker_ttl_seconds.filter(|ttl| *ttl > 0) {
             self.check_marker_life(ttl, "the marker ttl")?;
@@ -212,9 +261,28 @@ pub enum InboxOptionsError {
         /// The claim timeout.
         timeout: Duration,
     },
+    /// The claim period is under a second or over a day.
+    #[error(
+        "the standalone inbox's claim period ({period:?}) must be between one second (a claim is kept in whole seconds) and a day"
+    )]
+    ClaimPeriod {
+        /// The claim period.
+        period: Duration,
+    },
+    /// The renewal interval is zero, or not below the claim period (a claim would run out
+    /// between two renewals).
+    #[error(
+        "the standalone inbox's renewal interval ({renewal:?}) must be above zero and below its claim period ({period:?}): a claim renewed less often runs out while its handler runs"
+    )]
+    RenewalInterval {
+        /// The renewal interval.
+        renewal: Duration,
+        /// The claim period.
+        period: Duration,
+    },
     /// A time-to-live would delete a pending marker while its claim may still be live.
     #[error(
-        "{what} ({ttl_seconds} s) could delete a pending inbox marker while its handler may still run (a claim lasts {claim_seconds} s: the delivery timeout or claim timeout, plus the second Cosmos's `_ts` truncates and the clock margin: {shortest} s in all); a copy of the message arriving then would claim it afresh and run the handler beside the live one. Set a time-to-live above {shortest} s (a day or a week is usual; with a `lease` the container's default must stay unset or -1, so set `marker_ttl`), or shorten the delivery timeout"
+        "{what} ({ttl_seconds} s) could delete a pending inbox marker while its handler may still run (a claim lasts {claim_seconds} s from its last renewal: the claim period, plus the second Cosmos's `_ts` truncates and the clock margin: {shortest} s in all); a copy of the message arriving then would claim it afresh and run the handler beside the live one. Set a time-to-live above {shortest} s (a day or a week is usual; with a `lease` the container's default must stay unset or -1, so set `marker_ttl`), or shorten the claim period"
     )]
     MarkerOutlivedByClaim {
         /// Which time-to-live: the marker ttl or the container's default.

@@ -28,6 +28,8 @@ pub struct RuntimeBuilder {
     pub(super) delivery_timeout: Duration,
     pub(super) lane_wait_limit: Duration,
     pub(super) inbox_clock_margin: Duration,
+    pub(super) inbox_claim_period: Option<Duration>,
+    pub(super) inbox_renewal_interval: Option<Duration>,
     pub(super) relay: Option<RelayOptions>,
     pub(super) publish_after_commit: bool,
     pub(super) meter: telemetry::Source<opentelemetry::metrics::Meter>,
@@ -54,6 +56,8 @@ impl Default for RuntimeBuilder {
             delivery_timeout: DEFAULT_DELIVERY_TIMEOUT,
             lane_wait_limit: DEFAULT_LANE_WAIT_LIMIT,
             inbox_clock_margin: crate::inbox::DEFAULT_CLOCK_MARGIN,
+            inbox_claim_period: None,
+            inbox_renewal_interval: None,
             relay: Some(RelayOptions::default()),
             publish_after_commit: true,
             meter: telemetry::Source::Global,
@@ -227,6 +231,27 @@ impl RuntimeBuilder {
     /// clocks really are that close.
     pub fn inbox_clock_margin(mut self, margin: Duration) -> Self {
         self.inbox_clock_margin = margin;
+        self
+    }
+
+    /// How long a standalone-inbox command's claim lasts unless renewed (default
+    /// [`DEFAULT_CLAIM_PERIOD`](crate::inbox::DEFAULT_CLAIM_PERIOD), 20 s, or the delivery
+    /// timeout less the store timeout when shorter; see
+    /// [`InboxOptions::claim_period`](crate::inbox::InboxOptions::claim_period)). Its handler's
+    /// claim is renewed while it runs, so a process that crashes mid-handler frees the message
+    /// within this period, a second and the clock margin. [`start`](Self::start) refuses one
+    /// under a second.
+    pub fn inbox_claim_period(mut self, period: Duration) -> Self {
+        self.inbox_claim_period = Some(period);
+        self
+    }
+
+    /// How often a running standalone-inbox handler's claim is renewed (default a third of the
+    /// claim period; see
+    /// [`InboxOptions::renewal_interval`](crate::inbox::InboxOptions::renewal_interval)).
+    /// [`start`](Self::start) refuses one that is not below the claim period.
+    pub fn inbox_renewal_interval(mut self, interval: Duration) -> Self {
+        self.inbox_renewal_interval = Some(interval);
         self
     }
 

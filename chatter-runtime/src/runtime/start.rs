@@ -64,7 +64,11 @@ impl RuntimeBuilder {
             &cosmos,
             bounds.store,
             self.delivery_timeout,
-            self.inbox_clock_margin,
+            &InboxClaims {
+                clock_margin: self.inbox_clock_margin,
+                period: self.inbox_claim_period,
+                renewal: self.inbox_renewal_interval,
+            },
         )
         .await?;
         let broker = self
@@ -260,6 +264,13 @@ fn check_state(registry: &Registry, state: &crate::state::AppState) -> Result<()
     Ok(())
 }
 
+/// How the standalone-inbox commands' claims are judged and kept (the builder's settings).
+struct InboxClaims {
+    clock_margin: Duration,
+    period: Option<Duration>,
+    renewal: Option<Duration>,
+}
+
 /// Derives every command's container (chatter never creates one), each bounded by
 /// `store_timeout`, and logs the registration. A standalone-inbox command's gate is built
 /// instead: its idempotency container must exist and be partitioned by its path.
@@ -268,7 +279,7 @@ async fn check_command_containers(
     cosmos: &CosmosConnection,
     store_timeout: Duration,
     delivery_timeout: Duration,
-    clock_margin: Duration,
+    claims: &InboxClaims,
 ) -> Result<std::collections::HashMap<&'static str, crate::inbox::StandaloneInbox>, StartError> {
     let mut inboxes = std::collections::HashMap::new();
     // Markers are keyed by message id alone: two commands sharing one idempotency container
@@ -294,7 +305,7 @@ async fn check_command_containers(
                 cosmos,
                 store_timeout,
                 delivery_timeout,
-                clock_margin,
+                claims,
             )
             .await?;
             inboxes.insert(r.command_name, inbox);
@@ -332,7 +343,7 @@ async fn start_inbox(
     cosmos: &CosmosConnection,
     store_timeout: Duration,
     delivery_timeout: Duration,
-    clock_margin: Duration,
+    claims: &InboxClaims,
 ) -> Result<crate::inbox::StandaloneInbox, StartError> {
     let r = command.registration;
     let mut options = crate::inbox::InboxOptions::new(r.database, r.container)
@@ -342,7 +353,9 @@ async fn start_inbox(
                 .saturating_sub(store_timeout)
                 .max(Duration::from_secs(1)),
         )
-        .clock_margin(clock_margin);
+        .clock_margin(claims.clock_margin);
+    options.claim_period = claims.period;
+    options.renewal_interval = claims.renewal;
     options.marker_ttl_seconds = declared.marker_ttl_seconds;
     options.store_timeout = store_timeout;
     let inbox = crate::inbox::StandaloneInbox::new(cosmos, options)
