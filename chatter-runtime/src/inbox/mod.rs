@@ -3,8 +3,9 @@
 //! Inbox Marker** per message id in a dedicated idempotency container makes a message id whose
 //! handling completed never run again, and never run twice at the same time:
 //!
-//! 1. create the marker with `Completed: false` and `ClaimSeconds` (the claim; its handler is
-//!    stopped once that time is up);
+//! 1. create the marker with `Completed: false` and `ClaimSeconds` (the claim period; the claim
+//!    is renewed while the handler runs (`renewal.rs`), and the handler is stopped if it is
+//!    lost, or once the claim timeout is up);
 //! 2. on `201` run the handler, then mark it completed (a patch of `Completed: true`, or, with
 //!    sent messages, one batch that also creates their Outbox Documents);
 //!    on `409` read the marker back (a bounded number of times): completed, skip; its claim

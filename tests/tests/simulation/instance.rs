@@ -276,8 +276,13 @@ async fn start(setup: &Setup) -> Result<Runtime, chatter_runtime::BoxError> {
         .broker(setup.broker.clone())
         .state(Arc::clone(&setup.recorder))
         .redelivery_delay(Duration::from_millis(5))
-        // A claim of 3 s (the delivery timeout less the store timeout).
+        // A handler may run 3 s (the delivery timeout less the store timeout) under a claim of
+        // 1 s renewed every 250 ms: most runs of a reservation end within one renewal, its
+        // long first runs renew a dozen times, and a pause past the claim loses it (the
+        // resumed zombie's handler is stopped, its completion refused).
         .delivery_timeout(Duration::from_secs(8))
+        .inbox_claim_period(Duration::from_secs(1))
+        .inbox_renewal_interval(Duration::from_millis(250))
         .inbox_clock_margin(CLOCK_MARGIN)
         .relay_options(relay_options(60))
         .publish_after_commit(setup.after_commit)
