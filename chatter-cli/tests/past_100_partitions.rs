@@ -1,7 +1,7 @@
 //! Every `chatter` command that reads a container or a lease container answers when it has
 //! more physical partitions than the SDK's default cross-partition fan-out (100): the SDK
-//! refused those queries with 400/20118 ClientCrossPartitionFanOutExceeded, so `chatter leases`
-//! failed at 128 partitions and `chatter outbox pending` at 256.
+//! refused those queries with 400/20118 ClientCrossPartitionFanOutExceeded: every test here
+//! failed with it, at 128 partitions as at 256.
 
 mod common;
 

@@ -26,9 +26,28 @@ use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 /// Counts the acquire cycles of the instance whose thread it is installed on.
 struct Cycles(Arc<AtomicU32>);
 
+/// The target of the coordinator's event at the start of each acquire cycle.
+const CYCLE: &str = "cosmos_change_feed::acquire_cycle";
+
 impl<S: tracing::Subscriber> Layer<S> for Cycles {
+    // Only the cycle event: anything else would make the whole process trace at full verbosity.
+    fn register_callsite(
+        &self,
+        metadata: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        if metadata.target() == CYCLE {
+            tracing::subscriber::Interest::always()
+        } else {
+            tracing::subscriber::Interest::never()
+        }
+    }
+
+    fn enabled(&self, metadata: &tracing::Metadata<'_>, _: Context<'_, S>) -> bool {
+        metadata.target() == CYCLE
+    }
+
     fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        if event.metadata().target() == "cosmos_change_feed::acquire_cycle" {
+        if event.metadata().target() == CYCLE {
             self.0.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -56,7 +75,7 @@ fn options() -> ChangeFeedProcessorOptions {
 /// steals one lease a cycle from the most loaded. So an instance that starts with none needs
 /// a cycle per lease of its share, half as many again for steals that lose a race for the
 /// same lease to another instance's (early on, 15 instances each pick one of some 240), and 2
-/// while the instances learn of each other. (Measured: 20 to 23 for 16 over 256.)
+/// while the instances learn of each other. (Measured: 19 to 23 for 16 over 256.)
 fn cycles_bound(ranges: usize, instances: usize) -> u32 {
     let share = ranges.div_ceil(instances);
     (share + share / 2 + 2) as u32
@@ -166,7 +185,13 @@ async fn balanced_after(store: &Store, alive: &[&Instance], within: Duration) ->
                 counts.values().max().copied().unwrap_or(0),
             );
             if max - min <= 1 {
-                return cycles()
+                // Each instance counts its own cycles: none counted would prove nothing.
+                let totals = cycles();
+                assert!(
+                    totals.iter().all(|total| *total > 0),
+                    "every instance counted its acquire cycles: {totals:?}"
+                );
+                return totals
                     .iter()
                     .zip(&began.1)
                     .map(|(now, then)| now - then)
@@ -229,10 +254,12 @@ async fn sixteen_instances_over_256_ranges_balance_within_a_bound_and_again_afte
     let alive: Vec<&Instance> = instances.iter().collect();
     // The stopped instances' leases expire first: as many cycles as the expiry lasts.
     let expiry_cycles = (EXPIRY.as_millis() / ACQUIRE.as_millis()) as u32;
-    let bound = expiry_cycles + cycles_bound(RANGES, alive.len());
+    // Expired leases are taken at once, each instance up to its share: then a few cycles of
+    // steals even out what the first to cycle took.
+    let bound = expiry_cycles + 8;
     let took = balanced_after(&store, &alive, Duration::from_secs(240)).await;
     eprintln!(
-        "{} instances balanced again {took} acquire cycles after {STOPPED} stopped (bound {bound}: the expiry, {expiry_cycles}, and the fair-share bound)",
+        "{} instances balanced again {took} acquire cycles after {STOPPED} stopped (bound {bound}: the expiry, {expiry_cycles}, and 8)",
         alive.len()
     );
     assert!(

@@ -25,8 +25,9 @@ use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(120);
 const IDS: usize = 10;
-/// How long each handler runs: the killed service is mid-handler on what it holds.
-const HANDLER_MS: &str = "3000";
+/// How long each handler runs: past the first renewal (a third of the 20 s claim period), so
+/// the killed service dies mid-handler on claims it renewed.
+const HANDLER_MS: &str = "9000";
 
 fn spawn_worker(endpoint: &str, queue: &str) -> ChildProcess {
     let mut command = Command::new(env!("CARGO_BIN_EXE_inbox_worker"));
@@ -73,10 +74,15 @@ async fn a_service_killed_mid_handler_frees_its_messages_within_a_minute_with_th
         let message = BrokeredMessage::json(format!("charge-{i}"), queue.clone(), body);
         broker.publish(message).await.unwrap();
     }
-    // Killed in the middle of a handler.
+    // Killed in the middle of a handler, after its claims were renewed once (every handler
+    // still runs, so every PATCH so far is a renewal).
     let held = doomed.line_starting_with("holding ", WAIT).await;
     let held = held.trim_start_matches("holding ").to_owned();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(7_500)).await;
+    assert!(
+        emulator.request_count("PATCH") > 0,
+        "the running handlers' claims were renewed"
+    );
     doomed.kill();
     let killed = tokio::time::Instant::now();
 

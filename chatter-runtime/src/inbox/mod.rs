@@ -30,7 +30,7 @@ mod renewal;
 
 pub use options::{
     DEFAULT_CLAIM_PERIOD, DEFAULT_CLOCK_MARGIN, DEFAULT_IDEMPOTENCY_KEY_PATH, InboxOptions,
-    InboxOptionsError, MAX_CLAIM_TIMEOUT,
+    InboxOptionsError, MAX_CLAIM_TIMEOUT, MIN_RENEWAL_INTERVAL,
 };
 
 use std::future::Future;
@@ -63,8 +63,8 @@ pub enum InboxOutcome {
 enum Conflict {
     /// The message id was handled.
     Completed,
-    /// This attempt took the claim over; its ETag.
-    TakenOver(Option<String>),
+    /// This attempt took the claim over; its ETag, and when the write that took it began.
+    TakenOver(Option<String>, tokio::time::Instant),
 }
 
 /// Why a [`StandaloneInbox::receive`] failed. The message should be delivered again (except
@@ -109,10 +109,10 @@ pub enum InboxError {
     },
     /// Another attempt of the message id holds a claim that may still be live (its handler may
     /// be running now, in this process or another): the handler was not run, so it never runs
-    /// twice at once. Try again later: the claim ends completed (then the copy is a duplicate)
-    /// or runs out within `for_at_most`.
+    /// twice at once. Try again later: the claim ends completed (then the copy is a duplicate),
+    /// runs out within `for_at_most`, or is renewed by its running handler.
     #[error(
-        "message '{message_id}' is claimed by another attempt whose handler may still be running (its claim runs out within {for_at_most:?}); the handler was not run, try again later"
+        "message '{message_id}' is claimed by another attempt whose handler may still be running (its claim runs out within {for_at_most:?} unless that handler renews it); the handler was not run, try again later"
     )]
     ClaimHeld {
         /// The message id.
@@ -383,16 +383,16 @@ impl StandaloneInbox {
         let key = PartitionKey::from(message_id.to_owned());
         // The claim lasts from before its write: this process stops the handler before any
         // reader may judge it over.
-        let claimed_at = tokio::time::Instant::now();
-        let (outcome, claim_etag) = match self.claim(key.clone(), &marker).await {
-            Ok(etag) => (InboxOutcome::Handled, etag),
+        let created_at = tokio::time::Instant::now();
+        let (outcome, claim_etag, claimed_at) = match self.claim(key.clone(), &marker).await {
+            Ok(etag) => (InboxOutcome::Handled, etag, created_at),
             Err(error) if error.is_status(409) => {
                 match self
                     .take_over(key.clone(), &marker_id, &marker, message_id)
                     .await?
                 {
                     Conflict::Completed => return Ok(InboxOutcome::AlreadyCompleted),
-                    Conflict::TakenOver(etag) => (InboxOutcome::TakenOver, etag),
+                    Conflict::TakenOver(etag, at) => (InboxOutcome::TakenOver, etag, at),
                 }
             }
             Err(error) => {
@@ -411,60 +411,110 @@ impl StandaloneInbox {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
-        // The handler runs while its claim is renewed; a claim lost stops it where it waits.
+        let lost = |why: &'static str| {
+            tracing::warn!(
+                message_id,
+                why,
+                "chatter inbox lost the claim of a running handler and stopped it; nothing of it committed, and the next delivery runs it again"
+            );
+            InboxError::ClaimLost {
+                message_id: message_id.to_owned(),
+                why,
+            }
+        };
+        // The handler runs while its claim is renewed, and is polled only while the claim has
+        // not ended; a claim lost stops it where it waits.
         let (stop, stopping) = tokio::sync::watch::channel(false);
         let keeping = self.keep(
             key.clone(),
             &marker_id,
             &received_at,
             &claim,
+            claimed_at,
+            deadline,
             stopping,
             message_id,
         );
         let handling = tokio::time::timeout_at(deadline, handler());
         tokio::pin!(keeping, handling);
+        let guarded = renewal::WhileClaimed {
+            claim: &claim,
+            handler: handling.as_mut(),
+        };
+        tokio::pin!(guarded);
         let handled = tokio::select! {
-            handled = &mut handling => {
+            // The claim first: a lost claim stops the handler before its next step.
+            biased;
+            lost_why = &mut keeping => {
+                return Err(lost(match lost_why {
+                    Some(renewal::Lost::TakenOver) => "another attempt took it over, or it is gone",
+                    Some(renewal::Lost::RanOut) | None => "no renewal landed before it ended",
+                }));
+            }
+            handled = &mut guarded => {
                 // A renewal under way finishes first: its ETag is the one to complete on.
                 let _ = stop.send(true);
                 let _ = keeping.await;
-                handled
-            }
-            lost = &mut keeping => {
-                let why = match lost {
-                    Some(renewal::Lost::TakenOver) => "another attempt took it over",
-                    Some(renewal::Lost::RanOut) | None => "no renewal landed before it ended",
-                };
-                tracing::warn!(message_id, why, "chatter inbox lost the claim of a running handler and stopped it; nothing of it committed, and the next delivery runs it again");
-                return Err(InboxError::ClaimLost {
-                    message_id: message_id.to_owned(),
-                    why,
-                });
+                match handled {
+                    Some(handled) => handled,
+                    None => return Err(lost("it ended before the handler's next step (a pause?)")),
+                }
             }
         };
         let claim_etag = claim.etag();
+        let released = |etag: Option<String>| {
+            let key = key.clone();
+            let (marker_id, received_at) = (&marker_id, &received_at);
+            async move {
+                self.release(key, marker_id, etag.as_deref(), received_at, message_id)
+                    .await;
+            }
+        };
         let documents = match handled {
             Ok(Ok(documents)) => documents,
             Ok(Err(source)) => {
                 // Nothing runs under the claim any more: the next copy need not wait it out.
-                self.release(key, &marker_id, claim_etag.as_deref(), message_id)
-                    .await;
+                released(claim_etag).await;
                 return Err(InboxError::Handler {
                     message_id: message_id.to_owned(),
                     source: source.into(),
                 });
             }
             Err(_) => {
-                self.release(key, &marker_id, claim_etag.as_deref(), message_id)
-                    .await;
+                released(claim_etag).await;
                 return Err(InboxError::TimedOut {
                     message_id: message_id.to_owned(),
                     after: self.options.claim_timeout,
                 });
             }
         };
-        self.complete(key, &marker_id, marker, claim_etag, documents, message_id)
-            .await?;
+        let completing = |etag: Option<String>| {
+            let (key, marker, documents) = (key.clone(), marker.clone(), documents.clone());
+            let marker_id = &marker_id;
+            async move {
+                self.complete(key, marker_id, marker, etag, documents, message_id)
+                    .await
+            }
+        };
+        match completing(claim_etag).await {
+            Err(InboxError::CompletionRefused {
+                operation_statuses, ..
+            }) if operation_statuses.first() == Some(&412) => {
+                // A renewal whose answer was lost changed the ETag: still this attempt's
+                // claim, it completes on the new one.
+                match self.still_ours(key.clone(), &marker_id, &received_at).await {
+                    Some(etag) => completing(Some(etag)).await?,
+                    None => {
+                        return Err(InboxError::CompletionRefused {
+                            message_id: message_id.to_owned(),
+                            status: 412,
+                            operation_statuses,
+                        });
+                    }
+                }
+            }
+            completed => completed?,
+        }
         Ok(outcome)
     }
 
@@ -545,6 +595,7 @@ impl StandaloneInbox {
         key: PartitionKey,
         marker_id: &str,
         claim_etag: Option<&str>,
+        received_at: &str,
         message_id: &str,
     ) {
         let Some(etag) = claim_etag else {
@@ -554,12 +605,26 @@ impl StandaloneInbox {
             format!("/{CLAIM_SECONDS_FIELD}"),
             Value::from(0),
         )];
-        let patched = store::bounded(
-            "patch_item",
-            self.options.store_timeout,
-            store::patch_item_if_match(&self.container, key, marker_id, &released, etag),
-        )
-        .await;
+        let release = |etag: String| {
+            let key = key.clone();
+            let released = &released;
+            async move {
+                store::bounded(
+                    "patch_item",
+                    self.options.store_timeout,
+                    store::patch_item_if_match(&self.container, key, marker_id, released, &etag),
+                )
+                .await
+            }
+        };
+        let mut patched = release(etag.to_owned()).await;
+        if patched.as_ref().is_err_and(|error| error.is_status(412)) {
+            // A renewal whose answer was lost changed the ETag: released on the new one while
+            // the claim is still this attempt's.
+            if let Some(etag) = self.still_ours(key.clone(), marker_id, received_at).await {
+                patched = release(etag).await;
+            }
+        }
         if let Err(error) = patched {
             tracing::debug!(message_id, error = %crate::error_chain::ErrorChain(&error), "chatter inbox could not release the claim of a failed attempt; the next copy waits for it to run out");
         }
@@ -651,6 +716,8 @@ impl StandaloneInbox {
                 doc: marker.clone(),
                 if_match: etag,
             };
+            // The claim taken over lasts from before this write.
+            let at = tokio::time::Instant::now();
             let outcome = store::bounded(
                 "execute_batch",
                 self.options.store_timeout,
@@ -664,7 +731,7 @@ impl StandaloneInbox {
             if outcome.is_success() {
                 claim::log_take_over(message_id, &previous);
                 let etag = outcome.operations.first().and_then(|op| op.etag.clone());
-                return Ok(Conflict::TakenOver(etag));
+                return Ok(Conflict::TakenOver(etag, at));
             }
             // 412: another attempt took it over or completed it first; read again. 404: it
             // expired meanwhile; reading again finds nothing and fails loudly below.

@@ -30,22 +30,23 @@ pub struct InboxOptions {
     /// The bound of each store call (default 30 s).
     pub store_timeout: Duration,
     /// How long one attempt's handler may run (default 5 minutes; a runtime sets its delivery
-    /// timeout): [`receive`](super::StandaloneInbox::receive) stops a handler that runs longer,
-    /// and its claim says so, so a second copy of the message waits the claim out instead of
-    /// running beside it. At least one second; rounded up to whole seconds in the marker.
+    /// timeout less its store timeout): [`receive`](super::StandaloneInbox::receive) stops a
+    /// handler that runs longer. Its claim, renewed meanwhile, keeps a second copy of the
+    /// message from running beside it. At least one second.
     pub claim_timeout: Duration,
     /// How far a reader's clock may be from the Cosmos service's (default 10 s): a claim is
     /// taken over only once it has been over for this long too.
     pub clock_margin: Duration,
-    /// How long a claim lasts unless renewed (default [`DEFAULT_CLAIM_PERIOD`], or the claim
-    /// timeout when that is shorter). While its handler runs, the claim is renewed every
+    /// How long a claim lasts unless renewed (default [`DEFAULT_CLAIM_PERIOD`]; never more
+    /// than the claim timeout). While its handler runs, the claim is renewed every
     /// [`renewal_interval`](Self::renewal_interval), so an attempt that crashes frees its
     /// message id within this period, a second and the clock margin. At least one second;
     /// rounded up to whole seconds in the marker.
     pub claim_period: Option<Duration>,
     /// How often a running handler's claim is renewed (default a third of the claim period):
     /// one conditional patch of the marker each time, none for a handler that finishes
-    /// sooner. Below the claim period.
+    /// sooner. At least [`MIN_RENEWAL_INTERVAL`] and at most half the claim period, so a
+    /// renewal that fails has another chance before the claim ends.
     pub renewal_interval: Option<Duration>,
 }
 
@@ -54,6 +55,9 @@ pub const MAX_CLAIM_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 /// The default of [`InboxOptions::clock_margin`].
 pub const DEFAULT_CLOCK_MARGIN: Duration = Duration::from_secs(10);
+
+/// The shortest [`InboxOptions::renewal_interval`] accepted: renewals are writes.
+pub const MIN_RENEWAL_INTERVAL: Duration = Duration::from_millis(100);
 
 /// The default of [`InboxOptions::claim_period`] (with the default clock margin, a crashed
 /// attempt's message id is free about 31 s after its last renewal).
@@ -92,8 +96,10 @@ impl InboxOptions {
     /// The claim period in effect: the one set, or the default (the claim timeout when
     /// shorter).
     pub(crate) fn period(&self) -> Duration {
+        // Never longer than the handler may run: a longer claim would only delay recovery.
         self.claim_period
-            .unwrap_or(DEFAULT_CLAIM_PERIOD.min(self.claim_timeout))
+            .unwrap_or(DEFAULT_CLAIM_PERIOD)
+            .min(self.claim_timeout)
     }
 
     /// The renewal interval in effect: the one set, or a third of the claim period.
@@ -190,7 +196,7 @@ impl InboxOptions {
             return Err(InboxOptionsError::ClaimPeriod { period });
         }
         let renewal = self.renewal();
-        if renewal.is_zero() || renewal >= period {
+        if renewal < MIN_RENEWAL_INTERVAL || renewal > period / 2 {
             return Err(InboxOptionsError::RenewalInterval { renewal, period });
         }
         if let Some(ttl) = self.marker_ttl_seconds.filter(|ttl| *ttl > 0) {
@@ -269,10 +275,10 @@ pub enum InboxOptionsError {
         /// The claim period.
         period: Duration,
     },
-    /// The renewal interval is zero, or not below the claim period (a claim would run out
-    /// between two renewals).
+    /// The renewal interval is under [`MIN_RENEWAL_INTERVAL`], or over half the claim period
+    /// (one failed renewal would let the claim run out while its handler runs).
     #[error(
-        "the standalone inbox's renewal interval ({renewal:?}) must be above zero and below its claim period ({period:?}): a claim renewed less often runs out while its handler runs"
+        "the standalone inbox's renewal interval ({renewal:?}) must be at least 100 ms and at most half its claim period ({period:?}): a claim renewed less often runs out after one failed renewal while its handler runs"
     )]
     RenewalInterval {
         /// The renewal interval.

@@ -114,7 +114,10 @@ enum Check {
 /// forgotten first, sooner than their span (about 33 MB: 327 bytes a version, measured with a
 /// counting allocator; with the default span it binds above about 166 documents a second per
 /// container). A page republishes a version forgotten early only if it read that version
-/// before its stamp landed and reaches it more than this many settlements later.
+/// before its stamp landed and reaches it more than this many settlements later. A version
+/// published whose stamp did not land stays pending, and is forgotten the same way: a relay here
+/// that reaches it only after that (its lease far behind, or backing off that long) publishes it
+/// again, a duplicate the consumer's inbox recognises.
 const MAX_REMEMBERED: usize = 100_000;
 
 /// One Outbox Document a batch committed: its id, its body as written, and the ETag the batch
@@ -429,11 +432,18 @@ impl AfterCommitInFlight {
             return Here::Nothing;
         };
         let (live, mut states) = self.seen(id, key);
+        let stamped = |state: &Dispatched| match state {
+            Dispatched::Stamped(versions) => versions.iter().any(|v| v == etag),
+            _ => false,
+        };
+        // Stamped wins whatever a dispatch in flight does: nothing to wait for.
+        if states.iter().any(stamped) {
+            return Here::Stamped;
+        }
         for mut state in live {
             let _ = state.wait_for(Dispatched::settled).await;
             states.push(state.borrow().clone());
         }
-        let stamped = |state: &Dispatched| matches!(state, Dispatched::Stamped(versions) if versions.iter().any(|v| v == etag));
         if states.iter().any(stamped) {
             return Here::Stamped;
         }
@@ -967,6 +977,14 @@ mod tests {
     async fn a_version_this_path_published_is_remembered_for_its_span_after_settling() {
         let span = Duration::from_secs(10);
         let record = AfterCommitInFlight::new(span);
+        // Begun well before it settles: the span counts from the settlement.
+        let begun = Instant::now();
+        let ticket = record.begin("late", &key());
+        ticket.committed("v1", 0);
+        std::thread::sleep(Duration::from_millis(50));
+        ticket.finish(stamped());
+        tick(&record, begun + span + Duration::from_millis(10));
+        assert_eq!(here(&record, "late", "v1").await, Here::Stamped);
         let before = Instant::now();
         settled(&record, "a", "v1", stamped());
         settled(

@@ -231,7 +231,12 @@ impl Sweeper {
         let read = async {
             let mut items = self
                 .monitored
-                .query_items::<Value>(query, FeedScope::range(range), None)
+                .query_items::<Value>(
+                    query,
+                    FeedScope::range(range),
+                    // A lease's range may span many partitions before its split is handled.
+                    Some(crate::cosmos::store::every_partition()),
+                )
                 .await
                 .map_err(|e| CosmosStoreError::request(OPERATION, e))?;
             while let Some(item) = items.next().await {

@@ -681,7 +681,9 @@ impl Consumer {
     /// 10 s), so a claim that completes or is released soon is seen soon, and one that must run
     /// out (its attempt crashed) costs a few dozen looks, not hundreds. A broker that counts
     /// deliveries itself (JetStream) counts each look as an attempt, so it is asked once, when
-    /// the claim has surely ended.
+    /// the claim ends unless its running handler renews it (a claim period, a second and the
+    /// clock margin): a copy waiting behind a handler that runs for minutes spends an attempt
+    /// each time.
     async fn retry_after_claim(&self, delivery: Delivery, attempt: u32, for_at_most: Duration) {
         if delivery.delivery_count().is_some() {
             let message_id = delivery.message.message_id.clone();

@@ -334,9 +334,10 @@ async fn check_command_containers(
 }
 
 /// The Standalone Inbox Gate of a standalone-inbox command, its idempotency container
-/// checked. Its claims last the delivery timeout less the store timeout (at least the second a
-/// claim is counted in): the gate stops the handler then, so the completion (or the release)
-/// still has its store timeout before the consumer's delivery timeout stops the whole attempt.
+/// checked. Its handlers run at most the delivery timeout less the store timeout (at least a
+/// second): the gate stops a handler then, so the completion (or the release) still has its
+/// store timeout before the consumer's delivery timeout stops the whole attempt. Their claims
+/// last the claim period and are renewed while they run.
 async fn start_inbox(
     command: &crate::registry::RegisteredCommand,
     declared: crate::registry::InboxDeclaration,
