@@ -549,7 +549,8 @@ impl RunningEmulator {
         &self.endpoint
     }
 
-    /// Creates database `database` (which must not exist yet) and in it each of `containers`:
+    /// Creates database `database` (which must not exist yet: the store cannot be asked, and a
+    /// database created again loses its containers' link) and in it each of `containers`:
     /// its name, partition-key path(s) and number of physical partitions, as an account whose
     /// containers grew has them (a container created through the API gets 4). For tests of
     /// containers past the SDK's default cross-partition fan-out of 100.
@@ -560,19 +561,20 @@ impl RunningEmulator {
     ) -> Result<(), String> {
         use azure_data_cosmos_driver::in_memory_emulator::ContainerConfig;
         use azure_data_cosmos_driver::models::PartitionKeyDefinition;
-        self.store.create_database(database);
+        // Every configuration is checked before anything is created.
+        let mut made = Vec::with_capacity(containers.len());
         for (container, paths, partitions) in containers {
             let config = ContainerConfig::new()
                 .with_partition_count(*partitions)
                 .build()
                 .map_err(|e| format!("{container}: {e}"))?;
             let paths = paths.iter().map(|path| (*path).to_owned().into()).collect();
-            self.store.create_container_with_config(
-                database,
-                container,
-                PartitionKeyDefinition::new(paths),
-                config,
-            );
+            made.push((container, PartitionKeyDefinition::new(paths), config));
+        }
+        self.store.create_database(database);
+        for (container, key, config) in made {
+            self.store
+                .create_container_with_config(database, container, key, config);
         }
         Ok(())
     }

@@ -212,6 +212,37 @@ async fn start_refuses_a_missing_idempotency_container() {
     assert_eq!(*command, "SendReceipt");
 }
 
+// The builder's claim settings reach the inbox of every standalone-inbox command: a renewal
+// interval over half the claim period is refused at start, naming the command.
+#[tokio::test]
+async fn start_refuses_a_claim_its_renewals_cannot_keep() {
+    let cosmos = store().await;
+    let error = Runtime::builder()
+        .cosmos(cosmos.clone())
+        .inbox_claim_period(Duration::from_secs(4))
+        .inbox_renewal_interval(Duration::from_secs(3))
+        .start()
+        .await
+        .unwrap_err();
+    let StartError::Inbox { command, source } = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(*command, "SendReceipt");
+    assert!(
+        source.to_string().contains("renewal interval (3s)"),
+        "{source}"
+    );
+    Runtime::builder()
+        .cosmos(cosmos)
+        .inbox_claim_period(Duration::from_secs(4))
+        .inbox_renewal_interval(Duration::from_secs(2))
+        .start()
+        .await
+        .unwrap()
+        .shutdown()
+        .await;
+}
+
 // Deliveries of different message ids run concurrently (an inbox command has no partition key;
 // its deliveries are ordered by message id only): one waiting for another does not block it.
 #[tokio::test]

@@ -636,6 +636,43 @@ async fn a_handler_whose_renewals_fail_past_its_claims_end_is_stopped() {
     assert_eq!(stored["Completed"], false, "nothing of it committed");
 }
 
+// A handler that finishes within one renewal interval costs no renewal: its claim's create
+// and its completion's patch are its only writes. One that runs three intervals renews about
+// three times.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_a_handler_running_past_a_renewal_interval_renews_its_claim() {
+    let (emulator, cosmos) = emulator_server().await;
+    let options = InboxOptions::new(DB, CONTAINER)
+        .claim_period(Duration::from_secs(2))
+        .renewal_interval(Duration::from_millis(500))
+        .clock_margin(Duration::ZERO);
+    let inbox = inbox_on(&cosmos, options).await;
+    let (runs, running, most) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let patches = || emulator.request_count("PATCH");
+    let before = patches();
+    let short = sleeping(&runs, &running, &most, Duration::from_millis(100));
+    assert_eq!(
+        inbox.receive("evt-short", short).await.unwrap(),
+        InboxOutcome::Handled
+    );
+    assert_eq!(patches() - before, 1, "the completion only");
+    let before = patches();
+    let long = sleeping(&runs, &running, &most, Duration::from_millis(1_600));
+    assert_eq!(
+        inbox.receive("evt-long-renewed", long).await.unwrap(),
+        InboxOutcome::Handled
+    );
+    let renewals = patches() - before - 1;
+    assert!(
+        (2..=4).contains(&renewals),
+        "a 1.6 s handler renews about every 500 ms: {renewals}"
+    );
+}
+
 // A claim period or renewal interval that cannot keep a claim is refused when the inbox is
 // built.
 #[tokio::test]
