@@ -489,12 +489,14 @@ impl StandaloneInbox {
             }
         };
         let completing = |etag: Option<String>| {
-            let (key, marker, documents) = (key.clone(), marker.clone(), documents.clone());
-            let marker_id = &marker_id;
-            async move {
-                self.complete(key, marker_id, marker, etag, documents, message_id)
-                    .await
-            }
+            self.complete(
+                key.clone(),
+                &marker_id,
+                &marker,
+                etag,
+                &documents,
+                message_id,
+            )
         };
         match completing(claim_etag).await {
             Err(InboxError::CompletionRefused {
@@ -525,9 +527,9 @@ impl StandaloneInbox {
         &self,
         key: PartitionKey,
         marker_id: &str,
-        mut marker: Value,
+        marker: &Value,
         claim_etag: Option<String>,
-        documents: Vec<Value>,
+        documents: &[Value],
         message_id: &str,
     ) -> Result<(), InboxError> {
         let failed = |source| InboxError::Completion {
@@ -562,13 +564,15 @@ impl StandaloneInbox {
                 Err(error) => Err(failed(error)),
             };
         }
+        // Copied into the batch: a completion refused on a stale ETag is written again.
+        let mut marker = marker.clone();
         marker[COMPLETED_FIELD] = Value::Bool(true);
         let operations = std::iter::once(BatchOperation::Replace {
             id: marker_id.to_owned(),
             doc: marker,
             if_match: claim_etag,
         })
-        .chain(documents.into_iter().map(BatchOperation::Create))
+        .chain(documents.iter().cloned().map(BatchOperation::Create))
         .collect();
         let outcome = store::bounded(
             "execute_batch",
