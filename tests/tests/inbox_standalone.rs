@@ -478,23 +478,29 @@ async fn a_live_claim_is_never_taken_over_and_the_copy_is_told_to_try_later() {
     );
 }
 
-/// A handler that counts its runs, and how many run at once (the most ever), sleeping `for`.
-fn sleeping(
-    runs: &Arc<AtomicUsize>,
-    running: &Arc<AtomicUsize>,
-    most: &Arc<AtomicUsize>,
-    r#for: Duration,
-) -> impl FnOnce() -> Held + Send + use<> {
-    let (runs, running, most) = (Arc::clone(runs), Arc::clone(running), Arc::clone(most));
-    move || {
-        runs.fetch_add(1, Ordering::SeqCst);
-        Box::pin(async move {
-            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
-            most.fetch_max(now, Ordering::SeqCst);
-            tokio::time::sleep(r#for).await;
-            running.fetch_sub(1, Ordering::SeqCst);
-            Ok(())
-        })
+/// How many times the handlers of [`Runs::sleeping`] ran, how many run now, and the most that
+/// ever ran at once. Clones share the counts.
+#[derive(Clone, Default)]
+struct Runs {
+    runs: Arc<AtomicUsize>,
+    running: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+}
+
+impl Runs {
+    /// A handler that counts its run and sleeps `for`.
+    fn sleeping(&self, r#for: Duration) -> impl FnOnce() -> Held + Send + use<> {
+        let this = self.clone();
+        move || {
+            this.runs.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
+                let now = this.running.fetch_add(1, Ordering::SeqCst) + 1;
+                this.most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(r#for).await;
+                this.running.fetch_sub(1, Ordering::SeqCst);
+                Ok(())
+            })
+        }
     }
 }
 
@@ -509,27 +515,23 @@ async fn a_handler_running_past_its_claim_period_keeps_its_claim_by_renewing_it(
         .renewal_interval(Duration::from_millis(500))
         .clock_margin(Duration::ZERO);
     let inbox = inbox_on(&cosmos, options).await;
-    let (runs, running, most) = (
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicUsize::new(0)),
-    );
+    let runs = Runs::default();
     let first = tokio::spawn({
         let inbox = inbox.clone();
-        let handler = sleeping(&runs, &running, &most, Duration::from_secs(7));
+        let handler = runs.sleeping(Duration::from_secs(7));
         async move { inbox.receive("evt-long", handler).await }
     });
     for _ in 0..6 {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let copy = sleeping(&runs, &running, &most, Duration::ZERO);
+        let copy = runs.sleeping(Duration::ZERO);
         match inbox.receive("evt-long", copy).await {
             Err(InboxError::ClaimHeld { .. }) => {}
             other => panic!("a copy while the handler runs is told to try later: {other:?}"),
         }
     }
     assert_eq!(first.await.unwrap().unwrap(), InboxOutcome::Handled);
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "only the first ran");
-    assert_eq!(most.load(Ordering::SeqCst), 1);
+    assert_eq!(runs.runs.load(Ordering::SeqCst), 1, "only the first ran");
+    assert_eq!(runs.most.load(Ordering::SeqCst), 1);
 }
 
 // An attempt that dies mid-handler (here: its future dropped, as a process that crashes stops
@@ -544,14 +546,10 @@ async fn a_crashed_attempts_claim_is_taken_over_once_its_period_ran_out() {
         .renewal_interval(Duration::from_millis(500))
         .clock_margin(Duration::from_secs(1));
     let inbox = inbox_on(&cosmos, options).await;
-    let (runs, running, most) = (
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicUsize::new(0)),
-    );
+    let runs = Runs::default();
     let doomed = tokio::spawn({
         let inbox = inbox.clone();
-        let handler = sleeping(&runs, &running, &most, Duration::from_secs(3600));
+        let handler = runs.sleeping(Duration::from_secs(3600));
         async move { inbox.receive("evt-crash", handler).await }
     });
     // Renewed a few times (alive past its 2 s period), then it dies.
@@ -559,10 +557,10 @@ async fn a_crashed_attempts_claim_is_taken_over_once_its_period_ran_out() {
     assert!(!doomed.is_finished(), "its renewals kept it running");
     doomed.abort();
     let _ = doomed.await;
-    running.store(0, Ordering::SeqCst);
+    runs.running.store(0, Ordering::SeqCst);
     let died = tokio::time::Instant::now();
     let taken_over = loop {
-        let copy = sleeping(&runs, &running, &most, Duration::ZERO);
+        let copy = runs.sleeping(Duration::ZERO);
         match inbox.receive("evt-crash", copy).await {
             Ok(outcome) => break outcome,
             Err(InboxError::ClaimHeld { .. }) => {
@@ -582,7 +580,7 @@ async fn a_crashed_attempts_claim_is_taken_over_once_its_period_ran_out() {
         "taken over {:?} after the attempt died",
         died.elapsed()
     );
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(runs.runs.load(Ordering::SeqCst), 2);
 }
 
 // A handler whose renewals fail until its claim ends is stopped there (it never runs on past a
@@ -647,21 +645,17 @@ async fn only_a_handler_running_past_a_renewal_interval_renews_its_claim() {
         .renewal_interval(Duration::from_millis(500))
         .clock_margin(Duration::ZERO);
     let inbox = inbox_on(&cosmos, options).await;
-    let (runs, running, most) = (
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicUsize::new(0)),
-    );
+    let runs = Runs::default();
     let patches = || emulator.request_count("PATCH");
     let before = patches();
-    let short = sleeping(&runs, &running, &most, Duration::from_millis(100));
+    let short = runs.sleeping(Duration::from_millis(100));
     assert_eq!(
         inbox.receive("evt-short", short).await.unwrap(),
         InboxOutcome::Handled
     );
     assert_eq!(patches() - before, 1, "the completion only");
     let before = patches();
-    let long = sleeping(&runs, &running, &most, Duration::from_millis(1_600));
+    let long = runs.sleeping(Duration::from_millis(1_600));
     assert_eq!(
         inbox.receive("evt-long-renewed", long).await.unwrap(),
         InboxOutcome::Handled
