@@ -45,9 +45,9 @@ use azure_core::http::headers::{HeaderName, HeaderValue};
 use azure_core::http::{Method, Request, Url};
 /// The account's default consistency level, for [`EmulatorServer::with_read_region`].
 pub use azure_data_cosmos_driver::in_memory_emulator::ConsistencyLevel;
-use azure_data_cosmos_driver::in_memory_emulator::ReplicationConfig;
 use azure_data_cosmos_driver::in_memory_emulator::{
-    EmulatorStore, InMemoryEmulatorHttpClient, VirtualAccountConfig, VirtualRegion,
+    EmulatorStore, InMemoryEmulatorHttpClient, ReplicationConfig, VirtualAccountConfig,
+    VirtualRegion,
 };
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -81,6 +81,8 @@ pub struct EmulatorServer {
     emulator: Arc<InMemoryEmulatorHttpClient>,
     counts: Arc<RequestCounts>,
     faults: Faults,
+    /// A read region's catch-up steps (`catch_up_in_steps`), run beside the server.
+    catch_up: Option<(std::ops::RangeInclusive<Duration>, u64)>,
 }
 
 /// Faults a server injects into its answers; clones share one set. Off until told otherwise.
@@ -332,15 +334,17 @@ impl EmulatorServer {
     }
 
     /// An account with two regions: [`REGION_NAME`], which takes the writes, served on
-    /// `write_region`, and [`READ_REGION_NAME`], served on `read_region`, which receives every
-    /// write after a lag drawn (from `seed`) within `lag`, or a millisecond after the write
-    /// before it if that is later: **in the order the writes were made**, as Cosmos DB
-    /// replicates (while the emulator's 64 replications in flight keep up with the writes) (the emulator's own random delays would apply a later
-    /// write before an earlier one, which no Cosmos region does). `consistency` is the
-    /// account's default: a client reading in the read region (its preferred region) reads
-    /// what has replicated there, as the level allows (Eventual and Consistent Prefix: possibly
-    /// older data; Session: at least its own session's writes). Returns the two servers, write
-    /// region first.
+    /// `write_region`, and [`READ_REGION_NAME`], served on `read_region`, which catches up with
+    /// it in steps, one every `lag` (each drawn within it, from `seed`): a step applies every
+    /// write made since the last one at once. So the read region is always behind by up to
+    /// `lag`'s end and always holds a **prefix of the write region's history**, in the order
+    /// the writes were made and a transactional batch whole, as Cosmos DB replicates (by LSN).
+    /// `consistency` is the account's default: a client reading in the read region (its
+    /// preferred region) reads what has replicated there, as the level allows (Eventual and
+    /// Consistent Prefix: possibly older data; Session: at least its own session's writes).
+    /// Returns the two servers, write region first; the steps run while the read region's
+    /// server does, on a current-thread runtime for the "at once" (on a multi-thread runtime a
+    /// read served beside a step can see part of it).
     pub fn with_read_region(
         write_region: TcpListener,
         read_region: TcpListener,
@@ -348,8 +352,6 @@ impl EmulatorServer {
         lag: std::ops::RangeInclusive<Duration>,
         seed: u64,
     ) -> io::Result<(Self, Self)> {
-        let replication =
-            ReplicationConfig::fixed(*lag.start()).with_replication_delay_fn(in_order(lag, seed));
         let write_url = endpoint_for(write_region.local_addr()?);
         let read_url = endpoint_for(read_region.local_addr()?);
         let config = VirtualAccountConfig::new(vec![
@@ -358,15 +360,16 @@ impl EmulatorServer {
         ])
         .map_err(|e| io::Error::other(format!("invalid in-memory emulator account: {e}")))?
         .with_consistency(consistency)
-        .with_replication_config(replication);
+        // Each write goes at once into the paused read region's buffer; the steps apply it.
+        .with_replication_config(ReplicationConfig::immediate());
         let emulator =
             Arc::new(InMemoryEmulatorHttpClient::try_new(config).map_err(|e| {
                 io::Error::other(format!("cannot start the in-memory emulator: {e}"))
             })?);
-        Ok((
-            Self::serving(write_region, write_url, Arc::clone(&emulator)),
-            Self::serving(read_region, read_url, emulator),
-        ))
+        emulator.store().pause_replication(READ_REGION_NAME);
+        let mut read = Self::serving(read_region, read_url, Arc::clone(&emulator));
+        read.catch_up = Some((lag, seed));
+        Ok((Self::serving(write_region, write_url, emulator), read))
     }
 
     /// A server of `emulator`'s region `region` on `listener`.
@@ -382,6 +385,7 @@ impl EmulatorServer {
             emulator,
             counts: Arc::default(),
             faults: Faults::default(),
+            catch_up: None,
         }
     }
 
@@ -415,7 +419,12 @@ impl EmulatorServer {
             emulator,
             counts,
             faults,
+            catch_up,
         } = self;
+        // Stopped with the server: dropping the guard aborts it.
+        let _catching_up = catch_up.map(|(lag, seed)| {
+            AbortOnDrop(tokio::spawn(catch_up_in_steps(emulator.store(), lag, seed)))
+        });
         let urls = Arc::new(Urls { endpoint, region });
         loop {
             let (stream, peer) = match listener.accept().await {
@@ -620,6 +629,8 @@ impl RunningEmulator {
             emulator: Arc::clone(&self.emulator),
             counts: Arc::default(),
             faults: Faults::default(),
+            // One catch-up per account: the read region's own server runs it.
+            catch_up: None,
         })
     }
 
@@ -675,31 +686,40 @@ pub async fn serve(listener: TcpListener) -> io::Result<()> {
     EmulatorServer::from_listener(listener)?.run().await
 }
 
-/// Replication delays within `lag` whose deadlines never go backwards: each write is applied
-/// in the read region at least a millisecond (the timers' resolution) after the one before it.
-fn in_order(
+/// Has the read region catch up with the write region in steps, one drawn (from `seed`) within
+/// `lag` after the other, until the server task ends: replication to it is paused, and each
+/// step resumes it, which applies everything written since the last step in one go (in one
+/// poll: no request is served in between), then pauses it again. So the read region always
+/// holds a prefix of the write region's history, whole batches included: Cosmos replicates by
+/// LSN, and a batch is one LSN. (The emulator's own delayed replication puts each document on
+/// a timer of its own: a read between two documents of one batch saw part of it, and the change
+/// feed's continuation, past their LSN, passed over the rest.)
+async fn catch_up_in_steps(
+    store: Arc<EmulatorStore>,
     lag: std::ops::RangeInclusive<Duration>,
     seed: u64,
-) -> Arc<dyn Fn() -> Duration + Send + Sync> {
-    let state = Mutex::new((seed | 1, None::<Instant>));
-    Arc::new(move || {
-        let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
-        // xorshift64: enough to spread the lags, the same for the same seed.
-        let mut x = state.0;
+) {
+    let mut x = seed | 1;
+    let spread = lag.end().saturating_sub(*lag.start());
+    loop {
+        // xorshift64: enough to spread the steps, the same for the same seed.
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        state.0 = x;
-        let spread = lag.end().saturating_sub(*lag.start());
-        let drawn = *lag.start() + spread.mul_f64((x % 1_000_000) as f64 / 1_000_000.0);
-        let now = Instant::now();
-        let mut deadline = now + drawn;
-        if let Some(last) = state.1 {
-            deadline = deadline.max(last + Duration::from_millis(1));
-        }
-        state.1 = Some(deadline);
-        deadline - now
-    })
+        let wait = *lag.start() + spread.mul_f64((x % 1_000_000) as f64 / 1_000_000.0);
+        tokio::time::sleep(wait).await;
+        store.resume_replication(READ_REGION_NAME);
+        store.pause_replication(READ_REGION_NAME);
+    }
+}
+
+/// A task aborted when this is dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The URL clients dial for a listener bound to `addr` (an unspecified address is served on

@@ -170,3 +170,56 @@ async fn the_read_region_serves_older_data_until_a_write_replicates_under_eventu
         "replicated after the lag"
     );
 }
+
+/// A transactional batch commits at one LSN, and Cosmos replicates by LSN: a read region never
+/// serves part of a batch. The SDK's emulator replicates each document on a timer of its own;
+/// `chatter-emulator` gives a request's documents one deadline. (Seed 6000156 of the
+/// simulation read the change feed in the read region between two documents of one batch: the
+/// relay's continuation, past their LSN, passed over the third, which the sweep then found
+/// stranded.)
+#[tokio::test]
+async fn a_batch_reaches_the_read_region_whole() {
+    use azure_data_cosmos::TransactionalBatch;
+    use chatter_emulator::{ConsistencyLevel, EmulatorServer};
+    let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
+    let lag = std::time::Duration::from_millis(5)..=std::time::Duration::from_millis(15);
+    let (write, read) = EmulatorServer::with_read_region(
+        bind().await.unwrap(),
+        bind().await.unwrap(),
+        ConsistencyLevel::Session,
+        lag,
+        11,
+    )
+    .unwrap();
+    let (write, _read) = (write.spawn(), read.spawn());
+    let writer = chatter_runtime::cosmos::CosmosConnection::connect(write.endpoint(), None)
+        .await
+        .unwrap();
+    let docs = provisioned(&writer, "regions", "batches", &["/pk"]).await;
+    let reader = chatter_tests::store::reading_in_read_region(write.endpoint())
+        .await
+        .unwrap();
+    let replica = reader.container("regions", "batches").await.unwrap();
+    for n in 0..20 {
+        let mut batch = TransactionalBatch::new(partition_key(&[json!("p")]).unwrap());
+        for part in 0..3 {
+            batch = batch
+                .create_item(json!({ "id": format!("{n}-{part}"), "pk": "p", "batch": n }))
+                .unwrap();
+        }
+        docs.execute_transactional_batch(batch, None).await.unwrap();
+        let sql = format!("SELECT * FROM c WHERE c.batch = {n}");
+        let first_seen = loop {
+            let seen = chatter_runtime::testing::query_all(&replica, &sql)
+                .await
+                .unwrap();
+            if !seen.is_empty() {
+                break seen.len();
+            }
+        };
+        assert_eq!(
+            first_seen, 3,
+            "batch {n}: the read region first served {first_seen} of its 3 documents"
+        );
+    }
+}

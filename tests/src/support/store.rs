@@ -26,9 +26,9 @@ pub async fn emulator_server() -> (RunningEmulator, CosmosConnection) {
     (emulator, cosmos)
 }
 
-/// A `chatter-emulator` account of two regions at `consistency`, its read region `lag` behind
-/// (replicated in commit order): the write region's server, the read region's, and a
-/// connection to the write region.
+/// A `chatter-emulator` account of two regions at `consistency`, its read region catching up
+/// every `lag` (a prefix of the write region's history each time): the write region's server,
+/// the read region's, and a connection to the write region.
 pub async fn two_regions(
     consistency: chatter_emulator::ConsistencyLevel,
     lag: std::time::Duration,
