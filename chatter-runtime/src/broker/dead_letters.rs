@@ -6,14 +6,10 @@ use futures::future::BoxFuture;
 use serde::Serialize;
 
 use super::BrokerError;
-#[cfg(any(feature = "rabbitmq", feature = "nats"))]
 use crate::message::BrokeredMessage;
-#[cfg(any(feature = "rabbitmq", feature = "nats"))]
 use crate::message::{ATTEMPTS_CONTEXT_KEY, DEAD_LETTER_REASON_CONTEXT_KEY};
-#[cfg(any(feature = "rabbitmq", feature = "nats"))]
 use serde_json::Value;
 
-#[cfg(any(feature = "rabbitmq", feature = "nats"))]
 /// How much of a dead letter's body a listing shows.
 const BODY_SHOWN: usize = 200;
 
@@ -37,7 +33,6 @@ pub struct DeadLetter {
     pub body: String,
 }
 
-#[cfg(any(feature = "rabbitmq", feature = "nats"))]
 impl DeadLetter {
     /// A dead letter at `position` that decoded as `message`.
     pub(crate) fn of(position: u64, message: &BrokeredMessage) -> Self {
@@ -59,6 +54,7 @@ impl DeadLetter {
     }
 
     /// A dead letter at `position` that is no Brokered Message.
+    #[cfg(any(feature = "rabbitmq", feature = "nats"))]
     pub(crate) fn raw(
         position: u64,
         message_id: Option<String>,
@@ -76,7 +72,6 @@ impl DeadLetter {
     }
 }
 
-#[cfg(any(feature = "rabbitmq", feature = "nats"))]
 fn shown(body: &[u8]) -> String {
     String::from_utf8_lossy(body)
         .chars()
@@ -150,7 +145,6 @@ pub trait DeadLetters: Send + Sync {
 
 /// The message a replay publishes: the dead letter's, to `destination`, without its reason and
 /// attempt count.
-#[cfg(any(feature = "rabbitmq", feature = "nats"))]
 pub(crate) fn replayed(mut letter: BrokeredMessage, destination: &str) -> BrokeredMessage {
     letter.destination = destination.to_owned();
     letter.context.remove(DEAD_LETTER_REASON_CONTEXT_KEY);

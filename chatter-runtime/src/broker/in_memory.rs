@@ -22,6 +22,9 @@ use crate::message::BrokeredMessage;
 ///   has `redelivered == true`: several deliveries returned at once come back in the order they
 ///   were published, whatever order they were returned in (as RabbitMQ requeues).
 ///
+/// - Its dead letters (`<destination>.dead-letter`) can be listed, replayed and discarded
+///   through [`DeadLetters`](super::DeadLetters), as `chatter dead-letters` does on RabbitMQ.
+///
 /// Clones share the same queues. Nothing survives the process.
 #[derive(Clone, Default)]
 pub struct InMemoryBroker {
@@ -256,5 +259,177 @@ impl Settle for InMemorySettle {
 
     fn abandon(self: Box<Self>) {
         self.requeue();
+    }
+}
+
+/// An operator's view of the dead letters: those waiting in `<destination>.dead-letter` (not
+/// those a consumer of it holds), oldest first, each at its publish sequence in that queue.
+impl super::DeadLetters for InMemoryBroker {
+    fn list<'a>(
+        &'a self,
+        destination: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<super::DeadLetter>, BrokerError>> {
+        let dead_letters = super::dead_letter_destination(destination);
+        let queues = self.shared.lock();
+        let letters = queues
+            .get(&dead_letters)
+            .map(|queue| {
+                queue
+                    .ready
+                    .iter()
+                    .take(limit)
+                    .map(|item| super::DeadLetter::of(item.sequence as u64, &item.message))
+                    .collect()
+            })
+            .unwrap_or_default();
+        future::ready(Ok(letters)).boxed()
+    }
+
+    fn settle<'a>(
+        &'a self,
+        destination: &'a str,
+        chosen: &'a [super::DeadLetter],
+        action: super::DeadLetterAction,
+    ) -> BoxFuture<'a, Result<super::DeadLetterOutcome, BrokerError>> {
+        let dead_letters = super::dead_letter_destination(destination);
+        let mut outcome = super::DeadLetterOutcome::default();
+        let mut taken = Vec::new();
+        {
+            let mut queues = self.shared.lock();
+            let queue = queue(&mut queues, &dead_letters);
+            for letter in chosen {
+                let at = queue.ready.iter().position(|item| {
+                    item.sequence as u64 == letter.position
+                        && item.message.message_id == letter.message_id
+                });
+                match at.and_then(|at| queue.ready.remove(at)) {
+                    Some(item) => {
+                        outcome.done.push(letter.message_id.clone());
+                        taken.push(item.message);
+                    }
+                    None => outcome.refused.push((
+                        letter.message_id.clone(),
+                        "it is no longer where it was listed (a consumer took it, or it was \
+                         settled): list again"
+                            .to_owned(),
+                    )),
+                }
+            }
+        }
+        // Taken out and published in one step each: nothing in between can fail.
+        if action == super::DeadLetterAction::Replay {
+            for letter in taken {
+                self.shared
+                    .publish(super::dead_letters::replayed(letter, destination));
+            }
+        }
+        future::ready(Ok(outcome)).boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::{DeadLetterAction, DeadLetters, dead_letter_destination};
+
+    fn message(id: &str, destination: &str) -> BrokeredMessage {
+        BrokeredMessage::json(id, destination, "{}")
+    }
+
+    #[tokio::test]
+    async fn a_replayed_dead_letter_is_published_to_its_destination_without_its_reason_and_leaves_the_dead_letters()
+     {
+        let broker = InMemoryBroker::new();
+        let dead = dead_letter_destination("orders");
+        let mut first = message("m-1", &dead);
+        first.context.insert(
+            crate::message::DEAD_LETTER_REASON_CONTEXT_KEY.to_owned(),
+            "it failed".into(),
+        );
+        first
+            .context
+            .insert(crate::message::ATTEMPTS_CONTEXT_KEY.to_owned(), 5.into());
+        broker.publish(first).await.unwrap();
+        broker.publish(message("m-2", &dead)).await.unwrap();
+
+        let listed = broker.list("orders", 10).await.unwrap();
+        assert_eq!(
+            listed
+                .iter()
+                .map(|l| l.message_id.as_str())
+                .collect::<Vec<_>>(),
+            ["m-1", "m-2"]
+        );
+        assert_eq!(listed[0].reason.as_deref(), Some("it failed"));
+        assert_eq!(listed[0].attempts, Some(5));
+
+        let outcome = broker
+            .settle("orders", &listed[..1], DeadLetterAction::Replay)
+            .await
+            .unwrap();
+        assert_eq!(outcome.done, ["m-1"]);
+        assert_eq!(broker.pending_count(&dead), 1);
+        assert_eq!(broker.published_count("orders"), 1);
+        let mut subscription = broker.subscribe("orders").await.unwrap();
+        let replayed = futures::StreamExt::next(&mut subscription)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(replayed.message.message_id, "m-1");
+        assert!(replayed.message.context.is_empty());
+    }
+
+    /// A settlement that counts the acks it passes on, for a decorating broker.
+    struct Counting(Box<dyn Settle>, Arc<std::sync::atomic::AtomicUsize>);
+
+    impl Settle for Counting {
+        fn ack(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.0.ack()
+        }
+        fn nack(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {
+            self.0.nack()
+        }
+        fn abandon(self: Box<Self>) {
+            self.0.abandon();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_decorating_broker_sees_the_settlement_of_a_delivery_it_wrapped() {
+        let broker = InMemoryBroker::new();
+        broker.publish(message("m-1", "orders")).await.unwrap();
+        let mut subscription = broker.subscribe("orders").await.unwrap();
+        let delivery = futures::StreamExt::next(&mut subscription)
+            .await
+            .unwrap()
+            .unwrap();
+        let acks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&acks);
+        let delivery = delivery.map_settle(|settle| Box::new(Counting(settle, counted)));
+        delivery.ack().await.unwrap();
+        assert_eq!(acks.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(broker.pending_count("orders"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_dead_letter_no_longer_where_it_was_listed_is_refused_not_taken() {
+        let broker = InMemoryBroker::new();
+        let dead = dead_letter_destination("orders");
+        broker.publish(message("m-1", &dead)).await.unwrap();
+        let listed = broker.list("orders", 10).await.unwrap();
+        // Discarded meanwhile (another operator).
+        broker
+            .settle("orders", &listed, DeadLetterAction::Discard)
+            .await
+            .unwrap();
+        let again = broker
+            .settle("orders", &listed, DeadLetterAction::Replay)
+            .await
+            .unwrap();
+        assert!(again.done.is_empty());
+        assert_eq!(again.refused.len(), 1);
+        assert_eq!(broker.published_count("orders"), 0);
     }
 }

@@ -434,6 +434,15 @@ impl Delivery {
         self.settle.as_ref().is_some_and(|settle| settle.is_stale())
     }
 
+    /// This delivery, settled through what `wrap` makes of its settlement: for a [`Broker`] that
+    /// decorates another (to count or log settlements, say) and must see them. A delivery
+    /// already settled or discarded stays so.
+    #[must_use]
+    pub fn map_settle(mut self, wrap: impl FnOnce(Box<dyn Settle>) -> Box<dyn Settle>) -> Self {
+        self.settle = self.settle.take().map(wrap);
+        self
+    }
+
     /// Drops a [stale](Self::is_stale) delivery without settling it: the broker already took it
     /// back. (Dropping it would send a settlement that can only fail.)
     pub fn discard(mut self) {
