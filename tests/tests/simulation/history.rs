@@ -33,6 +33,12 @@ pub enum Event {
         status: u16,
         sub_status: Option<u32>,
     },
+    /// A delivery's settlement met a fault, or a channel close took the delivery back.
+    Settle {
+        who: Who,
+        message_id: String,
+        what: &'static str,
+    },
     /// What the harness did to an instance (started, crashed, paused, cut off, stopped), or to
     /// the run (`slot` `usize::MAX`: the broker fixed, the operator's requeue).
     Harness { slot: usize, what: String },
@@ -41,9 +47,10 @@ pub enum Event {
 impl Event {
     fn who(&self) -> Option<Who> {
         match self {
-            Self::StoreFault { who, .. } | Self::Publish { who, .. } | Self::Stamp { who, .. } => {
-                Some(*who)
-            }
+            Self::StoreFault { who, .. }
+            | Self::Publish { who, .. }
+            | Self::Stamp { who, .. }
+            | Self::Settle { who, .. } => Some(*who),
             Self::Harness { .. } => None,
         }
     }
@@ -162,6 +169,14 @@ impl History {
                     ),
                     None => writeln!(text, "instance {slot}#{inc} stamp {message_id}: {status}"),
                 },
+                (
+                    Event::Settle {
+                        message_id, what, ..
+                    },
+                    Some((slot, inc)),
+                ) => {
+                    writeln!(text, "instance {slot}#{inc} delivery {message_id}: {what}")
+                }
                 _ => Ok(()),
             };
         }

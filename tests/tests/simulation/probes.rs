@@ -61,6 +61,25 @@ pub const PROBES: &[(&str, &str)] = &[
         "split mid-run",
         "the monitored containers' partition split while commands ran",
     ),
+    (
+        "delivery taken back by a channel close",
+        "a channel closed while it held a delivery (in a key lane or its handler running): \
+         the broker delivered it again, the held copy stale",
+    ),
+    (
+        "redelivered past its ack wait while held",
+        "on a broker that counts deliveries (JetStream), a delivery whose progress signals were \
+         lost, delivered again while its handler ran or waited for its key",
+    ),
+    (
+        "dead letter replayed by the operator",
+        "a command that does nothing wrong dead-lettered after faults failed its five attempts, \
+         replayed by the operator mid-run (its writes must still apply once)",
+    ),
+    (
+        "settlement lost with its channel",
+        "an ack or a nack lost with its channel (heard or not): the message delivered again",
+    ),
 ];
 
 /// Probes reached in about one run in ten or fewer, however the seed is chosen (they need a
@@ -118,6 +137,13 @@ pub fn count(
             {
                 hit("write applied after its client gave up", 1);
             }
+            Event::Settle { what, .. } if what.starts_with("taken back by a channel") => {
+                hit("delivery taken back by a channel close", 1);
+            }
+            Event::Settle { what, .. } if what.starts_with("taken back past its ack wait") => {
+                hit("redelivered past its ack wait while held", 1);
+            }
+            Event::Settle { .. } => hit("settlement lost with its channel", 1),
             Event::Publish { outcome, .. } if outcome.contains("past the publish timeout") => {
                 hit("publish held past its timeout", 1);
             }
@@ -136,6 +162,9 @@ pub fn count(
                 }
                 if what.starts_with("the operator requeued") {
                     hit("requeued by the operator", 1);
+                }
+                if what.starts_with("the operator replayed the dead letter") {
+                    hit("dead letter replayed by the operator", 1);
                 }
             }
             _ => {}

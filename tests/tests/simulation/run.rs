@@ -29,7 +29,7 @@ use chatter_runtime::provision;
 use chatter_runtime::{BrokeredMessage, DocumentReliable, broker::dead_letter_destination};
 use serde_json::{Value, json};
 
-use super::broker::{Fragile, SimBroker};
+use super::broker::{Fragile, Redelivery, Schedules, SimBroker};
 use super::commands::{
     DATABASE, EVENTS, IDEMPOTENCY, NOTICES, ORDERS, RESERVED, Recorder, SimNotify, SimPlace,
     SimPoison, SimReserve, event_ids,
@@ -97,6 +97,15 @@ pub struct Plan {
     pub store_per_mille: u32,
     pub publish_per_mille: u32,
     pub delivery_per_mille: u32,
+    /// Settlements lost with their channel, and deliveries taken back while held (channels
+    /// closed; on a counting broker, progress lost past the ack wait).
+    pub settle_per_mille: u32,
+    /// Whether the broker counts deliveries and redelivers on its own, as NATS JetStream does,
+    /// rather than as RabbitMQ does.
+    pub counting: bool,
+    /// On a counting broker, deliveries whose progress signals are lost (delivered again past
+    /// their ack wait).
+    pub progress_per_mille: u32,
     pub fault_phase: Duration,
     /// (when, which instance, down for how long); some after the fault phase (in recovery).
     pub crashes: Vec<(Duration, usize, Duration)>,
@@ -184,6 +193,9 @@ impl Plan {
             store_per_mille: *rng.pick(&[0, 20, 50, 100]),
             publish_per_mille: *rng.pick(&[0, 30, 80]),
             delivery_per_mille: *rng.pick(&[0, 30, 80]),
+            settle_per_mille: 0,
+            counting: false,
+            progress_per_mille: 0,
             fault_phase,
             crashes: Vec::new(),
             pauses: Vec::new(),
@@ -316,6 +328,23 @@ impl Plan {
         }
         crashes.sort_by_key(|(at, ..)| *at);
         plan.crashes = crashes;
+        // RabbitMQ's channel faults on settlements, at the family's rates.
+        let mut settle = Rng::new(seed).fork(0x5E77);
+        plan.settle_per_mille = *settle.pick(match plan.family {
+            Family::Short => &[0, 30, 80],
+            Family::Recovery => &[0, 10, 30],
+        });
+        // A broker that counts deliveries, in 3 seeds of 10 (`SIM_BROKER=counting|channels`
+        // gives every seed one).
+        let drawn = settle.chance(300);
+        plan.counting = match std::env::var("SIM_BROKER").as_deref() {
+            Ok("counting") => true,
+            Ok("channels") => false,
+            _ => drawn,
+        };
+        if plan.counting {
+            plan.progress_per_mille = *settle.pick(&[50, 150, 300]);
+        }
         plan
     }
 }
@@ -348,6 +377,8 @@ pub struct Seen {
     pub reserved: BTreeMap<String, usize>,
     /// Dead letters by message id.
     pub dead_letters: BTreeMap<String, usize>,
+    /// Dead letters the operator replayed, by message id (each time it did).
+    pub replayed: BTreeMap<String, usize>,
     /// `(tenant, trigger message id)` of every message the standalone relay published, in
     /// arrival order.
     pub triggered: Vec<(String, String)>,
@@ -489,8 +520,7 @@ struct Slot {
     endpoint: String,
     _port: RunningEmulator,
     store: Arc<Schedule>,
-    publishes: Arc<Schedule>,
-    deliveries: Arc<Schedule>,
+    broker: Schedules,
     store_cut: Arc<Cut>,
     broker_cut: Arc<Cut>,
     incarnation: Arc<AtomicU64>,
@@ -527,7 +557,7 @@ impl Fleet {
             account: self.account.clone(),
             broker: SimBroker::new(
                 self.inner.clone(),
-                (Arc::clone(&s.publishes), Arc::clone(&s.deliveries)),
+                s.broker.clone(),
                 Arc::clone(&s.broker_cut),
                 (slot, incarnation),
                 (Arc::clone(&self.history), Arc::clone(&self.fragile)),
@@ -545,8 +575,10 @@ impl Fleet {
     fn set_faults(&self, on: bool) {
         for slot in &self.slots {
             slot.store.set(on);
-            slot.publishes.set(on);
-            slot.deliveries.set(on);
+            slot.broker.publishes.set(on);
+            slot.broker.deliveries.set(on);
+            slot.broker.settlements.set(on);
+            slot.broker.progress.set(on);
         }
     }
 
@@ -699,6 +731,11 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
     watch(&inner, &seen).await;
     let recorder = Arc::new(Recorder::default());
     *recorder.broker.lock().unwrap() = Some(inner.clone());
+    let redelivery = if plan.counting {
+        Redelivery::Counting(Arc::default())
+    } else {
+        Redelivery::Channels
+    };
     let mut slots = Vec::new();
     for slot in 0..plan.instances {
         let store = schedule(slot, 1, plan.store_per_mille);
@@ -709,8 +746,13 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
             endpoint: port.endpoint().to_owned(),
             _port: port,
             store,
-            publishes: schedule(slot, 2, plan.publish_per_mille),
-            deliveries: schedule(slot, 3, plan.delivery_per_mille),
+            broker: Schedules {
+                publishes: schedule(slot, 2, plan.publish_per_mille),
+                deliveries: schedule(slot, 3, plan.delivery_per_mille),
+                settlements: schedule(slot, 4, plan.settle_per_mille),
+                progress: schedule(slot, 5, plan.progress_per_mille),
+                redelivery: redelivery.clone(),
+            },
             store_cut,
             broker_cut: Arc::new(Cut::default()),
             incarnation,
@@ -756,6 +798,12 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
         .map_err(|e| format!("seed {}: {e}", plan.seed))?;
 
     let instances_up = began.elapsed();
+    // An operator at work the whole run, faults or not.
+    let operator = tokio::spawn(replay_dead_letters(
+        inner.clone(),
+        Arc::clone(&seen),
+        Arc::clone(&history),
+    ));
     let mut workload_rng = rng.fork(4);
     let commands = workload(&plan, &mut workload_rng);
     let steps = steps(&plan, &commands, &recorder, &mut workload_rng);
@@ -795,7 +843,7 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
         match step {
             // The harness publishes to the broker itself: its own publishes are not faulted.
             Step::Publish(message) => inner
-                .publish(message)
+                .publish(super::broker::published_anew(&message))
                 .await
                 .map_err(|e| format!("publish: {e}"))?,
             Step::Split => {
@@ -930,6 +978,7 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
     } else {
         Vec::new()
     };
+    operator.abort();
     // The instances are done with: crash them (a graceful stop is not what is checked).
     for slot in &mut fleet.slots {
         if let Some(instance) = slot.instance.take() {
@@ -1042,7 +1091,7 @@ async fn watch(broker: &InMemoryBroker, seen: &Arc<Mutex<Seen>>) {
         RESERVED.to_owned(),
         TRIGGERED.to_owned(),
         NOTICES.to_owned(),
-        dead_letter_destination(SimPlace::registration().destination),
+        // SimPlace's dead letters are the operator's (`replay_dead_letters`).
         dead_letter_destination(SimPoison::registration().destination),
         dead_letter_destination(SimReserve::registration().destination),
     ];
@@ -1076,6 +1125,43 @@ async fn watch(broker: &InMemoryBroker, seen: &Arc<Mutex<Seen>>) {
                 let _ = delivery.ack().await;
             }
         });
+    }
+}
+
+/// The operator who watches SimPlace's dead letters (at the default attempt limit, faults can
+/// exhaust a command's attempts) and replays each one as soon as it is there, through the
+/// broker's dead-letter interface, as `chatter dead-letters replay --all` does: listed, then
+/// each one taken where it was listed.
+async fn replay_dead_letters(
+    broker: InMemoryBroker,
+    seen: Arc<Mutex<Seen>>,
+    history: Arc<History>,
+) {
+    use chatter_runtime::broker::{DeadLetterAction, DeadLetters};
+    let destination = SimPlace::registration().destination;
+    loop {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let Ok(listed) = broker.list(destination, 1_000).await else {
+            continue;
+        };
+        if listed.is_empty() {
+            continue;
+        }
+        let Ok(outcome) = broker
+            .settle(destination, &listed, DeadLetterAction::Replay)
+            .await
+        else {
+            continue;
+        };
+        let mut seen = seen.lock().unwrap();
+        for id in outcome.done {
+            history.harness(
+                usize::MAX,
+                format!("the operator replayed the dead letter {id}"),
+            );
+            *seen.dead_letters.entry(id.clone()).or_default() += 1;
+            *seen.replayed.entry(id).or_default() += 1;
+        }
     }
 }
 
