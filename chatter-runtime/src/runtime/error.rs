@@ -150,3 +150,14 @@ pub enum DispatchError {
     #[error(transparent)]
     Pipeline(#[from] PipelineError),
 }
+
+impl DispatchError {
+    /// The handler's rejection, when it refused the command for good
+    /// ([`PipelineError::Rejected`]).
+    pub fn rejection(&self) -> Option<&crate::Rejection> {
+        match self {
+            Self::Pipeline(error) => error.rejection(),
+            _ => None,
+        }
+    }
+}
