@@ -432,6 +432,11 @@ pub fn same_process_duplicates(
     // inside the SDK, was no failure its client heard.
     let mut stamp_landed = ByDocument::new();
     let mut zombie: BTreeMap<usize, Vec<Instant>> = BTreeMap::new();
+    // The operator's requeues, by message id: each asks for a publish again, whatever
+    // published it before (a notice published after the broker was fixed, while a publish
+    // refused before the fix stamped it `undeliverable`: the verdict stands, and the operator
+    // requeues it; seed 7000121).
+    let mut requeued: BTreeMap<String, Vec<Instant>> = BTreeMap::new();
     for (at, event) in history {
         match event {
             Event::Publish {
@@ -482,6 +487,14 @@ pub fn same_process_duplicates(
             {
                 zombie.entry(*slot).or_default().push(*at);
             }
+            Event::Harness { what, .. } if what.starts_with("the operator requeued ") => {
+                if let Some(message_id) = what
+                    .strip_prefix("the operator requeued ")
+                    .and_then(|rest| rest.split(": ").next())
+                {
+                    requeued.entry(message_id.to_owned()).or_default().push(*at);
+                }
+            }
             _ => {}
         }
     }
@@ -500,7 +513,10 @@ pub fn same_process_duplicates(
                 || zombie
                     .get(slot)
                     .is_some_and(|t| t.iter().any(|t| *t >= first && *t <= again));
-            if unknown_outcome {
+            let asked_again = requeued
+                .get(message_id)
+                .is_some_and(|t| t.iter().any(|t| *t >= first && *t < again));
+            if unknown_outcome || asked_again {
                 continue;
             }
             let failed = stamp_failed.get(key).is_some_and(|failures| {

@@ -106,6 +106,13 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
     ),
     (148, "as seed 137"),
     (
+        7_000_121,
+        "one relay published a notice that another's earlier refusal then stamped \
+         `undeliverable` (its delivered stamp met the verdict, which stands); the operator \
+         requeued it and the first relay published it again: the same-process check took the \
+         requeue for no reason",
+    ),
+    (
         6_000_156,
         "the SDK's emulator replicated each document of a batch to the read region on a timer \
          of its own: a change feed read there saw part of a batch, and the relay's \
