@@ -62,6 +62,10 @@ pub const PROBES: &[(&str, &str)] = &[
         "the monitored containers' partition split while commands ran",
     ),
     (
+        "lease container split mid-run",
+        "a partition of every lease container split while the processors held their leases",
+    ),
+    (
         "delivery taken back by a channel close",
         "a channel closed while it held a delivery (in a key lane or its handler running): \
          the broker delivered it again, the held copy stale",
@@ -191,6 +195,9 @@ pub fn count(
     }
     if plan.split_at.is_some_and(|at| at < plan.fault_phase) {
         hit("split mid-run", 1);
+    }
+    if plan.lease_split_at.is_some() {
+        hit("lease container split mid-run", 1);
     }
 
     hits

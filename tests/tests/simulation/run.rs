@@ -38,10 +38,13 @@ use super::faults::{Cut, Schedule, Tally, store_injector, store_observer};
 use super::history::History;
 use super::instance::{Instance, Setup};
 use super::rng::Rng;
-use super::triggers::{TRIGGERED, TRIGGERS};
+use super::triggers::{TRIGGER_LEASES, TRIGGERED, TRIGGERS};
 
 /// The containers the relays read the change feed of.
 const MONITORED: [&str; 3] = [ORDERS, IDEMPOTENCY, TRIGGERS];
+/// Their lease containers (as the commands' registrations and the trigger relay name them).
+const LEASES: &str = "leases";
+const INBOX_LEASES: &str = "inbox-leases";
 
 /// How long after healing a run may take to publish and settle everything, whatever it logged:
 /// past it, the run stalled. A healed run's slowest recovery is a crashed instance's leases
@@ -117,6 +120,8 @@ pub struct Plan {
     pub restarts: Vec<(Duration, usize)>,
     /// When the monitored containers' one partition splits in two, if it does.
     pub split_at: Option<Duration>,
+    /// When one of the four partitions of every lease container splits, if it does.
+    pub lease_split_at: Option<Duration>,
     /// Notices, to a destination the broker refuses for good until `fixed_at`; the first
     /// refusal pauses its publisher for `refusal_pause`, if set.
     pub notices: usize,
@@ -182,6 +187,7 @@ impl Plan {
             triggers_per_tenant,
             trigger_gap,
             split_at,
+            lease_split_at: None,
             seed,
             family: Family::Short,
             instances,
@@ -344,6 +350,14 @@ impl Plan {
         };
         if plan.counting {
             plan.progress_per_mille = *settle.pick(&[50, 150, 300]);
+        }
+        // The lease containers split too, in 2 seeds of 10 (not on two regions, as above): the
+        // processors' lease queries, reads and writes meet 410/1002 and a new routing map.
+        let mut leases = Rng::new(seed).fork(0x1EA5);
+        if leases.chance(200) && plan.regions.is_none() {
+            plan.lease_split_at = Some(Duration::from_millis(
+                leases.below(plan.fault_phase.as_millis() as u64),
+            ));
         }
         plan
     }
@@ -510,6 +524,7 @@ enum Step {
     Cut(usize, CutOf, Duration),
     Restart(usize),
     Split,
+    SplitLeases,
     /// The broker takes notices again.
     Fix,
     Heal,
@@ -857,6 +872,12 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
                 }
             }
 
+            Step::SplitLeases => {
+                history.harness(usize::MAX, "the lease containers' partition 0 splits");
+                for leases in [LEASES, INBOX_LEASES, TRIGGER_LEASES] {
+                    store.split_partition(DATABASE, leases, 0, Duration::from_millis(10));
+                }
+            }
             Step::Crash(which, down) => {
                 if let Some(instance) = fleet.slots[which].instance.take() {
                     crashes += 1;
@@ -1060,6 +1081,9 @@ fn steps(
     }
     if let Some(at) = plan.split_at {
         steps.push((at, Step::Split));
+    }
+    if let Some(at) = plan.lease_split_at {
+        steps.push((at, Step::SplitLeases));
     }
     if let Some(at) = plan.fixed_at {
         steps.push((at, Step::Fix));
