@@ -110,6 +110,8 @@
 // them; without it they are unreachable by design. CI builds with every feature, where this lint
 // holds everything else to `pub(crate)`.
 #![cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
+// On docs.rs: each feature-gated item says which feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 /// An error variant's `error.type` attribute: its public path under [`error`], which the `use`
 /// checks exists (a renamed or moved variant fails to compile instead of naming a dead path).
