@@ -33,7 +33,7 @@ use crate::telemetry::Telemetry;
 /// The running relays.
 #[derive(Debug)]
 pub(crate) struct RelayHost {
-    processors: Vec<(RunningProcessor, Arc<DrainGate>, Backlogs, SweepFindings)>,
+    processors: Vec<Running>,
     /// The in-flight limits of the relays: one the pipeline relay's processors share, one of
     /// each standalone relay.
     in_flight: Vec<InFlightLimit>,
@@ -136,8 +136,8 @@ impl RelayHost {
                 Ok(processor) => processors.push(processor),
                 Err(error) => {
                     // Stop what already started; the original error is what the caller sees.
-                    for (started, ..) in processors {
-                        started.shutdown().await;
+                    for started in processors {
+                        started.processor.shutdown().await;
                     }
                     return Err(error);
                 }
@@ -153,7 +153,7 @@ impl RelayHost {
             .map(|(spec, started)| {
                 (
                     (spec.database.clone(), spec.container.clone()),
-                    started.6.clone(),
+                    started.after_commit.clone(),
                 )
             })
             .collect();
@@ -161,17 +161,26 @@ impl RelayHost {
         let estimators = TaskTracker::new();
         let processors = processors
             .into_iter()
-            .map(
-                |(processor, gate, backlogs, estimator, state, sweeper, _)| {
-                    if let Some(estimator) = estimator {
-                        estimators.spawn(estimator.run(estimates.clone()));
-                    }
-                    estimators.spawn(state.run(estimates.clone()));
-                    let findings = sweeper.findings.clone();
-                    estimators.spawn(sweeper.run(estimates.clone()));
-                    (processor, gate, backlogs, findings)
-                },
-            )
+            .map(|started| {
+                let Companions {
+                    backlogs,
+                    estimator,
+                    state,
+                    sweeper,
+                } = started.companions;
+                if let Some(estimator) = estimator {
+                    estimators.spawn(estimator.run(estimates.clone()));
+                }
+                estimators.spawn(state.run(estimates.clone()));
+                let sweeps = sweeper.findings.clone();
+                estimators.spawn(sweeper.run(estimates.clone()));
+                Running {
+                    processor: started.processor,
+                    gate: started.gate,
+                    backlogs,
+                    sweeps,
+                }
+            })
             .collect();
         estimators.close();
         Ok(Self {
@@ -197,7 +206,10 @@ impl RelayHost {
     pub(crate) fn owned_leases(&self) -> Vec<(String, Vec<String>)> {
         self.processors
             .iter()
-            .map(|(p, ..)| (p.processor_name().to_owned(), p.owned_leases()))
+            .map(|running| {
+                let p = &running.processor;
+                (p.processor_name().to_owned(), p.owned_leases())
+            })
             .collect()
     }
 
@@ -205,7 +217,13 @@ impl RelayHost {
     /// under a Drain Suspension.
     pub(crate) fn lease_statuses(&self) -> Vec<LeaseState> {
         let mut statuses = Vec::new();
-        for (processor, gate, backlogs, sweeps) in &self.processors {
+        for Running {
+            processor,
+            gate,
+            backlogs,
+            sweeps,
+        } in &self.processors
+        {
             for status in processor.lease_statuses() {
                 let suspended = gate.is_suspended(&status.lease_token);
                 let blocked = gate.blocked(&status.lease_token);
@@ -229,13 +247,17 @@ impl RelayHost {
     pub(crate) fn suspended_leases(&self) -> Vec<(String, Vec<String>)> {
         self.processors
             .iter()
-            .filter_map(|(p, gate, ..)| {
-                let owned = p.owned_leases();
-                let mut suspended = gate.suspended_leases();
-                // A lease released a moment ago may still be forgotten by its gate.
-                suspended.retain(|lease| owned.contains(lease));
-                (!suspended.is_empty()).then(|| (p.processor_name().to_owned(), suspended))
-            })
+            .filter_map(
+                |Running {
+                     processor: p, gate, ..
+                 }| {
+                    let owned = p.owned_leases();
+                    let mut suspended = gate.suspended_leases();
+                    // A lease released a moment ago may still be forgotten by its gate.
+                    suspended.retain(|lease| owned.contains(lease));
+                    (!suspended.is_empty()).then(|| (p.processor_name().to_owned(), suspended))
+                },
+            )
             .collect()
     }
 
@@ -247,8 +269,8 @@ impl RelayHost {
         }
         self.estimates.cancel();
         self.estimators.wait().await;
-        for (processor, ..) in self.processors {
-            processor.shutdown().await;
+        for running in self.processors {
+            running.processor.shutdown().await;
         }
     }
 }
@@ -274,15 +296,12 @@ async fn start_one(
     let gate = Arc::clone(drain.gate());
     let processor = start_processor(source, shared, drain, monitored, leases).await?;
     tracing::info!(processor = source.processor_name, instance = shared.instance, container = %format!("{}/{}", source.database, source.container), "chatter relay started");
-    Ok((
+    Ok(Started {
         processor,
         gate,
-        companions.backlogs,
-        companions.estimator,
-        companions.state,
-        companions.sweeper,
+        companions,
         after_commit,
-    ))
+    })
 }
 
 /// The monitored and lease containers of `source`, each bounded by the store timeout.
@@ -469,17 +488,24 @@ async fn start_processor(
         })
 }
 
-/// A started processor, its gate, its backlog estimates and (metrics on) what makes them, its
-/// state publisher, its stranded-document sweep and its drain's publish after commit.
-type Started = (
-    RunningProcessor,
-    Arc<DrainGate>,
-    Backlogs,
-    Option<backlog::Estimator>,
-    super::state::StatePublisher,
-    Sweeper,
-    AfterCommit,
-);
+/// A processor just started: its drain's gate and publish after commit, and its companions,
+/// not yet running.
+struct Started {
+    processor: RunningProcessor,
+    gate: Arc<DrainGate>,
+    companions: Companions,
+    after_commit: AfterCommit,
+}
+
+/// A running processor and what the runtime's health reads beside it: its drain's gate, its
+/// backlog estimates and its stranded-document sweep's findings.
+#[derive(Debug)]
+struct Running {
+    processor: RunningProcessor,
+    gate: Arc<DrainGate>,
+    backlogs: Backlogs,
+    sweeps: SweepFindings,
+}
 
 /// One owned lease as the runtime's health reports it.
 pub(crate) struct LeaseState {
