@@ -171,6 +171,30 @@ impl Dispatch {
         self.stamp_for(id, message_id, destination, published)
     }
 
+    /// Whether the document `id` the page read as `doc` is decided since: gone, or no longer
+    /// pending (stamped delivered or undeliverable by another writer). A version still pending,
+    /// and a read that fails, say no: the document is published as the page read it. Skipping
+    /// one decided is safe whatever replica answers: a later write that makes it pending again
+    /// (a requeue) comes through the change feed on its own.
+    pub(super) async fn decided_since(&self, doc: &Value, id: &str, key: &[Value]) -> bool {
+        let Ok(sdk_key) = partition_key::sdk_key(key) else {
+            return false;
+        };
+        let reading = cosmos::store::read_item_charged(&self.container, sdk_key, id);
+        let bounded = cosmos::store::bounded("read_item", self.store_timeout, Box::pin(reading));
+        let Ok((outcome, charge)) = bounded.await else {
+            return false;
+        };
+        self.charges.relay(charge);
+        match outcome.into_document() {
+            None => true,
+            Some(now) => {
+                now.get("_etag") != doc.get("_etag")
+                    && now.get(outbox::STATUS_FIELD).and_then(Value::as_str) != Some(STATUS_PENDING)
+            }
+        }
+    }
+
     /// The message of a document: the document itself under the Outbox Document Contract, or
     /// what the body resolver makes of it. A stamp instead when there is nothing to publish
     /// (a contract violation: undeliverable; a resolver that answers none: dropped).

@@ -130,6 +130,10 @@ struct GroupOutcome {
     /// The group's failures, first first: a publish and the stamps of earlier documents still
     /// in flight may each fail.
     errors: Vec<DrainError>,
+    /// A stamp of the group found the document decided by another writer since the page read
+    /// it (another process published the key's documents after their commit, say): each later
+    /// document of the group is read again before it is published.
+    met_another: bool,
 }
 
 impl GroupOutcome {
@@ -137,8 +141,9 @@ impl GroupOutcome {
     /// is a receipt: another writer's verdict that stood says nothing of the status write path.
     fn record(&mut self, settled: Result<Processed, DrainError>, page: &PageInFlight<'_>) {
         let minted = match settled {
-            Ok(Processed::Published { receipt, .. }) => {
+            Ok(Processed::Published { receipt, version }) => {
                 self.report.published += 1;
+                self.met_another |= version.is_none();
                 receipt
             }
             Ok(Processed::Dropped(receipt)) => {
@@ -151,6 +156,7 @@ impl GroupOutcome {
             }
             Ok(Processed::Superseded) => {
                 self.report.skipped += 1;
+                self.met_another = true;
                 None
             }
             Err(error) => {
@@ -617,6 +623,17 @@ impl Drain {
             if here == Here::Stamped {
                 outcome.report.skipped += 1;
                 continue;
+            }
+            // Another writer decides this key's documents too: one it decided since the page
+            // read it is not published again (a duplicate spared, one point read each).
+            if outcome.met_another && here == Here::Nothing {
+                let decided = self
+                    .dispatch
+                    .decided_since(pending.doc, pending.id, &pending.key);
+                if settling(decided, &mut stamping, &mut outcome, page).await {
+                    outcome.report.skipped += 1;
+                    continue;
+                }
             }
             // The semaphore is never closed; without a permit the document would still be
             // drained, so an `Err` cannot lose anything.
