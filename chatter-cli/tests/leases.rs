@@ -285,3 +285,28 @@ async fn a_relay_that_stops_under_a_suspension_removes_its_state() {
     running.shutdown().await;
     assert_eq!(state_documents(&cosmos).await, Vec::<String>::new());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_container_without_lease_documents_is_said_so_and_exits_1() {
+    let (emulator, _cosmos) = served_store_with_leases("orders", "orders-leases").await;
+    // The monitored container named instead of its lease container: it holds no leases.
+    let mistaken = chatter(
+        Some(emulator.endpoint()),
+        None,
+        &["leases", "--database", DB, "--container", "orders"],
+    )
+    .await;
+    let said = String::from_utf8_lossy(&mistaken.stderr);
+    assert_eq!(mistaken.status.code(), Some(1), "{said}");
+    assert!(said.contains("holds no lease documents"), "{said}");
+    // A container that does not exist fails as such.
+    let missing = chatter(
+        Some(emulator.endpoint()),
+        None,
+        &["leases", "--database", DB, "--container", "orders-lease"],
+    )
+    .await;
+    let said = String::from_utf8_lossy(&missing.stderr);
+    assert!(missing.status.code().is_some_and(|code| code > 1), "{said}");
+    assert!(said.contains("orders-lease"), "{said}");
+}

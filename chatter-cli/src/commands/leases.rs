@@ -29,7 +29,7 @@ pub(crate) struct Leases {
 }
 
 /// Shows the leases on the store `account` names: exit code 1 when one is free, expired or
-/// suspended.
+/// suspended, or when there is none.
 pub(crate) async fn run(args: &Leases, account: &Account, json: bool) -> Result<u8, Failure> {
     let cosmos = account.connect().await?;
     let at = &args.at;
@@ -41,6 +41,15 @@ pub(crate) async fn run(args: &Leases, account: &Account, json: bool) -> Result<
         backlog(&cosmos, args, monitored, &mut leases).await?;
     }
     print(json, leases.as_slice(), leases_table);
+    if leases.is_empty() {
+        // A typo that names another container (the monitored one, say) would otherwise look
+        // like a healthy answer.
+        eprintln!(
+            "{}/{} holds no lease documents: no relay has started against it yet, or it is not              a lease container (a relay's lease container is its `lease` name, e.g.              `orders-leases`)",
+            at.database, at.container
+        );
+        return Ok(1);
+    }
     Ok(u8::from(leases.iter().any(|lease| {
         lease.state != LeaseServed::Owned || lease.suspended
     })))
