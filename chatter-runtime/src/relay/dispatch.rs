@@ -171,11 +171,13 @@ impl Dispatch {
         self.stamp_for(id, message_id, destination, published)
     }
 
-    /// Whether the document `id` the page read as `doc` is decided since: gone, or no longer
-    /// pending (stamped delivered or undeliverable by another writer). A version still pending,
-    /// and a read that fails, say no: the document is published as the page read it. Skipping
-    /// one decided is safe whatever replica answers: a later write that makes it pending again
-    /// (a requeue) comes through the change feed on its own.
+    /// Whether the document `id` the page read as `doc` is provably decided since: read back
+    /// no longer pending, at a version written after the page's (its `_ts` later, in whole
+    /// seconds). Anything less certain says no, and the document is published as the page read
+    /// it (a duplicate at worst, never a skip): a read that fails or finds nothing (a replica
+    /// that has not caught up, or a 404/1002), and a version of the same second (a replica
+    /// behind the page, still at a `delivered` version before a requeue the page read, would
+    /// otherwise hide the requeue for good).
     pub(super) async fn decided_since(&self, doc: &Value, id: &str, key: &[Value]) -> bool {
         let Ok(sdk_key) = partition_key::sdk_key(key) else {
             return false;
@@ -186,13 +188,12 @@ impl Dispatch {
             return false;
         };
         self.charges.relay(charge);
-        match outcome.into_document() {
-            None => true,
-            Some(now) => {
-                now.get("_etag") != doc.get("_etag")
-                    && now.get(outbox::STATUS_FIELD).and_then(Value::as_str) != Some(STATUS_PENDING)
-            }
-        }
+        let Some(now) = outcome.into_document() else {
+            return false;
+        };
+        let written = |doc: &Value| doc.get("_ts").and_then(Value::as_i64);
+        let later = matches!((written(&now), written(doc)), (Some(now), Some(read)) if now > read);
+        later && now.get(outbox::STATUS_FIELD).and_then(Value::as_str) != Some(STATUS_PENDING)
     }
 
     /// The message of a document: the document itself under the Outbox Document Contract, or

@@ -130,9 +130,10 @@ struct GroupOutcome {
     /// The group's failures, first first: a publish and the stamps of earlier documents still
     /// in flight may each fail.
     errors: Vec<DrainError>,
-    /// A stamp of the group found the document decided by another writer since the page read
-    /// it (another process published the key's documents after their commit, say): each later
-    /// document of the group is read again before it is published.
+    /// A stamp of the group found the document decided since the page read it (by another
+    /// process publishing the key's documents after their commit, say; or by this relay's own
+    /// earlier write whose answer was lost): each later document of the group is read again
+    /// before it is published, and one provably decided since is not.
     met_another: bool,
 }
 
@@ -624,8 +625,8 @@ impl Drain {
                 outcome.report.skipped += 1;
                 continue;
             }
-            // Another writer decides this key's documents too: one it decided since the page
-            // read it is not published again (a duplicate spared, one point read each).
+            // Another writer decides this key's documents too: one provably decided since the
+            // page read it is not published again (a duplicate spared, one point read each).
             if outcome.met_another && here == Here::Nothing {
                 let decided = self
                     .dispatch
