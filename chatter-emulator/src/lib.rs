@@ -343,8 +343,9 @@ impl EmulatorServer {
     /// preferred region) reads what has replicated there, as the level allows (Eventual and
     /// Consistent Prefix: possibly older data; Session: at least its own session's writes).
     /// Returns the two servers, write region first; the steps run while the read region's
-    /// server does, on a current-thread runtime for the "at once" (on a multi-thread runtime a
-    /// read served beside a step can see part of it).
+    /// server does (on a current-thread runtime for the "at once": on a multi-thread runtime a
+    /// step can be seen half done, and the server warns), and once it stops every write
+    /// replicates at once.
     pub fn with_read_region(
         write_region: TcpListener,
         read_region: TcpListener,
@@ -421,9 +422,20 @@ impl EmulatorServer {
             faults,
             catch_up,
         } = self;
-        // Stopped with the server: dropping the guard aborts it.
+        // Stopped with the server: dropping the guard aborts it and lets replication run free.
         let _catching_up = catch_up.map(|(lag, seed)| {
-            AbortOnDrop(tokio::spawn(catch_up_in_steps(emulator.store(), lag, seed)))
+            if tokio::runtime::Handle::current().runtime_flavor()
+                != tokio::runtime::RuntimeFlavor::CurrentThread
+            {
+                tracing::warn!(
+                    "chatter-emulator: a read region's catch-up steps on a multi-thread runtime \
+                     can be seen half applied (a batch in part)"
+                );
+            }
+            CatchingUp {
+                task: tokio::spawn(catch_up_in_steps(emulator.store(), lag, seed)),
+                store: emulator.store(),
+            }
         });
         let urls = Arc::new(Urls { endpoint, region });
         loop {
@@ -693,7 +705,9 @@ pub async fn serve(listener: TcpListener) -> io::Result<()> {
 /// holds a prefix of the write region's history, whole batches included: Cosmos replicates by
 /// LSN, and a batch is one LSN. (The emulator's own delayed replication puts each document on
 /// a timer of its own: a read between two documents of one batch saw part of it, and the change
-/// feed's continuation, past their LSN, passed over the rest.)
+/// feed's continuation, past their LSN, passed over the rest.) "In one go" holds on a
+/// current-thread runtime; on a multi-thread one a request served on another thread, or a
+/// batch written there, can meet a step half done (the server warns when it starts so).
 async fn catch_up_in_steps(
     store: Arc<EmulatorStore>,
     lag: std::ops::RangeInclusive<Duration>,
@@ -706,19 +720,26 @@ async fn catch_up_in_steps(
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let wait = *lag.start() + spread.mul_f64((x % 1_000_000) as f64 / 1_000_000.0);
+        let wait = (*lag.start() + spread.mul_f64((x % 1_000_000) as f64 / 1_000_000.0))
+            .max(Duration::from_millis(1));
         tokio::time::sleep(wait).await;
         store.resume_replication(READ_REGION_NAME);
         store.pause_replication(READ_REGION_NAME);
     }
 }
 
-/// A task aborted when this is dropped.
-struct AbortOnDrop(JoinHandle<()>);
+/// A read region's catch-up steps, until the server stops: then replication to it resumes
+/// and stays on (writes replicate at once), so the write region never fills the paused
+/// region's buffer (past 10,000 writes the emulator refuses every write with 429/3075).
+struct CatchingUp {
+    task: JoinHandle<()>,
+    store: Arc<EmulatorStore>,
+}
 
-impl Drop for AbortOnDrop {
+impl Drop for CatchingUp {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
+        self.store.resume_replication(READ_REGION_NAME);
     }
 }
 

@@ -129,7 +129,9 @@ async fn a_port_serves_the_same_store_and_meets_only_its_own_faults() {
 async fn the_read_region_serves_older_data_until_a_write_replicates_under_eventual() {
     use chatter_emulator::{ConsistencyLevel, EmulatorServer};
     let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
-    let lag = std::time::Duration::from_millis(800);
+    // The read region's first step comes 2 s after it starts: the write and the first read
+    // below come well before it.
+    let lag = std::time::Duration::from_millis(2_000);
     let (write, read) = EmulatorServer::with_read_region(
         bind().await.unwrap(),
         bind().await.unwrap(),
@@ -173,7 +175,7 @@ async fn the_read_region_serves_older_data_until_a_write_replicates_under_eventu
 
 /// A transactional batch commits at one LSN, and Cosmos replicates by LSN: a read region never
 /// serves part of a batch. The SDK's emulator replicates each document on a timer of its own;
-/// `chatter-emulator` gives a request's documents one deadline. (Seed 6000156 of the
+/// `chatter-emulator`'s read region catches up in steps, each applying whole batches. (Seed 6000156 of the
 /// simulation read the change feed in the read region between two documents of one batch: the
 /// relay's continuation, past their LSN, passed over the third, which the sweep then found
 /// stranded.)
@@ -209,6 +211,7 @@ async fn a_batch_reaches_the_read_region_whole() {
         }
         docs.execute_transactional_batch(batch, None).await.unwrap();
         let sql = format!("SELECT * FROM c WHERE c.batch = {n}");
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
         let first_seen = loop {
             let seen = chatter_runtime::testing::query_all(&replica, &sql)
                 .await
@@ -216,6 +219,10 @@ async fn a_batch_reaches_the_read_region_whole() {
             if !seen.is_empty() {
                 break seen.len();
             }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "batch {n} never reached the read region"
+            );
         };
         assert_eq!(
             first_seen, 3,

@@ -379,8 +379,9 @@ async fn a_document_published_after_commit_whose_stamp_failed_is_only_stamped_by
 
 #[tokio::test]
 async fn a_pending_check_read_in_a_lagging_region_at_eventual_consistency_keeps_the_keys_order() {
-    // Reads in the read region see writes 1.5 s late, and an Eventual account sends no session
-    // token: the check cannot see what another process committed just before.
+    // The read region catches up every 1.5 s (its first step 1.5 s after it starts, by when the
+    // two commits below are usually made), and an Eventual account sends no session token: the
+    // check cannot see what another process committed just before.
     let lag = Duration::from_millis(1500);
     let (write, _read, cosmos) =
         chatter_tests::store::two_regions(chatter_emulator::ConsistencyLevel::Eventual, lag).await;
