@@ -17,7 +17,8 @@ const BODY_SHOWN: usize = 200;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DeadLetter {
     /// Where it was found: its stream sequence (NATS), its place in the queue counted from 0
-    /// (RabbitMQ). [`DeadLetters::settle`] acts on the dead letter found there, and only if it
+    /// (RabbitMQ), its publish sequence in the queue (the in-memory broker, which lists only
+    /// the dead letters no consumer holds). [`DeadLetters::settle`] acts on the dead letter found there, and only if it
     /// still has this message id.
     pub position: u64,
     /// Its message id (`<none>` when it carried none).

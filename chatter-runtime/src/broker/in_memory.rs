@@ -317,7 +317,8 @@ impl super::DeadLetters for InMemoryBroker {
                 }
             }
         }
-        // Taken out and published in one step each: nothing in between can fail.
+        // In process, taking a letter out and publishing its replay cannot fail in between, so
+        // the order the trait asks of a broker (publish first, then remove) changes nothing.
         if action == super::DeadLetterAction::Replay {
             for letter in taken {
                 self.shared

@@ -435,8 +435,12 @@ impl Delivery {
     }
 
     /// This delivery, settled through what `wrap` makes of its settlement: for a [`Broker`] that
-    /// decorates another (to count or log settlements, say) and must see them. A delivery
-    /// already settled or discarded stays so.
+    /// decorates another (to count or log settlements, say) and must see them. The wrapper must
+    /// forward every [`Settle`] method it does not mean to change (`is_stale`,
+    /// `delivery_count`, `previous_deliveries`, `is_last_delivery`, `nack_after`, `term`): the
+    /// trait's defaults are those of a broker that has none of them, so a wrapper that leaves
+    /// one out changes how the consumer treats the broker (on JetStream, retry copies instead
+    /// of delayed redeliveries).
     #[must_use]
     pub fn map_settle(mut self, wrap: impl FnOnce(Box<dyn Settle>) -> Box<dyn Settle>) -> Self {
         self.settle = self.settle.take().map(wrap);

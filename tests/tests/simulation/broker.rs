@@ -127,6 +127,13 @@ impl Broker for SimBroker {
     }
 
     fn publish(&self, message: BrokeredMessage) -> BoxFuture<'_, Result<(), BrokerError>> {
+        // A dead letter is a stream message of its own: its replay (which keeps its context) is
+        // counted apart from any copy of the original still around.
+        let message = if message.destination.ends_with(".dead-letter") {
+            published_anew(&message)
+        } else {
+            message
+        };
         let operation = format!("publish {}", message.message_id);
         let publishes = &self.schedules.publishes;
         let fault = publishes.roll(&operation, pick_publish_fault);

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chatter_runtime::constants::DEFAULT_MAX_DELIVERY_ATTEMPTS;
 use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::testing::query_all;
 use serde_json::Value;
@@ -306,6 +307,11 @@ pub async fn invariants(
     // 5. Dead letters only of commands whose handler failed every attempt, or, of SimPlace
     //    (at the default attempt limit), whose attempts faults failed: the operator replays
     //    those, and 1 holds for them all the same.
+    for id in &seen.replayed_early {
+        broken.push(format!(
+            "dead letter: {id} dead-lettered before its {DEFAULT_MAX_DELIVERY_ATTEMPTS} attempts"
+        ));
+    }
     for (id, copies) in &seen.dead_letters {
         if !poisons.contains(id) && !seen.replayed.contains_key(id) {
             broken.push(format!(
@@ -487,7 +493,10 @@ pub fn same_process_duplicates(
             {
                 zombie.entry(*slot).or_default().push(*at);
             }
-            Event::Harness { what, .. } if what.starts_with("the operator requeued ") => {
+            // Only a requeue that was applied (the CLI's outcome without a failure).
+            Event::Harness { what, .. }
+                if what.starts_with("the operator requeued ") && what.contains("failed: None") =>
+            {
                 if let Some(message_id) = what
                     .strip_prefix("the operator requeued ")
                     .and_then(|rest| rest.split(": ").next())

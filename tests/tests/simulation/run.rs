@@ -393,6 +393,8 @@ pub struct Seen {
     pub dead_letters: BTreeMap<String, usize>,
     /// Dead letters the operator replayed, by message id (each time it did).
     pub replayed: BTreeMap<String, usize>,
+    /// Replayed dead letters that carried fewer attempts than the limit (or none).
+    pub replayed_early: Vec<String>,
     /// `(tenant, trigger message id)` of every message the standalone relay published, in
     /// arrival order.
     pub triggered: Vec<(String, String)>,
@@ -1178,6 +1180,15 @@ async fn replay_dead_letters(
             continue;
         };
         let mut seen = seen.lock().unwrap();
+        // A command that does nothing wrong is dead-lettered only past its attempt limit.
+        let limit = u64::from(chatter_runtime::constants::DEFAULT_MAX_DELIVERY_ATTEMPTS);
+        for letter in &listed {
+            if outcome.done.contains(&letter.message_id)
+                && letter.attempts.is_none_or(|attempts| attempts < limit)
+            {
+                seen.replayed_early.push(letter.message_id.clone());
+            }
+        }
         for id in outcome.done {
             history.harness(
                 usize::MAX,
