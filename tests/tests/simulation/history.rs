@@ -60,7 +60,8 @@ impl Event {
 pub struct History {
     began: Instant,
     events: Mutex<Vec<(Instant, Event)>>,
-    pauses_end: Mutex<Vec<Instant>>,
+    /// (instance, when its pause ends) of every pause.
+    pauses_end: Mutex<Vec<(usize, Instant)>>,
 }
 
 impl Default for History {
@@ -101,18 +102,32 @@ impl History {
         });
     }
 
-    /// Records a pause of instance `slot` for `period`, and when it ends.
+    /// Records a pause of instance `slot` for `period`, and when it ends: a pause ordered while
+    /// another of the same instance lasts starts when that one ends (its thread takes the order
+    /// then; seed 7001070's second pause ended 200 ms after the harness thought, and the zombie
+    /// it released published inside the quiet second).
     pub fn paused(&self, slot: usize, period: std::time::Duration, what: String) {
-        self.pauses_end
-            .lock()
-            .unwrap()
-            .push(Instant::now() + period);
+        let mut ends = self.pauses_end.lock().unwrap();
+        let start = ends
+            .iter()
+            .filter(|(paused, _)| *paused == slot)
+            .map(|(_, end)| *end)
+            .chain([Instant::now()])
+            .max()
+            .unwrap_or_else(Instant::now);
+        ends.push((slot, start + period));
+        drop(ends);
         self.harness(slot, what);
     }
 
     /// When the last pause ends (or ended), if there was one.
     pub fn pauses_end(&self) -> Option<Instant> {
-        self.pauses_end.lock().unwrap().iter().max().copied()
+        self.pauses_end
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, end)| *end)
+            .max()
     }
 
     pub fn events(&self) -> Vec<(Instant, Event)> {

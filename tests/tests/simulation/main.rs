@@ -113,6 +113,12 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          requeue for no reason",
     ),
     (
+        7_001_070,
+        "two pauses of one instance overlapped: the second began when the first ended, but the \
+         harness took it to end 200 ms sooner, so the zombie it released published inside the \
+         quiet second (a false quiescence violation)",
+    ),
+    (
         6_000_156,
         "the SDK's emulator replicated each document of a batch to the read region on a timer \
          of its own: a change feed read there saw part of a batch, and the relay's \
