@@ -154,7 +154,7 @@ pub enum DispatchError {
 impl DispatchError {
     /// The handler's rejection, when it refused the command for good
     /// ([`PipelineError::Rejected`]).
-    pub fn rejection(&self) -> Option<&crate::Rejection> {
+    pub fn rejection(&self) -> Option<&crate::pipeline::Rejection> {
         match self {
             Self::Pipeline(error) => error.rejection(),
             _ => None,
