@@ -127,23 +127,11 @@ async fn a_port_serves_the_same_store_and_meets_only_its_own_faults() {
 
 #[tokio::test]
 async fn the_read_region_serves_older_data_until_a_write_replicates_under_eventual() {
-    use chatter_emulator::{ConsistencyLevel, EmulatorServer};
-    let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
     // The read region's first step comes 2 s after it starts: the write and the first read
     // below come well before it.
     let lag = std::time::Duration::from_millis(2_000);
-    let (write, read) = EmulatorServer::with_read_region(
-        bind().await.unwrap(),
-        bind().await.unwrap(),
-        ConsistencyLevel::Eventual,
-        lag..=lag,
-        7,
-    )
-    .unwrap();
-    let (write, read) = (write.spawn(), read.spawn());
-    let writer = chatter_runtime::cosmos::CosmosConnection::connect(write.endpoint(), None)
-        .await
-        .unwrap();
+    let (write, read, writer) =
+        chatter_tests::store::two_regions(chatter_emulator::ConsistencyLevel::Eventual, lag).await;
     let docs = provisioned(&writer, "regions", "docs", &["/pk"]).await;
     let reader = chatter_tests::store::reading_in_read_region(write.endpoint())
         .await
@@ -182,21 +170,11 @@ async fn the_read_region_serves_older_data_until_a_write_replicates_under_eventu
 #[tokio::test]
 async fn a_batch_reaches_the_read_region_whole() {
     use azure_data_cosmos::TransactionalBatch;
-    use chatter_emulator::{ConsistencyLevel, EmulatorServer};
-    let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
-    let lag = std::time::Duration::from_millis(5)..=std::time::Duration::from_millis(15);
-    let (write, read) = EmulatorServer::with_read_region(
-        bind().await.unwrap(),
-        bind().await.unwrap(),
-        ConsistencyLevel::Session,
-        lag,
-        11,
+    let (write, _read, writer) = chatter_tests::store::two_regions(
+        chatter_emulator::ConsistencyLevel::Session,
+        std::time::Duration::from_millis(10),
     )
-    .unwrap();
-    let (write, _read) = (write.spawn(), read.spawn());
-    let writer = chatter_runtime::cosmos::CosmosConnection::connect(write.endpoint(), None)
-        .await
-        .unwrap();
+    .await;
     let docs = provisioned(&writer, "regions", "batches", &["/pk"]).await;
     let reader = chatter_tests::store::reading_in_read_region(write.endpoint())
         .await

@@ -478,6 +478,13 @@ async fn a_live_claim_is_never_taken_over_and_the_copy_is_told_to_try_later() {
     );
 }
 
+/// Claims of 2 s renewed every 500 ms: renewals within a test's seconds.
+fn short_claims() -> InboxOptions {
+    InboxOptions::new(DB, CONTAINER)
+        .claim_period(Duration::from_secs(2))
+        .renewal_interval(Duration::from_millis(500))
+}
+
 /// How many times the handlers of [`Runs::sleeping`] ran, how many run now, and the most that
 /// ever ran at once. Clones share the counts.
 #[derive(Clone, Default)]
@@ -510,10 +517,7 @@ impl Runs {
 #[tokio::test]
 async fn a_handler_running_past_its_claim_period_keeps_its_claim_by_renewing_it() {
     let cosmos = CosmosConnection::embedded().await.unwrap();
-    let options = InboxOptions::new(DB, CONTAINER)
-        .claim_period(Duration::from_secs(2))
-        .renewal_interval(Duration::from_millis(500))
-        .clock_margin(Duration::ZERO);
+    let options = short_claims().clock_margin(Duration::ZERO);
     let inbox = inbox_on(&cosmos, options).await;
     let runs = Runs::default();
     let first = tokio::spawn({
@@ -540,10 +544,8 @@ async fn a_handler_running_past_its_claim_period_keeps_its_claim_by_renewing_it(
 #[tokio::test]
 async fn a_crashed_attempts_claim_is_taken_over_once_its_period_ran_out() {
     let cosmos = CosmosConnection::embedded().await.unwrap();
-    let options = InboxOptions::new(DB, CONTAINER)
+    let options = short_claims()
         .claim_timeout(Duration::from_secs(300))
-        .claim_period(Duration::from_secs(2))
-        .renewal_interval(Duration::from_millis(500))
         .clock_margin(Duration::from_secs(1));
     let inbox = inbox_on(&cosmos, options).await;
     let runs = Runs::default();
@@ -590,10 +592,7 @@ async fn a_crashed_attempts_claim_is_taken_over_once_its_period_ran_out() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_handler_whose_renewals_fail_past_its_claims_end_is_stopped() {
     let (emulator, cosmos) = emulator_server().await;
-    let options = InboxOptions::new(DB, CONTAINER)
-        .claim_period(Duration::from_secs(2))
-        .renewal_interval(Duration::from_millis(500))
-        .clock_margin(Duration::ZERO);
+    let options = short_claims().clock_margin(Duration::ZERO);
     let inbox = inbox_on(&cosmos, options).await;
     let stopped = Arc::new(AtomicUsize::new(0));
     /// Counts the handler's future dropped before it finished.
@@ -640,10 +639,7 @@ async fn a_handler_whose_renewals_fail_past_its_claims_end_is_stopped() {
 #[tokio::test(flavor = "multi_thread")]
 async fn only_a_handler_running_past_a_renewal_interval_renews_its_claim() {
     let (emulator, cosmos) = emulator_server().await;
-    let options = InboxOptions::new(DB, CONTAINER)
-        .claim_period(Duration::from_secs(2))
-        .renewal_interval(Duration::from_millis(500))
-        .clock_margin(Duration::ZERO);
+    let options = short_claims().clock_margin(Duration::ZERO);
     let inbox = inbox_on(&cosmos, options).await;
     let runs = Runs::default();
     let patches = || emulator.request_count("PATCH");

@@ -427,26 +427,30 @@ impl Channel {
             .filter_map(Weak::upgrade)
             .collect();
         for entry in held {
-            if let Some(settle) = entry.take() {
-                entry.stale.store(true, Ordering::SeqCst);
-                self.record(
-                    &entry.message_id,
-                    "taken back by a channel close (redelivered)",
-                );
-                settle.abandon();
-            }
+            self.take_back(
+                &entry,
+                &entry.stale,
+                "taken back by a channel close (redelivered)",
+            );
         }
     }
 
     /// Past its ack wait without progress: the broker delivers `entry`'s message again, and
     /// the held copy can still settle it.
     fn redeliver(&self, entry: &Held) {
+        self.take_back(
+            entry,
+            &entry.redelivered,
+            "taken back past its ack wait (redelivered while held)",
+        );
+    }
+
+    /// Returns `entry` to the broker, unless it was settled or taken back already, marking it
+    /// as `how` (stale or redelivered) says.
+    fn take_back(&self, entry: &Held, how: &AtomicBool, what: &'static str) {
         if let Some(settle) = entry.take() {
-            entry.redelivered.store(true, Ordering::SeqCst);
-            self.record(
-                &entry.message_id,
-                "taken back past its ack wait (redelivered while held)",
-            );
+            how.store(true, Ordering::SeqCst);
+            self.record(&entry.message_id, what);
             settle.abandon();
         }
     }

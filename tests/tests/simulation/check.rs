@@ -17,7 +17,7 @@ use super::commands::{
 use super::errors::Logged;
 use super::history::{Event, Who, outbox_message_id};
 use super::run::{Kind, Plan, Published, Report, STALL_BOUND, Seen};
-use super::triggers::{TRIGGER_LEASES, TRIGGERED, TRIGGERS};
+use super::triggers::{TRIGGERED, TRIGGERS};
 
 /// Outbox Documents still `pending`, in both containers.
 pub async fn pending_outbox(cosmos: &CosmosConnection) -> Result<usize, String> {
@@ -591,7 +591,7 @@ pub async fn leases_tile(
     let deadline = Instant::now() + within;
     loop {
         let mut broken = Vec::new();
-        for container in ["leases", "inbox-leases", TRIGGER_LEASES] {
+        for container in super::run::lease_containers() {
             broken.extend(lease_tiling(cosmos, container).await?);
         }
         if broken.is_empty() || Instant::now() > deadline {

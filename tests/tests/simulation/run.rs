@@ -42,9 +42,14 @@ use super::triggers::{TRIGGER_LEASES, TRIGGERED, TRIGGERS};
 
 /// The containers the relays read the change feed of.
 const MONITORED: [&str; 3] = [ORDERS, IDEMPOTENCY, TRIGGERS];
-/// Their lease containers (as the commands' registrations and the trigger relay name them).
-const LEASES: &str = "leases";
-const INBOX_LEASES: &str = "inbox-leases";
+/// Their lease containers, as the commands' registrations and the trigger relay name them.
+pub fn lease_containers() -> [&'static str; 3] {
+    [
+        SimPlace::registration().lease,
+        SimReserve::registration().lease,
+        TRIGGER_LEASES,
+    ]
+}
 
 /// How long after healing a run may take to publish and settle everything, whatever it logged:
 /// past it, the run stalled. A healed run's slowest recovery is a crashed instance's leases
@@ -876,7 +881,7 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
 
             Step::SplitLeases => {
                 history.harness(usize::MAX, "the lease containers' partition 0 splits");
-                for leases in [LEASES, INBOX_LEASES, TRIGGER_LEASES] {
+                for leases in lease_containers() {
                     store.split_partition(DATABASE, leases, 0, Duration::from_millis(10));
                 }
             }
