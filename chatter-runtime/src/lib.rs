@@ -131,6 +131,7 @@ macro_rules! error_type {
 mod atomic_write;
 mod backoff;
 pub mod broker;
+mod clock;
 pub mod constants;
 pub mod cosmos;
 mod deadline;

@@ -88,8 +88,11 @@ pub async fn query_all(
     Ok(found)
 }
 
-/// Skews the clock the calling thread's inbox code reads by `millis` (negative: behind), as an
-/// instance whose clock is off; the simulation runs each instance on a thread of its own.
+/// Skews the clock the calling thread reads by `millis` (negative: behind), as an instance
+/// whose clock is off: the inbox's claims and markers, the sweep's ages, and the change-feed
+/// processor's lease expiry and lease timestamps. The simulation runs each instance on a
+/// thread of its own.
 pub fn skew_clock(millis: i64) {
-    crate::inbox::claim::CLOCK_SKEW.with(|skew| skew.set(time::Duration::milliseconds(millis)));
+    crate::clock::CLOCK_SKEW.with(|skew| skew.set(time::Duration::milliseconds(millis)));
+    cosmos_change_feed::testing::skew_clock(millis);
 }

@@ -193,12 +193,16 @@ pub async fn lease_scope(monitored: &ContainerClient) -> Result<String, StoreErr
         .ok_or(StoreError::MissingResourceId)
 }
 
-/// Milliseconds since the Unix epoch, now.
+/// Milliseconds since the Unix epoch, now, by this instance's clock (with feature
+/// `test-support`, shifted by the calling thread's skew: [`crate::testing::skew_clock`]).
 pub(crate) fn now_millis() -> i64 {
-    SystemTime::now()
+    let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
+        .unwrap_or(0);
+    #[cfg(feature = "test-support")]
+    let now = now.saturating_add(crate::testing::CLOCK_SKEW_MS.with(std::cell::Cell::get));
+    now
 }
 
 /// Every lease document of `processor_name` in the lease container `leases`, whichever

@@ -99,6 +99,8 @@ mod page;
 mod ranges;
 mod request;
 mod store;
+#[cfg(feature = "test-support")]
+pub mod testing;
 mod worker;
 
 use std::collections::BTreeMap;

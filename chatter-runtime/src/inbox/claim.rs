@@ -89,23 +89,6 @@ fn to_time(duration: Duration) -> time::Duration {
     time::Duration::try_from(duration).unwrap_or(time::Duration::MAX)
 }
 
-/// This instance's clock, by which it judges a claim (and writes a marker's `ReceivedAtUtc`).
-/// With feature `test-support`, shifted by the calling thread's skew
-/// ([`crate::testing::skew_clock`]): the simulation runs each instance on a thread of its own.
-pub(crate) fn now_utc() -> OffsetDateTime {
-    let now = OffsetDateTime::now_utc();
-    #[cfg(feature = "test-support")]
-    let now = now + CLOCK_SKEW.with(std::cell::Cell::get);
-    now
-}
-
-#[cfg(feature = "test-support")]
-thread_local! {
-    /// How far this thread's clock is from the true one (test seam).
-    pub(crate) static CLOCK_SKEW: std::cell::Cell<time::Duration> =
-        const { std::cell::Cell::new(time::Duration::ZERO) };
-}
-
 /// The far future a deadline saturates to: a duration too large for an `Instant`.
 pub(super) fn far_future() -> tokio::time::Instant {
     let now = tokio::time::Instant::now();

@@ -377,7 +377,7 @@ impl StandaloneInbox {
             &self.options.partition_key_path,
             self.options.marker_ttl_seconds,
             self.options.claim_seconds(),
-            crate::inbox::claim::now_utc(),
+            crate::clock::now_utc(),
         )
         .map_err(marker_error)?;
         let key = PartitionKey::from(message_id.to_owned());
@@ -705,7 +705,7 @@ impl StandaloneInbox {
             if inbox_marker::is_completed(&stored) {
                 return Ok(Conflict::Completed);
             }
-            let now = crate::inbox::claim::now_utc();
+            let now = crate::clock::now_utc();
             let previous = match claim::state(&stored, &self.options, now) {
                 claim::State::Live { for_at_most } => {
                     return Err(InboxError::ClaimHeld {

@@ -121,7 +121,7 @@ impl Pipeline {
             message_id,
             registration.partition_key,
             partition_key,
-            crate::inbox::claim::now_utc(),
+            crate::clock::now_utc(),
         )
         .map_err(marker_error)?;
         let cosmos_error = cosmos_error(name, message_id);

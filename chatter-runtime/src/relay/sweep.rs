@@ -35,7 +35,7 @@
 use std::collections::{HashMap, HashSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use azure_data_cosmos::feed::FeedScope;
 use cosmos_change_feed::{ChangeFeedEstimator, FeedRange, LeaseDocument, lease_scope, read_leases};
@@ -222,8 +222,8 @@ impl Sweeper {
         const OPERATION: &str = "query_items";
         let timeout = self.options.processor.store_timeout;
         let query = crate::cosmos::outbox_query::outbox_query("*", STATUS_PENDING)?;
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
+        // Since the Unix epoch by this instance's clock (a `_ts` is the store's).
+        let now = Duration::try_from(crate::clock::now_utc() - time::OffsetDateTime::UNIX_EPOCH)
             .unwrap_or_default();
         let mut oldest: Option<i64> = None;
         let mut candidates = Vec::new();

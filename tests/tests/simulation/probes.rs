@@ -76,6 +76,11 @@ pub const PROBES: &[(&str, &str)] = &[
          lost, delivered again while its handler ran or waited for its key",
     ),
     (
+        "given up by the operator",
+        "a pending notice stamped undeliverable by the operator's give-up (the CLI's code) \
+         while relays worked, requeued after the fix, and published",
+    ),
+    (
         "dead letter replayed by the operator",
         "a command that does nothing wrong dead-lettered after faults failed its five attempts, \
          replayed by the operator mid-run (its writes must still apply once)",
@@ -166,6 +171,9 @@ pub fn count(
                 }
                 if what.starts_with("the operator requeued") {
                     hit("requeued by the operator", 1);
+                }
+                if what.starts_with("the operator gave up ") {
+                    hit("given up by the operator", 1);
                 }
                 if what.starts_with("the operator replayed the dead letter") {
                     hit("dead letter replayed by the operator", 1);

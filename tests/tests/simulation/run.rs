@@ -132,6 +132,10 @@ pub struct Plan {
     pub notices: usize,
     pub fixed_at: Option<Duration>,
     pub refusal_pause: Option<Duration>,
+    /// When the operator gives up the pending notices (through the CLI's code, `chatter outbox
+    /// give-up --destination`), before the fix: relays racing it hold pages that read them
+    /// pending, and their stamps meet the operator's verdict.
+    pub gave_up_at: Option<Duration>,
     /// Physical partitions per monitored container: 1, 2 or 4 (a lease each). None merge
     /// mid-run: the SDK's emulator restarts a merged partition's LSNs, so a continuation from
     /// before the merge skips what is written after it (`emulator_merge_departure.rs`), which
@@ -217,6 +221,7 @@ impl Plan {
             notices: 0,
             fixed_at: None,
             refusal_pause: None,
+            gave_up_at: None,
         };
         // A destination the broker refuses until an operator fixes it mid-run, in 4 seeds of
         // 10 (seed 139 found an unconditional `undeliverable` stamp, retried after a pause,
@@ -231,6 +236,14 @@ impl Plan {
             // Past a lease expiry (3 s): another instance takes the paused one's leases, and
             // the fix, over.
             plan.refusal_pause = verdicts.chance(500).then(|| verdicts.millis(3_500, 6_000));
+            // From a stream of its own: the other draws stay what they were before it existed.
+            let mut operator = Rng::new(seed).fork(0x61FE);
+            if let Some(fixed) = plan.fixed_at
+                && operator.chance(500)
+            {
+                let fixed = fixed.as_millis() as u64;
+                plan.gave_up_at = Some(Duration::from_millis(operator.between(fixed / 2, fixed)));
+            }
         }
         let mut shape = Rng::new(seed).fork(0x5A9E);
         plan.partitions = *shape.pick(&[1, 1, 1, 2, 2, 4]);
@@ -534,6 +547,8 @@ enum Step {
     SplitLeases,
     /// The broker takes notices again.
     Fix,
+    /// The operator gives up the pending notices.
+    GiveUp,
     Heal,
 }
 
@@ -924,6 +939,10 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
                     fleet.start(which);
                 }
             }
+            Step::GiveUp => {
+                // On a task of its own: the steps go on while it reads and writes.
+                tokio::spawn(give_up_notices(cosmos.clone(), Arc::clone(&history)));
+            }
             Step::Fix => {
                 history.harness(usize::MAX, "the broker takes notices again");
                 fleet
@@ -1094,6 +1113,9 @@ fn steps(
     }
     if let Some(at) = plan.fixed_at {
         steps.push((at, Step::Fix));
+    }
+    if let Some(at) = plan.gave_up_at {
+        steps.push((at, Step::GiveUp));
     }
 
     for (at, which, down) in &plan.crashes {
@@ -1270,6 +1292,47 @@ async fn settle(
             ));
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The operator gives up every pending notice, as `chatter outbox give-up --destination` does
+/// (the CLI's code): each is stamped `undeliverable` with the operator's reason, conditional on
+/// the version it read. The requeue after the fix puts them back.
+async fn give_up_notices(cosmos: CosmosConnection, history: Arc<History>) {
+    use chatter_runtime::operator::{self, Selection};
+    let selection = Selection::Destination(NOTICES.to_owned());
+    let plan = match operator::plan_give_up(
+        &cosmos,
+        DATABASE,
+        ORDERS,
+        &selection,
+        "the simulation's operator gave up",
+    )
+    .await
+    {
+        Ok(plan) => plan,
+        Err(e) => {
+            history.harness(
+                usize::MAX,
+                format!("the operator's give-up read failed: {e}"),
+            );
+            return;
+        }
+    };
+    match operator::apply(&cosmos, DATABASE, ORDERS, &plan).await {
+        Ok(applied) => {
+            for (change, outcome) in plan.changes.iter().zip(&applied) {
+                let what = match &outcome.failed {
+                    None => format!("the operator gave up {}", change.message_id),
+                    Some(why) => format!(
+                        "the operator's give-up of {} failed: {why}",
+                        change.message_id
+                    ),
+                };
+                history.harness(usize::MAX, what);
+            }
+        }
+        Err(e) => history.harness(usize::MAX, format!("the operator's give-up failed: {e}")),
     }
 }
 
