@@ -67,6 +67,8 @@
 //! - An outbox document the broker could never take is stamped `undeliverable` and logged; a
 //!   lease whose delivered stamps keep failing is suspended for a while instead of republishing.
 //!
+//! The words these pages use are in the [glossary](#glossary) below.
+//!
 //! # Modules, and the guide
 //!
 //! Each module's page opens with its chapter of the guide (the README's map lists them); read
@@ -105,6 +107,7 @@
 //! Registrations are collected with `inventory`, which only sees crates linked into the binary:
 //! reference a crate of commands from the binary (`use my_commands as _;`) or its registrations
 //! are silently left out.
+#![doc = include_str!("../docs/glossary.md")]
 
 // The test seams `testing` re-exports are `pub` so that the `test-support` feature can reach
 // them; without it they are unreachable by design. CI builds with every feature, where this lint
