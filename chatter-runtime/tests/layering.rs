@@ -17,6 +17,7 @@ const FLOORS: &[&[&str]] = &[
         "backoff",
         "partition_key",
         "deadline",
+        "clock",
         "state",
     ],
     &["document"],
