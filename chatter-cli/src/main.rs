@@ -36,7 +36,7 @@ use std::process::ExitCode;
 use chatter_runtime::cosmos::{CosmosConnection, CosmosStoreError, ENDPOINT_ENV};
 use clap::{Parser, Subcommand};
 
-mod broker_url;
+mod broker;
 mod commands;
 mod tables;
 

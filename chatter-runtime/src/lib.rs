@@ -108,7 +108,6 @@
 //! reference a crate of commands from the binary (`use my_commands as _;`) or its registrations
 //! are silently left out.
 #![doc = include_str!("../docs/glossary.md")]
-
 // The test seams `testing` re-exports are `pub` so that the `test-support` feature can reach
 // them; without it they are unreachable by design. CI builds with every feature, where this lint
 // holds everything else to `pub(crate)`.

@@ -4,15 +4,15 @@
 use std::path::PathBuf;
 
 use chatter_runtime::broker::{
-    DeadLetter, DeadLetterAction, DeadLetterOutcome, DeadLetterSelection, DeadLetters, NatsBroker,
-    RabbitMqBroker,
+    DeadLetter, DeadLetterAction, DeadLetterOutcome, DeadLetterSelection, DeadLetters,
 };
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use super::{Confirm, confirmed};
+use crate::broker::{self, BrokerKind, Connected};
 use crate::tables::{columns, counted};
-use crate::{Failure, broker_url, chain};
+use crate::{Failure, chain};
 
 /// How many dead letters `list` shows unless `--limit` says otherwise.
 const DEFAULT_LIMIT: usize = 100;
@@ -42,12 +42,6 @@ pub(crate) struct At {
     /// The command's destination (its dead letters are `<destination>.dead-letter`).
     #[arg(long)]
     destination: String,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum BrokerKind {
-    Rabbitmq,
-    Nats,
 }
 
 #[derive(Debug, Args)]
@@ -270,17 +264,13 @@ fn print_outcome(verb: &str, outcome: &DeadLetterOutcome, json: bool) {
 
 /// The broker `at` names (errors name its URL without the password).
 async fn connect(at: &At) -> Result<Box<dyn DeadLetters>, Failure> {
-    let url = broker_url::read(at.broker_url_file.as_deref(), "pass --broker-url-file")?;
-    let unreachable = |e: chatter_runtime::broker::BrokerError| {
-        Failure::Store(broker_url::scrub(
-            &format!("cannot reach the broker: {}", chain(&e)),
-            &url,
-        ))
-    };
-    Ok(match at.broker {
-        BrokerKind::Rabbitmq => Box::new(RabbitMqBroker::connect(&url).await.map_err(unreachable)?),
-        BrokerKind::Nats => Box::new(NatsBroker::connect(&url).await.map_err(unreachable)?),
-    })
+    let file = at.broker_url_file.as_deref();
+    Ok(
+        match broker::connect(at.broker, file, "pass --broker-url-file").await? {
+            Connected::Rabbitmq(broker) => Box::new(broker),
+            Connected::Nats(broker) => Box::new(broker),
+        },
+    )
 }
 
 fn table(letters: &[DeadLetter]) -> String {

@@ -36,13 +36,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use chatter_runtime::broker::{Broker, NatsBroker, RabbitMqBroker};
+use chatter_runtime::broker::Broker;
 use chatter_runtime::cosmos::CosmosConnection;
 use chatter_runtime::{relay::RelayOptions, relay::RunningRelays, relay::StandaloneRelay};
 use clap::Args;
 use serde::Deserialize;
 
-use crate::{Account, Failure, broker_url, chain, connect_store};
+use crate::broker::{self, BrokerKind, Connected};
+use crate::{Account, Failure, chain, connect_store};
 use chatter_runtime::error::RelayError;
 
 #[derive(Debug, Args)]
@@ -74,13 +75,6 @@ struct CosmosSection {
 struct BrokerSection {
     kind: BrokerKind,
     url_file: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum BrokerKind {
-    Rabbitmq,
-    Nats,
 }
 
 #[derive(Debug, Deserialize)]
@@ -269,31 +263,10 @@ async fn start_on_broker(
     section: &BrokerSection,
     relays: Vec<StandaloneRelay>,
 ) -> Result<RunningRelays, Failure> {
-    let url = broker_url::read(
-        section.url_file.as_deref(),
-        "url_file (in the file's [broker])",
-    )?;
-    let unreachable = |e: chatter_runtime::broker::BrokerError| {
-        Failure::Store(broker_url::scrub(
-            &format!("cannot reach the broker: {}", chain(&e)),
-            &url,
-        ))
-    };
-    match section.kind {
-        BrokerKind::Rabbitmq => {
-            start(
-                relays,
-                RabbitMqBroker::connect(&url).await.map_err(unreachable)?,
-            )
-            .await
-        }
-        BrokerKind::Nats => {
-            start(
-                relays,
-                NatsBroker::connect(&url).await.map_err(unreachable)?,
-            )
-            .await
-        }
+    let file = section.url_file.as_deref();
+    match broker::connect(section.kind, file, "url_file (in the file's [broker])").await? {
+        Connected::Rabbitmq(broker) => start(relays, broker).await,
+        Connected::Nats(broker) => start(relays, broker).await,
     }
 }
 
