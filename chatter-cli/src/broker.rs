@@ -8,7 +8,7 @@ use chatter_runtime::broker::{BrokerError, NatsBroker, RabbitMqBroker};
 use clap::ValueEnum;
 use serde::Deserialize;
 
-use crate::{Failure, chain};
+use crate::failure::{Failure, chain};
 
 /// The kinds of broker the command reaches (`--broker` of `dead-letters`, `kind` in a relay's
 /// file).

@@ -30,29 +30,23 @@
 //! (flags, endpoint, key file, credential choice, a database or container that does not exist),
 //! 3 the store or the broker could not be read.
 
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use chatter_runtime::cosmos::{CosmosConnection, CosmosStoreError, ENDPOINT_ENV};
 use clap::{Parser, Subcommand};
 
 mod broker;
 mod commands;
+mod failure;
+mod store;
 mod tables;
 
 use commands::{dead_letters, leases, outbox, relay};
+use failure::Failure;
 
 /// What is stuck in a container chatter relays.
 #[derive(Debug, Parser)]
 #[command(name = "chatter", version)]
 struct Cli {
-    /// The Cosmos DB account (or emulator) endpoint.
-    #[arg(long, env = ENDPOINT_ENV, global = true)]
-    endpoint: Option<String>,
-    /// A file holding the account key (else `CHATTER_COSMOS_KEY`; none for a loopback emulator
-    /// or Microsoft Entra ID).
-    #[arg(long, global = true)]
-    key_file: Option<PathBuf>,
     /// Machine-readable JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -73,29 +67,6 @@ enum Command {
     /// The leases of a lease container: each feed range's owner, last write and checkpoint
     /// (exit code 1 when a lease is free or expired: no relay serves its range).
     Leases(leases::Leases),
-}
-
-/// The account the global flags name. Only the commands that read the store connect to it
-/// (`relay` lets its file fill in what the flags leave out); the broker's need none.
-struct Account {
-    /// `--endpoint`, else `CHATTER_COSMOS_ENDPOINT`.
-    endpoint: Option<String>,
-    /// `--key-file`.
-    key_file: Option<PathBuf>,
-}
-
-impl Account {
-    async fn connect(&self) -> Result<CosmosConnection, Failure> {
-        connect_store(self.endpoint.as_deref(), self.key_file.as_deref()).await
-    }
-}
-
-/// Why `chatter` stopped, with its exit code.
-enum Failure {
-    /// Bad input: exit code 2.
-    Input(String),
-    /// The store could not be read: exit code 3.
-    Store(String),
 }
 
 fn main() -> ExitCode {
@@ -132,53 +103,10 @@ fn main() -> ExitCode {
 
 /// The command the line names, run: its exit code, or why it stopped.
 async fn run(cli: Cli) -> Result<u8, Failure> {
-    let account = Account {
-        endpoint: cli.endpoint,
-        key_file: cli.key_file,
-    };
     match &cli.command {
-        Command::Outbox(command) => outbox::run(command, &account, cli.json).await,
-        Command::Relay(args) => relay::run(args, &account).await,
+        Command::Outbox(command) => outbox::run(command, cli.json).await,
+        Command::Relay(args) => relay::run(args).await,
         Command::DeadLetters(command) => dead_letters::run(command, cli.json).await,
-        Command::Leases(args) => leases::run(args, &account, cli.json).await,
+        Command::Leases(args) => leases::run(args, cli.json).await,
     }
-}
-
-/// The store at `endpoint`, its key from `key_file` or `CHATTER_COSMOS_KEY` (none: a loopback
-/// emulator, or Microsoft Entra ID for a remote account).
-async fn connect_store(
-    endpoint: Option<&str>,
-    key_file: Option<&Path>,
-) -> Result<CosmosConnection, Failure> {
-    let Some(endpoint) = endpoint.filter(|e| !e.trim().is_empty()) else {
-        return Err(Failure::Input(format!(
-            "no account endpoint: pass --endpoint or set {ENDPOINT_ENV}"
-        )));
-    };
-    let key = match key_file {
-        Some(path) => Some(
-            std::fs::read_to_string(path)
-                .map_err(|e| {
-                    Failure::Input(format!("cannot read the key file {}: {e}", path.display()))
-                })?
-                .trim()
-                .to_owned(),
-        ),
-        None => std::env::var(chatter_runtime::cosmos::KEY_ENV)
-            .ok()
-            .filter(|k| !k.trim().is_empty()),
-    };
-    let connected = match key {
-        Some(key) => CosmosConnection::connect(endpoint, Some(&key)).await,
-        None => CosmosConnection::connect_without_key(endpoint).await,
-    };
-    connected.map_err(|error| match error {
-        CosmosStoreError::Unreachable { .. } => Failure::Store(chain(&error)),
-        _ => Failure::Input(chain(&error)),
-    })
-}
-
-/// An error and its causes on one line.
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    chatter_runtime::error::ErrorChain(error).to_string()
 }

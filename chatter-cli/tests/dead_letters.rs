@@ -267,6 +267,44 @@ async fn the_broker_password_is_never_printed_and_a_missing_url_is_bad_input() {
     );
 }
 
+// `dead-letters` reads the broker only: its help offers no Cosmos account flags, and they are
+// refused, while the commands that read the store keep them.
+#[test]
+fn dead_letters_offers_only_the_broker_flags_and_the_store_commands_the_account_flags() {
+    let help = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_chatter"))
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    for verb in ["list", "replay", "discard"] {
+        let shown = help(&["dead-letters", verb, "--help"]);
+        assert!(shown.contains("--broker-url-file"), "{shown}");
+        assert!(
+            !shown.contains("--endpoint") && !shown.contains("--key-file"),
+            "dead-letters {verb} offers the account flags: {shown}"
+        );
+    }
+    for command in [&["outbox", "pending"][..], &["leases"], &["relay"]] {
+        let shown = help(&[command, &["--help"]].concat());
+        assert!(
+            shown.contains("--endpoint") && shown.contains("--key-file"),
+            "{command:?}: {shown}"
+        );
+    }
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_chatter"))
+        .args(args(
+            "list",
+            "rabbitmq",
+            "orders",
+            &["--endpoint", "http://127.0.0.1:1"],
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+}
+
 // A replay or a discard takes exactly the dead letters that were listed (and shown): one that
 // arrives between the listing and the settling stays where it is.
 #[tokio::test(flavor = "multi_thread")]

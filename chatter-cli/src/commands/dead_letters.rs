@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use super::{Confirm, confirmed};
 use crate::broker::{self, BrokerKind, Connected};
+use crate::failure::{Failure, chain};
 use crate::tables::{columns, counted};
-use crate::{Failure, chain};
 
 /// How many dead letters `list` shows unless `--limit` says otherwise.
 const DEFAULT_LIMIT: usize = 100;

@@ -8,8 +8,8 @@ use chatter_runtime::operator::{LeaseServed, LeaseView, estimate_backlog, survey
 use clap::Args;
 
 use super::{Container, read_failed};
+use crate::failure::{Failure, chain};
 use crate::tables::{leases_table, print};
-use crate::{Account, Failure, chain};
 
 #[derive(Debug, Args)]
 pub(crate) struct Leases {
@@ -30,8 +30,8 @@ pub(crate) struct Leases {
 
 /// Shows the leases on the store `account` names: exit code 1 when one is free, expired or
 /// suspended, or when there is none.
-pub(crate) async fn run(args: &Leases, account: &Account, json: bool) -> Result<u8, Failure> {
-    let cosmos = account.connect().await?;
+pub(crate) async fn run(args: &Leases, json: bool) -> Result<u8, Failure> {
+    let cosmos = args.at.account.connect().await?;
     let at = &args.at;
     let expiry = Duration::from_secs(args.expiry_seconds);
     let mut leases = survey_leases(&cosmos, &at.database, &at.container, expiry)

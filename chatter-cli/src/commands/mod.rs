@@ -7,7 +7,8 @@ use std::io::{BufRead, Write};
 use chatter_runtime::cosmos::CosmosStoreError;
 use clap::Args;
 
-use crate::{Failure, chain};
+use crate::failure::{Failure, chain};
+use crate::store::Account;
 
 pub(crate) mod dead_letters;
 pub(crate) mod leases;
@@ -16,6 +17,8 @@ pub(crate) mod relay;
 
 #[derive(Debug, Args)]
 pub(crate) struct Container {
+    #[command(flatten)]
+    account: Account,
     /// The database.
     #[arg(long)]
     database: String,

@@ -43,7 +43,8 @@ use clap::Args;
 use serde::Deserialize;
 
 use crate::broker::{self, BrokerKind, Connected};
-use crate::{Account, Failure, chain, connect_store};
+use crate::failure::{Failure, chain};
+use crate::store::{Account, connect_store};
 use chatter_runtime::error::RelayError;
 
 #[derive(Debug, Args)]
@@ -52,6 +53,8 @@ pub(crate) struct RelayArgs {
     /// container).
     #[arg(long)]
     config: PathBuf,
+    #[command(flatten)]
+    account: Account,
 }
 
 #[derive(Debug, Deserialize)]
@@ -214,9 +217,10 @@ fn install_logs() {
 
 /// Runs the relays `--config` describes until SIGINT or SIGTERM; the flags' account wins over
 /// the file's.
-pub(crate) async fn run(args: &RelayArgs, account: &Account) -> Result<u8, Failure> {
+pub(crate) async fn run(args: &RelayArgs) -> Result<u8, Failure> {
     install_logs();
     let config = read_config(&args.config)?;
+    let account = &args.account;
     let endpoint = account.endpoint.clone().or(config.cosmos.endpoint.clone());
     let key_file = account.key_file.clone().or(config.cosmos.key_file.clone());
     let cosmos = connect_store(endpoint.as_deref(), key_file.as_deref()).await?;

@@ -6,8 +6,8 @@ use chatter_runtime::operator::{MessageSource, OutboxSurvey, survey_outbox};
 use clap::{Args, Subcommand};
 
 use super::{Container, read_failed};
+use crate::failure::Failure;
 use crate::tables::{pending_table, print, undeliverable_table};
-use crate::{Account, Failure};
 
 mod repair;
 
@@ -29,7 +29,7 @@ pub(crate) enum Outbox {
 #[derive(Debug, Args)]
 pub(crate) struct Undeliverable {
     #[command(flatten)]
-    at: Container,
+    pub(super) at: Container,
     #[command(flatten)]
     source: Source,
 }
@@ -53,9 +53,15 @@ impl Source {
     }
 }
 
-/// Runs `command` on the store `account` names.
-pub(crate) async fn run(command: &Outbox, account: &Account, json: bool) -> Result<u8, Failure> {
-    let cosmos = account.connect().await?;
+/// Runs `command` on the store its account flags name.
+pub(crate) async fn run(command: &Outbox, json: bool) -> Result<u8, Failure> {
+    let at = match command {
+        Outbox::Pending(at) => at,
+        Outbox::Undeliverable(args) => &args.at,
+        Outbox::Requeue(requeue) => &requeue.at,
+        Outbox::GiveUp(give_up) => &give_up.at,
+    };
+    let cosmos = at.account.connect().await?;
     match command {
         Outbox::Pending(at) => pending(&cosmos, at, json).await,
         Outbox::Undeliverable(args) => undeliverable(&cosmos, args, json).await,

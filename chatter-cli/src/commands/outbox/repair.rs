@@ -9,14 +9,14 @@ use clap::Args;
 use serde::Serialize;
 
 use super::Source;
-use crate::Failure;
 use crate::commands::{Confirm, Container, confirmed, read_failed};
+use crate::failure::Failure;
 use crate::tables::{columns, counted};
 
 #[derive(Debug, Args)]
 pub(crate) struct Requeue {
     #[command(flatten)]
-    at: Container,
+    pub(super) at: Container,
     #[command(flatten)]
     select: RequeueSelection,
     /// Requeue documents that still violate the contract too (a relay that publishes each
@@ -48,7 +48,7 @@ struct RequeueSelection {
 #[derive(Debug, Args)]
 pub(crate) struct GiveUp {
     #[command(flatten)]
-    at: Container,
+    pub(super) at: Container,
     #[command(flatten)]
     select: GiveUpSelection,
     /// Why, kept in the document (`chatterOperatorReason`) for whoever looks next.
