@@ -88,7 +88,11 @@ async fn rabbitmq_dead_letters_are_listed_replayed_with_their_id_and_discarded()
     let broker = RabbitMqBroker::connect(RABBITMQ).await.unwrap();
     let destination = format!("chatter-test-dl-{}", uuid::Uuid::new_v4().simple());
     let d = destination.as_str();
-    for (id, reason) in [("d-1", "the directory is read-only"), ("d-2", "poison")] {
+    // A reason as the consumer writes it: what an operator needs comes at its end, past any
+    // width a table cell would be cut to.
+    let failed = "it failed on each of its 5 delivery attempts; the last: the handler \
+                  `export_order` failed: the directory is read-only";
+    for (id, reason) in [("d-1", failed), ("d-2", "poison")] {
         broker.publish(letter(id, d, reason)).await.unwrap();
     }
 

@@ -277,11 +277,13 @@ fn table(letters: &[DeadLetter]) -> String {
     if letters.is_empty() {
         return "no dead letters\n".to_owned();
     }
+    // The reason last, whole: what an operator needs comes at its end ("...; the last: the
+    // handler failed: <why>"), past the width other cells are cut to. The body is cut.
     let mut rows = vec![[
         "MESSAGE ID".to_owned(),
         "ATTEMPTS".to_owned(),
-        "REASON".to_owned(),
         "BODY".to_owned(),
+        "REASON".to_owned(),
     ]];
     for letter in letters {
         rows.push([
@@ -289,12 +291,12 @@ fn table(letters: &[DeadLetter]) -> String {
             letter
                 .attempts
                 .map_or_else(|| "-".to_owned(), |n| n.to_string()),
-            letter.reason.clone().unwrap_or_default(),
             if letter.replayable {
                 letter.body.clone()
             } else {
                 format!("(no Brokered Message) {}", letter.body)
             },
+            letter.reason.clone().unwrap_or_default(),
         ]);
     }
     format!(
