@@ -116,47 +116,94 @@ pub(crate) fn leases_table(leases: &[LeaseView]) -> String {
         return "no leases\n".to_owned();
     }
     let now = now();
-    let mut rows = vec![[
-        "PROCESSOR".to_owned(),
-        "LEASE".to_owned(),
-        "OWNER".to_owned(),
-        "LAST WRITTEN".to_owned(),
-        "CHECKPOINTED".to_owned(),
-        "BACKLOG".to_owned(),
-        "STATE".to_owned(),
-    ]];
-    for lease in leases {
-        rows.push([
-            lease.processor.clone(),
-            lease.lease_token.clone(),
-            lease.owner.clone().unwrap_or_else(|| "-".to_owned()),
-            lease
-                .last_written_at
-                .map_or_else(|| "?".to_owned(), |at| when(at, now)),
-            if lease.checkpointed { "yes" } else { "no" }.to_owned(),
-            lease
-                .backlog
-                .map_or_else(|| "-".to_owned(), |n| n.to_string()),
-            match (lease.state, lease.suspended) {
-                (LeaseServed::Owned, true) => {
-                    "SUSPENDED (Drain Suspension: its stamps keep failing)"
-                }
+    // One heading per processor (its name is some 70 characters, the same on every row of it),
+    // then its leases: the table stays within 150 columns instead of 250.
+    let mut processors: Vec<&str> = leases.iter().map(|l| l.processor.as_str()).collect();
+    processors.sort_unstable();
+    processors.dedup();
+    let mut out = String::new();
+    let mut states = Vec::new();
+    for processor in processors {
+        // The lease token last, whole (two 32-digit bounds: a cut one could not be found in
+        // the relay's logs).
+        let mut rows = vec![[
+            "OWNER".to_owned(),
+            "LAST WRITTEN".to_owned(),
+            "CHECKPOINTED".to_owned(),
+            "BACKLOG".to_owned(),
+            "STATE".to_owned(),
+            "LEASE".to_owned(),
+        ]];
+        let of: Vec<&LeaseView> = leases.iter().filter(|l| l.processor == processor).collect();
+        for lease in &of {
+            let state = match (lease.state, lease.suspended) {
+                (LeaseServed::Owned, true) => "SUSPENDED",
                 (LeaseServed::Owned, false) => "owned",
-                (LeaseServed::Expired, _) => "EXPIRED (its owner stopped writing it)",
-                (LeaseServed::Free, _) => "FREE (no relay serves it)",
+                (LeaseServed::Expired, _) => "EXPIRED",
+                (LeaseServed::Free, _) => "FREE",
+            };
+            if !states.contains(&state) {
+                states.push(state);
             }
-            .to_owned(),
-        ]);
+            rows.push([
+                lease.owner.as_deref().map_or_else(|| "-".to_owned(), owner),
+                lease
+                    .last_written_at
+                    .map_or_else(|| "?".to_owned(), |at| when(at, now)),
+                if lease.checkpointed { "yes" } else { "no" }.to_owned(),
+                lease
+                    .backlog
+                    .map_or_else(|| "-".to_owned(), |n| n.to_string()),
+                state.to_owned(),
+                lease.lease_token.clone(),
+            ]);
+        }
+        out.push_str(&format!(
+            "processor {processor} ({})\n",
+            counted(of.len(), "lease", "leases")
+        ));
+        for line in columns(&rows).lines() {
+            out.push_str(&format!("  {line}\n"));
+        }
     }
     let unserved = leases
         .iter()
         .filter(|lease| lease.state != LeaseServed::Owned || lease.suspended)
         .count();
-    format!(
-        "{}{}, {unserved} not served\n",
-        columns(&rows),
+    out.push_str(&format!(
+        "{}, {unserved} not served\n",
         counted(leases.len(), "lease", "leases")
-    )
+    ));
+    // What the states that appear mean, once, below the table.
+    for (state, meaning) in [
+        (
+            "EXPIRED",
+            "its owner stopped writing it for longer than the expiry",
+        ),
+        ("FREE", "no relay serves its range"),
+        (
+            "SUSPENDED",
+            "its owner holds it under a Drain Suspension: its stamps keep failing",
+        ),
+    ] {
+        if states.contains(&state) {
+            out.push_str(&format!("{state}: {meaning}\n"));
+        }
+    }
+    out
+}
+
+/// An owner as the table shows it: a relay's instance name
+/// (`chatter-cosmos-outbox-relay:{machine}:{uuid}`) as its machine and the uuid's first 8
+/// characters, enough to tell instances apart (`--json` has it whole); any other name as it is.
+fn owner(name: &str) -> String {
+    name.strip_prefix("chatter-cosmos-outbox-relay:")
+        .and_then(|rest| rest.rsplit_once(':'))
+        .filter(|(_, id)| id.len() == 36 && id.chars().all(|c| c.is_ascii_hexdigit() || c == '-'))
+        .map_or_else(
+            || name.to_owned(),
+            |(machine, id)| format!("{machine}:{}…", &id[..8]),
+        )
 }
 
 /// The widest a cell before a table's last column is shown: longer ones are cut (`…`), so one
@@ -255,6 +302,19 @@ mod tests {
         assert_eq!(
             columns(&[["a".to_owned(), long.clone()]]).trim_end(),
             format!("a  {long}")
+        );
+    }
+
+    #[test]
+    fn a_relays_instance_name_shows_as_its_machine_and_the_start_of_its_id() {
+        assert_eq!(
+            owner("chatter-cosmos-outbox-relay:web-7:3f2a9c1e-0b6d-4c1e-9f3a-2d5e8b7c6a10"),
+            "web-7:3f2a9c1e…"
+        );
+        assert_eq!(owner("host-1"), "host-1");
+        assert_eq!(
+            owner("chatter-cosmos-outbox-relay:web-7:x"),
+            "chatter-cosmos-outbox-relay:web-7:x"
         );
     }
 

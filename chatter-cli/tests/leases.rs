@@ -216,9 +216,18 @@ async fn suspended_relay() -> (
         if text.contains("SUSPENDED") {
             assert_eq!(listed.status.code(), Some(1), "{text}");
             assert_eq!(
-                text.matches("SUSPENDED").count(),
+                text.lines().filter(|l| l.contains(" SUSPENDED ")).count(),
                 1,
                 "one lease holds the document: {text}"
+            );
+            // A relay's processor and instance names are some 70 characters each: the table
+            // shows the processor once, above its leases, and the owner shortened (it was 250
+            // columns wide).
+            let widest = text.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+            assert!(widest <= 150, "{widest} columns wide:\n{text}");
+            assert!(
+                text.contains("SUSPENDED: its owner holds it under a Drain Suspension"),
+                "the state is explained below the table: {text}"
             );
             assert!(!running.suspended_leases().is_empty());
             break;
