@@ -84,6 +84,26 @@ struct InboxSends {
 /// For a participant (a registered command whose partition key resolved) every write staged here
 /// and every message sent to the outbox commits in the delivery's one TransactionalBatch, after
 /// the handler returns `Ok`. Nothing is written before that, and nothing at all if the handler fails.
+///
+/// # Examples
+///
+/// ```no_run
+/// use chatter_runtime::{BoxError, HandlerContext};
+/// use serde_json::json;
+///
+/// // Inside a `#[handler]` of a command partitioned on `/orderId`:
+/// async fn stage(ctx: &mut HandlerContext, order_id: &str) -> Result<(), BoxError> {
+///     // Reads see what is committed now.
+///     if ctx.read::<serde_json::Value>(order_id).await?.is_some() {
+///         return Ok(()); // placed before: nothing to write, nothing to send
+///     }
+///     ctx.upsert(json!({ "id": order_id, "orderId": order_id, "status": "placed" }))?;
+///     // Committed with the writes, published once they commit.
+///     let event_id = format!("{}:OrderPlaced", ctx.message_id());
+///     ctx.send_json(&event_id, "order-events", &json!({ "orderId": order_id }))?;
+///     Ok(())
+/// }
+/// ```
 pub struct HandlerContext {
     message_id: String,
     redelivered: bool,

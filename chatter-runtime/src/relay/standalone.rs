@@ -60,6 +60,23 @@ impl std::fmt::Debug for StandaloneRelay {
 impl StandaloneRelay {
     /// Starts configuring a relay of `database/container`'s change feed, with its leases in
     /// `lease_database/lease_container` (partition key `/id`), both reached through `cosmos`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use chatter_runtime::cosmos::CosmosConnection;
+    /// use chatter_runtime::relay::StandaloneRelay;
+    /// use chatter_runtime::{Report, Runtime};
+    ///
+    /// # async fn run(cosmos: CosmosConnection) -> Result<(), Report> {
+    /// // Publishes the Outbox Documents another service writes to `billing/invoices`.
+    /// let relay = StandaloneRelay::builder(&cosmos, ("billing", "invoices"), ("billing", "invoices-leases"))
+    ///     .partition_key_paths(&["/tenantId"])
+    ///     .build()?;
+    /// let runtime = Runtime::builder().cosmos(cosmos).standalone_relay(relay).start().await?;
+    /// runtime.shutdown().await;
+    /// # Ok(()) }
+    /// ```
     pub fn builder(
         cosmos: &CosmosConnection,
         (database, container): (&str, &str),

@@ -15,6 +15,33 @@ use super::consumer::{
 };
 
 /// Configures a [`Runtime`](super::Runtime) before starting it.
+///
+/// # Examples
+///
+/// A store and a broker of your own, and settings the defaults do not fit:
+///
+/// ```no_run
+/// use std::time::Duration;
+///
+/// use chatter_runtime::broker::InMemoryBroker;
+/// use chatter_runtime::cosmos::CosmosConnection;
+/// use chatter_runtime::relay::RelayOptions;
+/// use chatter_runtime::{Report, Runtime};
+///
+/// # async fn run() -> Result<(), Report> {
+/// let cosmos = CosmosConnection::connect("https://my-account.documents.azure.com:443/", None).await?;
+/// let runtime = Runtime::builder()
+///     .cosmos(cosmos)
+///     // `RabbitMqBroker` (feature `rabbitmq`) or `NatsBroker` (feature `nats`) in production.
+///     .broker(InMemoryBroker::new())
+///     .consumer_concurrency(16)
+///     .relay_options(RelayOptions::default().poll_interval(Duration::from_millis(500)))
+///     .shutdown_drain(Duration::from_secs(20))
+///     .start()
+///     .await?;
+/// runtime.shutdown().await;
+/// # Ok(()) }
+/// ```
 #[must_use = "a builder does nothing until `.start().await`"]
 pub struct RuntimeBuilder {
     pub(super) registry: Option<Registry>,

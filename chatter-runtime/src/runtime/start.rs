@@ -28,6 +28,18 @@ use super::{Inner, Runtime, StartError, consumer, health, idle};
 /// Equivalent to `Runtime::builder().start()`: Cosmos from `CHATTER_COSMOS_ENDPOINT` /
 /// `CHATTER_COSMOS_KEY` (or the embedded emulator when unset and the `embedded` feature is on),
 /// and the in-memory broker.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run() -> Result<(), chatter_runtime::Report> {
+/// // Every command the binary's `#[derive(DocumentReliable)]`s registered is consumed, and the
+/// // relay publishes what their handlers send.
+/// let runtime = chatter_runtime::start().await?;
+/// // ... until the service is asked to stop; the work in flight then finishes:
+/// runtime.shutdown().await;
+/// # Ok(()) }
+/// ```
 pub async fn start() -> Result<Runtime, StartError> {
     Runtime::builder().start().await
 }
