@@ -102,6 +102,25 @@ impl History {
         });
     }
 
+    /// [`harness`](Self::harness), at `at` (kept in time order): an operator's writes are
+    /// recorded when they were sent, as each may land the moment it is sent, not once every
+    /// write of its plan has been answered (seed 9000456: a requeue recorded after the plan's
+    /// last answer came after the publish it had asked for).
+    pub fn harness_at(&self, at: Instant, slot: usize, what: impl Into<String>) {
+        let mut events = self.events.lock().unwrap();
+        let after = events.partition_point(|(when, _)| *when <= at);
+        events.insert(
+            after,
+            (
+                at,
+                Event::Harness {
+                    slot,
+                    what: what.into(),
+                },
+            ),
+        );
+    }
+
     /// Records a pause of instance `slot` for `period`, and when it ends: a pause ordered while
     /// another of the same instance lasts starts when that one ends (its thread takes the order
     /// then; seed 7001070's second pause ended 200 ms after the harness thought, and the zombie

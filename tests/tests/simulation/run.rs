@@ -1200,6 +1200,8 @@ async fn replay_dead_letters(
         if listed.is_empty() {
             continue;
         }
+        // Each replay may be delivered as soon as it is sent: recorded from then.
+        let sent = Instant::now();
         let Ok(outcome) = broker
             .settle(destination, &listed, DeadLetterAction::Replay)
             .await
@@ -1217,7 +1219,8 @@ async fn replay_dead_letters(
             }
         }
         for id in outcome.done {
-            history.harness(
+            history.harness_at(
+                sent,
                 usize::MAX,
                 format!("the operator replayed the dead letter {id}"),
             );
@@ -1319,6 +1322,8 @@ async fn give_up_notices(cosmos: CosmosConnection, history: Arc<History>) {
             return;
         }
     };
+    // Each write may land as soon as it is sent: recorded from then.
+    let sent = Instant::now();
     match operator::apply(&cosmos, DATABASE, ORDERS, &plan).await {
         Ok(applied) => {
             for (change, outcome) in plan.changes.iter().zip(&applied) {
@@ -1329,7 +1334,7 @@ async fn give_up_notices(cosmos: CosmosConnection, history: Arc<History>) {
                         change.message_id
                     ),
                 };
-                history.harness(usize::MAX, what);
+                history.harness_at(sent, usize::MAX, what);
             }
         }
         Err(e) => history.harness(usize::MAX, format!("the operator's give-up failed: {e}")),
@@ -1373,9 +1378,12 @@ impl Operator {
         if plan.changes.is_empty() {
             return;
         }
+        // Each write may land as soon as it is sent: recorded from then.
+        let sent = Instant::now();
         if let Ok(applied) = operator::apply(cosmos, DATABASE, ORDERS, &plan).await {
             for (change, outcome) in plan.changes.iter().zip(&applied) {
-                history.harness(
+                history.harness_at(
+                    sent,
                     usize::MAX,
                     format!("the operator requeued {}: {outcome:?}", change.message_id),
                 );
