@@ -539,8 +539,14 @@ pub fn same_process_duplicates(
             });
             // The relay's own stamp failed: its page failed with a Confirmation Failure of this
             // message (logged at Error, by the instance's thread), or was cancelled after
-            // publishing; it publishes the document again.
-            let relay_stamp_failed = failed
+            // publishing; it publishes the document again. The store shows the failure, or
+            // shows no answer at all: a stamp that timed out unanswered (its instance starved
+            // or its request held) leaves no trace there (seed 9000295 of the long run: a
+            // stamp, unanswered for the 5 s store timeout, with no fault injected).
+            let unanswered = !stamp_landed
+                .get(key)
+                .is_some_and(|landed| landed.iter().any(|l| *l >= first && *l < again));
+            let relay_stamp_failed = (failed || unanswered)
                 && logged.iter().any(|log| {
                     log.at >= first
                         && log.at < again
