@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! chatter outbox pending       --database shop --container orders [--json]
+//!     (outbox, leases and relay also take [--endpoint URL] [--key-file FILE], after the command)
 //! chatter outbox undeliverable --database shop --container orders [--body-resolver] [--json]
 //! chatter outbox requeue --database shop --container orders (--id ID... | --destination D | --violation TEXT) [--force | --body-resolver] [--yes | --dry-run]
 //! chatter outbox give-up --database shop --container orders (--id ID... | --destination D) --reason TEXT [--yes | --dry-run]

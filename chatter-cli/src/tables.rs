@@ -134,7 +134,8 @@ pub(crate) fn leases_table(leases: &[LeaseView]) -> String {
             "STATE".to_owned(),
             "LEASE".to_owned(),
         ]];
-        let of: Vec<&LeaseView> = leases.iter().filter(|l| l.processor == processor).collect();
+        let mut of: Vec<&LeaseView> = leases.iter().filter(|l| l.processor == processor).collect();
+        of.sort_by(|a, b| a.lease_token.cmp(&b.lease_token));
         for lease in &of {
             let state = match (lease.state, lease.suspended) {
                 (LeaseServed::Owned, true) => "SUSPENDED",

@@ -365,8 +365,9 @@ pub async fn invariants(
     //    failed in a way that leaves the outcome unknown to it: its publish's confirm was lost
     //    or held, or it was paused or cut off meanwhile (its timeouts then fire on calls that
     //    took effect); or its relay's stamp of the document failed (a Confirmation Failure, by
-    //    its Error log: the catalog's Drain Suspension rows republish then). Publish after
-    //    commit keeps what it published: its own failed stamp is no excuse.
+    //    its Error log, the store showing that stamp failed or never answered: the catalog's
+    //    Drain Suspension rows republish then); or an operator requeued it meanwhile. Publish
+    //    after commit keeps what it published: its own failed stamp is no excuse.
     broken.extend(same_process_duplicates(&ended.history, &ended.logged).0);
 
     // 8. The lease containers' end state: per processor and monitored container, the live
@@ -539,22 +540,27 @@ pub fn same_process_duplicates(
             });
             // The relay's own stamp failed: its page failed with a Confirmation Failure of this
             // message (logged at Error, by the instance's thread), or was cancelled after
-            // publishing; it publishes the document again. The store shows the failure, or
-            // shows no answer at all: a stamp that timed out unanswered (its instance starved
-            // or its request held) leaves no trace there (seed 9000295 of the long run: a
-            // stamp, unanswered for the 5 s store timeout, with no fault injected).
+            // publishing; it publishes the document again. The store shows the failed stamp; or,
+            // for the Confirmation Failure that names this message, shows no answer to any
+            // stamp of it at all: a stamp that timed out unanswered (its instance starved, its
+            // request held) leaves no trace there (seed 9000295 of the long run: unanswered for
+            // the 5 s store timeout, no fault injected). A cancelled page names no message: it
+            // excuses only a failure the store shows.
             let unanswered = !stamp_landed
                 .get(key)
                 .is_some_and(|landed| landed.iter().any(|l| *l >= first && *l < again));
-            let relay_stamp_failed = (failed || unanswered)
-                && logged.iter().any(|log| {
+            let said_by_it = |text: &str| {
+                logged.iter().any(|log| {
                     log.at >= first
                         && log.at < again
                         && log.instance.rsplit('-').next() == Some(slot.to_string().as_str())
-                        && (log.text.contains(&format!(
-                            "'{message_id}' was published but stamping it delivered failed"
-                        )) || log.text.contains("was cancelled after publishing"))
-                });
+                        && log.text.contains(text)
+                })
+            };
+            let confirmation =
+                format!("'{message_id}' was published but stamping it delivered failed");
+            let relay_stamp_failed = ((failed || unanswered) && said_by_it(&confirmation))
+                || (failed && said_by_it("was cancelled after publishing"));
             if relay_stamp_failed {
                 by_failed_stamp += 1;
                 continue;

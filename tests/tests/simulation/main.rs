@@ -41,7 +41,7 @@ const CHUNK_BUDGET: Duration = Duration::from_secs(10);
 const CI_CHUNKS: u64 = 8;
 /// Seeds that together hit every probe of `probes.rs` but the rare ones (checked by
 /// `probes_are_reached`; most probes are hit by several of them, as a replay differs).
-const PROBE_SEEDS: &[u64] = &[1, 5, 6, 13, 23, 109, 139, 6_000_011];
+const PROBE_SEEDS: &[u64] = &[1, 5, 6, 13, 23, 109, 139, 6_000_011, 9_000_456];
 /// Runs in flight at once inside one test function: most of a run is waiting. A long run alone
 /// on the machine takes more (`SIM_AT_ONCE`).
 const RUNS_AT_ONCE: u64 = 4;
