@@ -98,6 +98,10 @@ pub const RARE: &[&str] = &[
     // A broker cut-off longer than the publish timeout (3 s) with a publish under way: about
     // one run in sixty.
     "publish held past its timeout",
+    // Reached only when a notice is still pending at the give-up's moment, a race with the
+    // commands' timing: 315 runs in 4,500 of the long run, but 0 of the probe seeds' 18 runs in
+    // one CI run where it had hit 4 beside a long run.
+    "given up by the operator",
 ];
 
 /// How many times `plan`'s run hit each probe.
