@@ -51,6 +51,9 @@ pub(crate) const OUTBOX_RESERVED_ROOT_FIELDS: [&str; 8] = [
 
 /// The path of the delivery-state stamp.
 pub(crate) const STATUS_PATH: &str = "/status";
+/// The time-to-live field stamped with a delivered state (positive: only a delivered stamp
+/// writes one).
+pub(crate) const TTL_FIELD: &str = "ttl";
 /// The path of the time-to-live stamped with a delivered state.
 pub(crate) const TTL_PATH: &str = "/ttl";
 
@@ -75,7 +78,7 @@ pub(crate) fn same_message(a: &Value, b: &Value) -> bool {
     fn message(doc: &Value) -> Option<Map<String, Value>> {
         const NOT_THE_MESSAGE: [&str; 9] = [
             STATUS_FIELD,
-            "ttl",
+            TTL_FIELD,
             OPERATOR_REASON_FIELD,
             "_rid",
             "_self",

@@ -172,12 +172,14 @@ impl Dispatch {
     }
 
     /// Whether the document `id` the page read as `doc` is provably decided since: read back
-    /// no longer pending, at a version written after the page's (its `_ts` later, in whole
-    /// seconds). Anything less certain says no, and the document is published as the page read
-    /// it (a duplicate at worst, never a skip): a read that fails or finds nothing (a replica
-    /// that has not caught up, or a 404/1002), and a version of the same second (a replica
-    /// behind the page, still at a `delivered` version before a requeue the page read, would
-    /// otherwise hide the requeue for good).
+    /// no longer pending, at a version written after the page's. Anything less certain says
+    /// no, and the document is published as the page read it (a duplicate at worst, never a
+    /// skip): a read that fails or finds nothing (a replica that has not caught up, or a
+    /// 404/1002). `_ts` counts whole seconds, so a version of the page's second is after it
+    /// only when it is a delivered stamp (it carries a positive `ttl`): nothing turns a delivered
+    /// document pending again, so a replica behind the page cannot show one older than the
+    /// page's pending version. An `undeliverable` version of the same second proves nothing:
+    /// a replica behind the page may still show the verdict a requeue the page read undid.
     pub(super) async fn decided_since(&self, doc: &Value, id: &str, key: &[Value]) -> bool {
         let Ok(sdk_key) = partition_key::sdk_key(key) else {
             return false;
@@ -191,9 +193,16 @@ impl Dispatch {
         let Some(now) = outcome.into_document() else {
             return false;
         };
+        if now.get(outbox::STATUS_FIELD).and_then(Value::as_str) == Some(STATUS_PENDING) {
+            return false;
+        }
         let written = |doc: &Value| doc.get("_ts").and_then(Value::as_i64);
-        let later = matches!((written(&now), written(doc)), (Some(now), Some(read)) if now > read);
-        later && now.get(outbox::STATUS_FIELD).and_then(Value::as_str) != Some(STATUS_PENDING)
+        let (Some(written_now), Some(read)) = (written(&now), written(doc)) else {
+            return false;
+        };
+        let ttl = now.get(outbox::TTL_FIELD).and_then(Value::as_i64);
+        let delivered = ttl.is_some_and(|seconds| seconds > 0);
+        written_now > read || (written_now == read && delivered)
     }
 
     /// The message of a document: the document itself under the Outbox Document Contract, or
