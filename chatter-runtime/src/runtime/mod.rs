@@ -4,7 +4,7 @@
 //! | --- | --- |
 //! | `builder.rs` | [`RuntimeBuilder`]: what a runtime is given, and its settings |
 //! | `start.rs` | `start()`, phase by phase: settings, the store, the commands' containers, the brokers, the relay, the consumers |
-//! | `consumer.rs` | one command's consumer: decode, per-key lanes, retries, dead letters |
+//! | `consumer/` | one command's consumer: subscribe and decode (`mod.rs`), per-key lanes (`lanes.rs`), settling (`settle.rs`), retries and dead letters (`retry.rs`) |
 //! | `health.rs` | what [`Runtime::health`] reports |
 //! | `idle.rs` | [`Runtime::relay_idle`] and the shutdown drain: counting what is still pending |
 //! | `error.rs` | why a start or a dispatch failed |
