@@ -139,12 +139,12 @@ pub async fn estimate_backlog(
         }
         .processor_name(),
     };
-    let estimator = cosmos_change_feed::ChangeFeedEstimator::new(
-        processor.clone(),
-        cosmos.container(database, monitored).await?,
-        cosmos.container(database, lease_container).await?,
-    )
-    .options(crate::relay::RelayOptions::default().processor);
+    let estimator = crate::relay::backlog::estimator(
+        &processor,
+        &cosmos.container(database, monitored).await?,
+        &cosmos.container(database, lease_container).await?,
+        &crate::relay::RelayOptions::default(),
+    );
     let estimates = estimator
         .estimate(crate::document::is_pending_outbox)
         .await?;

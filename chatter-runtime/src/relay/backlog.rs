@@ -30,14 +30,26 @@ pub(super) struct Estimator {
     pub(super) last: Arc<Mutex<HashMap<String, u64>>>,
 }
 
+/// The estimator that reads the backlog of the relay's processor `processor_name` with the
+/// processor's own options, as the backlog gauge, the sweep and `chatter leases` read it.
+pub(crate) fn estimator(
+    processor_name: &str,
+    monitored: &Arc<ContainerClient>,
+    leases: &Arc<ContainerClient>,
+    options: &RelayOptions,
+) -> ChangeFeedEstimator {
+    ChangeFeedEstimator::new(processor_name, Arc::clone(monitored), Arc::clone(leases))
+        .options(options.processor.clone())
+}
+
 impl Estimator {
     pub(super) async fn run(self, stop: CancellationToken) {
-        let estimator = ChangeFeedEstimator::new(
-            self.processor_name.clone(),
-            Arc::clone(&self.monitored),
-            Arc::clone(&self.leases),
-        )
-        .options(self.options.processor.clone());
+        let estimator = estimator(
+            &self.processor_name,
+            &self.monitored,
+            &self.leases,
+            &self.options,
+        );
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,

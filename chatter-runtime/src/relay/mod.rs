@@ -25,7 +25,7 @@
 // | `diagnostics.rs` | the always-on logs, counted when metrics are on, and the faults' `error.type` names |
 // | `error.rs` | why the relay did not start, and why a page failed |
 pub(crate) mod after_commit;
-mod backlog;
+pub(crate) mod backlog;
 pub(crate) mod contract;
 pub(crate) mod delivery;
 mod diagnostics;

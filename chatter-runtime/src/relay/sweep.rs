@@ -117,12 +117,12 @@ struct Swept {
 
 impl Sweeper {
     pub(super) async fn run(self, stop: CancellationToken) {
-        let estimator = ChangeFeedEstimator::new(
-            self.processor_name.clone(),
-            Arc::clone(&self.monitored),
-            Arc::clone(&self.leases),
-        )
-        .options(self.options.processor.clone());
+        let estimator = super::backlog::estimator(
+            &self.processor_name,
+            &self.monitored,
+            &self.leases,
+            &self.options,
+        );
         let mut scope = None;
         loop {
             tokio::select! {
