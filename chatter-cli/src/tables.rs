@@ -2,7 +2,9 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use chatter_runtime::operator::{LeaseServed, LeaseView, MessageSource, OutboxSurvey};
+use chatter_runtime::operator::{
+    LeaseServed, LeaseView, MessageSource, OutboxSurvey, relay_instance,
+};
 
 pub(crate) fn print<T: serde::Serialize + ?Sized>(json: bool, survey: &T, table: fn(&T) -> String) {
     if json {
@@ -198,13 +200,10 @@ pub(crate) fn leases_table(leases: &[LeaseView]) -> String {
 /// (`chatter-cosmos-outbox-relay:{machine}:{uuid}`) as its machine and the uuid's first 8
 /// characters, enough to tell instances apart (`--json` has it whole); any other name as it is.
 fn owner(name: &str) -> String {
-    name.strip_prefix("chatter-cosmos-outbox-relay:")
-        .and_then(|rest| rest.rsplit_once(':'))
-        .filter(|(_, id)| id.len() == 36 && id.chars().all(|c| c.is_ascii_hexdigit() || c == '-'))
-        .map_or_else(
-            || name.to_owned(),
-            |(machine, id)| format!("{machine}:{}…", &id[..8]),
-        )
+    relay_instance(name).map_or_else(
+        || name.to_owned(),
+        |(machine, id)| format!("{machine}:{}…", &id[..8]),
+    )
 }
 
 /// The widest a cell before a table's last column is shown: longer ones are cut (`…`), so one

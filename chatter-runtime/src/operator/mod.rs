@@ -10,6 +10,7 @@ mod leases;
 pub(crate) mod outbox;
 mod repair;
 
+pub use crate::relay::identity::relay_instance;
 pub use leases::{LeaseServed, LeaseView, estimate_backlog, survey_leases};
 pub use outbox::{
     IdMismatchedDocument, MessageSource, OutboxSurvey, PendingByDestination, UndeliverableDocument,

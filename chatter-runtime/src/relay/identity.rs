@@ -147,6 +147,15 @@ pub(crate) fn instance_name() -> String {
     )
 }
 
+/// A relay instance's owner name (`chatter-cosmos-outbox-relay:{machine}:{uuid}`, one per host
+/// start) split into its machine name and its uuid; `None` for any other name (an owner
+/// another kind of processor wrote).
+pub fn relay_instance(name: &str) -> Option<(&str, &str)> {
+    let (machine, id) = name.strip_prefix(PROCESSOR_NAME_PREFIX)?.rsplit_once(':')?;
+    // Hyphenated, as `Uuid`'s `Display` writes it: 36 ASCII characters.
+    (id.len() == 36 && uuid::Uuid::parse_str(id).is_ok()).then_some((machine, id))
+}
+
 fn machine_name() -> String {
     let from_file = |path: &str| std::fs::read_to_string(path).ok();
     ["/proc/sys/kernel/hostname", "/etc/hostname"]
@@ -405,6 +414,23 @@ mod tests {
         let (machine, id) = rest.rsplit_once(':').unwrap();
         assert!(!machine.is_empty());
         assert!(uuid::Uuid::parse_str(id).is_ok(), "{id}");
+    }
+
+    #[test]
+    fn an_instance_name_splits_into_its_machine_and_uuid_and_no_other_name_does() {
+        let name = instance_name();
+        let (machine, id) = relay_instance(&name).expect("an instance name");
+        assert_eq!(machine, machine_name());
+        assert_eq!(name, format!("{PROCESSOR_NAME_PREFIX}{machine}:{id}"));
+        for other in [
+            "host-1",
+            "chatter-cosmos-outbox-relay:host-1",
+            "chatter-cosmos-outbox-relay:host-1:not-a-uuid",
+            "chatter-cosmos-outbox-relay:host-1:0123456789abcdef0123456789abcdef",
+            "other-prefix:host-1:67e55044-10b1-426f-9247-bb680e5fe0c8",
+        ] {
+            assert_eq!(relay_instance(other), None, "{other}");
+        }
     }
 
     struct A;

@@ -26,6 +26,18 @@ pub(crate) enum Outbox {
     GiveUp(repair::GiveUp),
 }
 
+impl Outbox {
+    /// The container every command reads.
+    fn at(&self) -> &Container {
+        match self {
+            Outbox::Pending(at) => at,
+            Outbox::Undeliverable(args) => &args.at,
+            Outbox::Requeue(requeue) => &requeue.at,
+            Outbox::GiveUp(give_up) => &give_up.at,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct Undeliverable {
     #[command(flatten)]
@@ -55,13 +67,7 @@ impl Source {
 
 /// Runs `command` on the store its account flags name.
 pub(crate) async fn run(command: &Outbox, json: bool) -> Result<u8, Failure> {
-    let at = match command {
-        Outbox::Pending(at) => at,
-        Outbox::Undeliverable(args) => &args.at,
-        Outbox::Requeue(requeue) => &requeue.at,
-        Outbox::GiveUp(give_up) => &give_up.at,
-    };
-    let cosmos = at.account.connect().await?;
+    let cosmos = command.at().account.connect().await?;
     match command {
         Outbox::Pending(at) => pending(&cosmos, at, json).await,
         Outbox::Undeliverable(args) => undeliverable(&cosmos, args, json).await,
