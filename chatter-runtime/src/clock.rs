@@ -9,14 +9,8 @@ use time::OffsetDateTime;
 /// Now, by this instance's clock.
 pub(crate) fn now_utc() -> OffsetDateTime {
     let now = OffsetDateTime::now_utc();
+    // One skew per thread for the whole instance: the leases' clock keeps it.
     #[cfg(feature = "test-support")]
-    let now = now + CLOCK_SKEW.with(std::cell::Cell::get);
+    let now = now + time::Duration::milliseconds(cosmos_change_feed::testing::clock_skew_ms());
     now
-}
-
-#[cfg(feature = "test-support")]
-thread_local! {
-    /// How far this thread's clock is from the true one (test seam).
-    pub(crate) static CLOCK_SKEW: std::cell::Cell<time::Duration> =
-        const { std::cell::Cell::new(time::Duration::ZERO) };
 }

@@ -93,6 +93,5 @@ pub async fn query_all(
 /// processor's lease expiry and lease timestamps. The simulation runs each instance on a
 /// thread of its own.
 pub fn skew_clock(millis: i64) {
-    crate::clock::CLOCK_SKEW.with(|skew| skew.set(time::Duration::milliseconds(millis)));
     cosmos_change_feed::testing::skew_clock(millis);
 }

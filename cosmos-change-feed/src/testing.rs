@@ -15,6 +15,12 @@ pub fn skew_clock(millis: i64) {
     CLOCK_SKEW_MS.with(|skew| skew.set(millis));
 }
 
+/// The calling thread's skew, in milliseconds (0 unless [`skew_clock`] set one): the one cell
+/// every clock of an instance reads, chatter's own included.
+pub fn clock_skew_ms() -> i64 {
+    CLOCK_SKEW_MS.with(Cell::get)
+}
+
 #[cfg(test)]
 mod tests {
     use crate::lease::now_millis;
@@ -23,6 +29,7 @@ mod tests {
     fn a_skewed_thread_judges_leases_by_its_own_clock_and_other_threads_by_theirs() {
         let true_now = std::thread::spawn(now_millis).join().unwrap();
         super::skew_clock(4_000);
+        assert_eq!(super::clock_skew_ms(), 4_000);
         let skewed = now_millis();
         let other = std::thread::spawn(now_millis).join().unwrap();
         super::skew_clock(0);
