@@ -88,6 +88,19 @@ pub async fn query_all(
     Ok(found)
 }
 
+/// The root fields chatter writes on the documents it puts in a command's container, at which
+/// no partition-key path may be rooted: the Outbox Document's, the inbox marker's, and the
+/// delivered stamp's. (`chatter-macros` cannot import them: its compile-fail case names each,
+/// and a test holds the case to this list.)
+pub fn reserved_root_fields() -> std::collections::BTreeSet<&'static str> {
+    use crate::document::{inbox_marker, outbox};
+    outbox::OUTBOX_RESERVED_ROOT_FIELDS
+        .into_iter()
+        .chain(inbox_marker::INBOX_MARKER_RESERVED_ROOT_FIELDS)
+        .chain(outbox::RELAY_STAMPED_PATHS.map(|path| path.trim_start_matches('/')))
+        .collect()
+}
+
 /// Skews the clock the calling thread reads by `millis` (negative: behind), as an instance
 /// whose clock is off: the inbox's claims and markers, the sweep's ages, and the change-feed
 /// processor's lease expiry and lease timestamps. The simulation runs each instance on a

@@ -3,6 +3,7 @@
 //! default time-to-live, checked by `relay::contract::verify` / `verify_all`.
 
 use std::borrow::Cow;
+use std::collections::BTreeSet;
 use std::error::Error as _;
 use std::sync::Arc;
 use std::time::Duration;
@@ -433,4 +434,20 @@ async fn verify_all_with_one_missing_container_gives_the_read_failure_text() {
     .await
     .unwrap_err();
     assert_eq!(error.to_string(), READ_FAILURE_MESSAGE);
+}
+
+/// The derive refuses as a partition-key root exactly the fields the runtime writes on the
+/// documents it puts in a command's container. The macro crate cannot import the runtime's
+/// list: its compile-fail case names every root (and trybuild checks each is refused), and this
+/// test holds the case to the runtime's list.
+#[test]
+fn the_derive_refuses_every_root_field_the_runtime_writes() {
+    let case = include_str!("../../ui-tests/tests/ui/fail/path-reserved-roots.rs");
+    let refused: BTreeSet<&str> = case
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("#[partition_key(path = \"/"))
+        .filter_map(|rest| rest.split(['/', '"']).next())
+        .collect();
+    let written = chatter_runtime::testing::reserved_root_fields();
+    assert_eq!(refused, written);
 }

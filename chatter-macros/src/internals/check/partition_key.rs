@@ -14,6 +14,9 @@ use super::serialized::{path_source, supplying_field_is_serialized};
 
 /// Root fields chatter writes on its documents: a partition-key path rooted at
 /// one of them would overwrite a required field. `status` and `ttl` are patched by the relay.
+/// The runtime's lists are the source (this crate cannot import them): the compile-fail case
+/// `ui-tests/tests/ui/fail/path-reserved-roots.rs` names each of these, and a test in
+/// `tests/tests/relay_contract.rs` holds that case to the runtime's lists.
 pub(super) const RESERVED_ROOTS: &[&str] = &[
     "id",
     "_chatterType",
