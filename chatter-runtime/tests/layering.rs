@@ -3,7 +3,8 @@
 //! the users' door, not the house's stairs). This test reads the sources as text: doc comments
 //! and comment lines are left out, as they are links for readers, not imports.
 //!
-//! Files of one folder import each other in no circle either. Run it alone with
+//! Files of one folder import each other in no circle either, and ARCHITECTURE.md's table says
+//! what each module imports, as the code does. Run it alone with
 //! `cargo test -p chatter-runtime --test layering`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -353,4 +354,99 @@ fn the_crate_root_exports_only_what_a_handler_and_a_main_write() {
     .map(str::to_owned)
     .collect();
     assert_eq!(root_reexports(lib), expected);
+}
+
+/// ARCHITECTURE.md's table of folders and files says what each imports; held to the code both
+/// ways: an import the table does not list fails, and so does a listed one the code no longer
+/// has. A row of several files lists what they import together, from outside the row.
+#[test]
+fn architecture_lists_what_each_module_imports_and_nothing_else() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ARCHITECTURE.md");
+    let architecture = std::fs::read_to_string(&path).expect("ARCHITECTURE.md");
+    let backticked = |cell: &str| -> Vec<String> {
+        cell.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(|name| {
+                name.trim_end_matches('/')
+                    .trim_end_matches(".rs")
+                    .to_owned()
+            })
+            .collect()
+    };
+    // The rows after the header of the folders table: (modules, imports listed).
+    let mut rows: Vec<(Vec<String>, BTreeSet<String>)> = Vec::new();
+    let mut in_table = false;
+    for line in architecture.lines() {
+        if line.starts_with("| folder / file |") {
+            in_table = true;
+            continue;
+        }
+        if !in_table || line.starts_with("| ---") {
+            continue;
+        }
+        if !line.starts_with('|') {
+            break;
+        }
+        let cells: Vec<&str> = line.trim().trim_matches('|').split('|').collect();
+        assert_eq!(cells.len(), 3, "a row of three cells: {line}");
+        let modules = backticked(cells[0]);
+        // Module names and the change-feed crate; the SDK and the types named in passing are
+        // not checked.
+        let listed = backticked(cells[2])
+            .into_iter()
+            .filter(|name| floor_of(name).is_some() || name == "cosmos-change-feed")
+            .collect();
+        rows.push((modules, listed));
+    }
+    assert!(rows.len() > 10, "the table is read: {rows:?}");
+
+    let mut imported: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (relative, text) in library_files() {
+        let module = top_module(&relative).to_owned();
+        if module == "lib" {
+            continue;
+        }
+        let mut names: BTreeSet<String> = names_after(&text, "crate::")
+            .into_iter()
+            .map(|(_, name)| name)
+            .filter(|name| floor_of(name).is_some())
+            .collect();
+        if !names_after(&text, "cosmos_change_feed::").is_empty()
+            || code_lines(&text)
+                .iter()
+                .any(|(_, line)| line.contains("use cosmos_change_feed"))
+        {
+            names.insert("cosmos-change-feed".to_owned());
+        }
+        imported.entry(module).or_default().extend(names);
+    }
+
+    let mut wrong = Vec::new();
+    let mut tabled = BTreeSet::new();
+    for (modules, listed) in &rows {
+        tabled.extend(modules.iter().cloned());
+        let actual: BTreeSet<String> = modules
+            .iter()
+            .flat_map(|module| imported.get(module).cloned().unwrap_or_default())
+            .filter(|name| !modules.contains(name))
+            .collect();
+        let unlisted: Vec<_> = actual.difference(listed).collect();
+        let stale: Vec<_> = listed.difference(&actual).collect();
+        if !unlisted.is_empty() || !stale.is_empty() {
+            wrong.push(format!(
+                "{modules:?}: imports {unlisted:?} it does not list; lists {stale:?} it does not import"
+            ));
+        }
+    }
+    let untabled: Vec<_> = imported.keys().filter(|m| !tabled.contains(*m)).collect();
+    assert!(
+        untabled.is_empty(),
+        "modules without a row in ARCHITECTURE.md: {untabled:?}"
+    );
+    assert!(
+        wrong.is_empty(),
+        "ARCHITECTURE.md's imports column:\n{}",
+        wrong.join("\n")
+    );
 }
