@@ -114,8 +114,8 @@ pub enum InvalidOptions {
 ///
 /// This crate's errors say what failed in `Display` and why in `source()` (the Rust API
 /// guidelines), so printing only `Display` drops the cause. Print an error with `ErrorChain`
-/// where a person reads it, as the processor's own logs do. A cause that repeats its wrapper's
-/// text word for word is printed once.
+/// where a person reads it, as the processor's own logs do. A cause whose text its wrapper's
+/// already ends with (word for word) is printed once.
 ///
 /// ```
 /// use cosmos_change_feed::ErrorChain;
@@ -132,9 +132,10 @@ impl std::fmt::Display for ErrorChain<'_> {
         f.write_str(&previous)?;
         let mut cause = self.0.source();
         while let Some(error) = cause {
-            // Some clients wrap an error in one that says the same; say it once.
+            // Some clients wrap an error in one that says the same, or that ends with what its
+            // source says (`status: message` over `message`); say it once.
             let text = error.to_string();
-            if text != previous {
+            if !previous.ends_with(&text) {
                 write!(f, ": {text}")?;
             }
             previous = text;
@@ -162,5 +163,18 @@ mod chain_tests {
         let text = ErrorChain(&error).to_string();
         assert!(text.starts_with(&error.to_string()), "{text}");
         assert!(text.ends_with("must be greater than zero"), "{text}");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("503/20010 (ServiceUnavailable): connection refused")]
+    struct Header(#[source] std::io::Error);
+
+    #[test]
+    fn a_cause_its_wrapper_already_ends_with_is_printed_once() {
+        let error = Header(std::io::Error::other("connection refused"));
+        assert_eq!(
+            ErrorChain(&error).to_string(),
+            "503/20010 (ServiceUnavailable): connection refused"
+        );
     }
 }
