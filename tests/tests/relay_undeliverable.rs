@@ -409,22 +409,40 @@ fn confirming_late(container: &Arc<ContainerClient>, broker: &InMemoryBroker) ->
     )
 }
 
+/// A pending document of key `t` stored as `doc` (the page's version), then written as
+/// `changes` by another writer in the same second (`_ts` counts whole seconds): tried again
+/// under a new id (`{id}-{try}`) when the second turned between the two writes.
+async fn changed_in_the_same_second(
+    c: &ContainerClient,
+    id: &str,
+    doc: impl Fn(&str) -> Value,
+    changes: Value,
+) -> Value {
+    for attempt in 0..5 {
+        let read = stored(c, doc(&format!("{id}-{attempt}"))).await;
+        let since = written_since(c, &read, changes.clone()).await;
+        if since["_ts"] == read["_ts"] {
+            return read;
+        }
+    }
+    panic!("no change in the page's second within 5 tries")
+}
+
 #[tokio::test]
 async fn a_group_whose_stamp_met_another_writers_reads_its_later_documents_before_publishing_them()
 {
     let c = container().await;
     let broker = InMemoryBroker::new();
     // A page read three documents of one key pending; another process (publishing after their
-    // commit) published and stamped all three since, most often in the same second (`_ts`
-    // counts whole seconds): a delivered stamp is newer than any pending version, whatever the
-    // second (the long run's seeds 9004016 and 7934220004, publications after everything
-    // settled).
+    // commit) published and stamped all three since, in the page's second: a delivered stamp
+    // is newer than any pending version chatter writes, whatever the second (the long run's
+    // seeds 9004016 and 7934220004, publications after everything settled).
+    let delivered = json!({ "status": "delivered", "ttl": 86_400 });
     let mut page = Vec::new();
     for id in ["msg-1", "msg-2", "msg-3"] {
-        page.push(stored(&c, pending(id, "t")).await);
-    }
-    for doc in &page {
-        written_since(&c, doc, json!({ "status": "delivered", "ttl": 86_400 })).await;
+        page.push(
+            changed_in_the_same_second(&c, id, |id| pending(id, "t"), delivered.clone()).await,
+        );
     }
     let drain = confirming_late(&c, &broker);
     let report = drain.drain("0", &page).await.unwrap();
@@ -445,31 +463,46 @@ async fn a_group_whose_stamp_met_another_writers_still_publishes_what_is_not_pro
     let first = stored(&c, pending("msg-1", "t")).await;
     let second = stored(&c, pending("msg-2", "t")).await;
     let third = stored(&c, pending("msg-3", "t")).await;
-    // The first one's stamp meets another writer's; the fourth was judged undeliverable since,
-    // in the page's second: not provably newer (a replica behind the page could still show the
-    // verdict of before a requeue the page read), so it is published.
+    // The first one's stamp meets another writer's. The later ones were decided since, in the
+    // page's second, but not provably after the page's version, so each is published:
+    // - judged undeliverable (a replica behind the page could still show the verdict of before
+    //   a requeue the page read);
+    // - the same, on a document another writer gave a ttl of its own (a ttl is not a delivered
+    //   stamp);
+    // - delivered, but holding another body written under the id since (a message of its own:
+    //   the page's is still to publish).
     written_since(&c, &first, json!({ "status": "delivered", "ttl": 86_400 })).await;
-    let mut fourth = None;
-    for attempt in 0..5 {
-        // A verdict written once the second turned is a later version, proven: try again.
-        let read = stored(&c, pending(&format!("msg-4-{attempt}"), "t")).await;
-        let judged = written_since(&c, &read, json!({ "status": "undeliverable" })).await;
-        if judged["_ts"] == read["_ts"] {
-            fourth = Some(read);
-            break;
-        }
-    }
-    let fourth = fourth.expect("a verdict in the page's second within 5 tries");
-    let page = [first, second.clone(), third.clone(), fourth.clone()];
+    let judged = json!({ "status": "undeliverable" });
+    let fourth =
+        changed_in_the_same_second(&c, "msg-4", |id| pending(id, "t"), judged.clone()).await;
+    let with_ttl = |id: &str| {
+        let mut doc = pending(id, "t");
+        doc["ttl"] = json!(3_600);
+        doc
+    };
+    let fifth = changed_in_the_same_second(&c, "msg-5", with_ttl, judged).await;
+    let rewritten =
+        json!({ "MessageBody": "{\"orderId\":8}", "status": "delivered", "ttl": 86_400 });
+    let sixth = changed_in_the_same_second(&c, "msg-6", |id| pending(id, "t"), rewritten).await;
+    let page = [
+        first,
+        second.clone(),
+        third.clone(),
+        fourth.clone(),
+        fifth.clone(),
+        sixth,
+    ];
     let drain = confirming_late(&c, &broker);
     let report = drain.drain("0", &page).await.unwrap();
     // The second and third are still pending when read again: published.
-    assert_eq!(broker.published_count("orders"), 4, "{report:?}");
+    assert_eq!(broker.published_count("orders"), 6, "{report:?}");
     assert_eq!(reread(&c, &second).await["status"], "delivered");
     assert_eq!(reread(&c, &third).await["status"], "delivered");
-    assert_eq!(
-        reread(&c, &fourth).await["status"],
-        "undeliverable",
-        "the verdict stands"
-    );
+    for judged in [&fourth, &fifth] {
+        assert_eq!(
+            reread(&c, judged).await["status"],
+            "undeliverable",
+            "the verdict stands"
+        );
+    }
 }

@@ -51,8 +51,8 @@ pub(crate) const OUTBOX_RESERVED_ROOT_FIELDS: [&str; 8] = [
 
 /// The path of the delivery-state stamp.
 pub(crate) const STATUS_PATH: &str = "/status";
-/// The time-to-live field stamped with a delivered state (positive: only a delivered stamp
-/// writes one).
+/// The time-to-live field stamped with a delivered state (positive; chatter writes none on a
+/// pending or `undeliverable` document, though another writer may).
 pub(crate) const TTL_FIELD: &str = "ttl";
 /// The path of the time-to-live stamped with a delivered state.
 pub(crate) const TTL_PATH: &str = "/ttl";

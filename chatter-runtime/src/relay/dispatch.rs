@@ -23,7 +23,7 @@ use crate::broker::{self, Broker, BrokerError};
 use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::store::{PatchOp, patch_item_if_match};
 use crate::cosmos::{self, ContainerClient, CosmosStoreError};
-use crate::document::outbox::STATUS_PENDING;
+use crate::document::outbox::{STATUS_PENDING, STATUS_UNDELIVERABLE};
 use crate::document::{ContractViolations, outbox, outbox_contract};
 use crate::error_chain::ErrorChain;
 use crate::message::BrokeredMessage;
@@ -172,14 +172,16 @@ impl Dispatch {
     }
 
     /// Whether the document `id` the page read as `doc` is provably decided since: read back
-    /// no longer pending, at a version written after the page's. Anything less certain says
-    /// no, and the document is published as the page read it (a duplicate at worst, never a
-    /// skip): a read that fails or finds nothing (a replica that has not caught up, or a
+    /// no longer pending, holding the same message (a new body under the id is a message of its
+    /// own, still to publish), at a version written after the page's. Anything less certain
+    /// says no, and the document is published as the page read it (a duplicate at worst, never
+    /// a skip): a read that fails or finds nothing (a replica that has not caught up, or a
     /// 404/1002). `_ts` counts whole seconds, so a version of the page's second is after it
-    /// only when it is a delivered stamp (it carries a positive `ttl`): nothing turns a delivered
-    /// document pending again, so a replica behind the page cannot show one older than the
-    /// page's pending version. An `undeliverable` version of the same second proves nothing:
-    /// a replica behind the page may still show the verdict a requeue the page read undid.
+    /// only when it is a delivered stamp (not `undeliverable`, with a positive `ttl`): chatter
+    /// turns no delivered document pending again, so a replica behind the page cannot show one
+    /// older than the page's pending version. An `undeliverable` version of the same second
+    /// proves nothing (a ttl another writer gave the document included): a replica behind the
+    /// page may still show the verdict a requeue the page read undid.
     pub(super) async fn decided_since(&self, doc: &Value, id: &str, key: &[Value]) -> bool {
         let Ok(sdk_key) = partition_key::sdk_key(key) else {
             return false;
@@ -193,7 +195,8 @@ impl Dispatch {
         let Some(now) = outcome.into_document() else {
             return false;
         };
-        if now.get(outbox::STATUS_FIELD).and_then(Value::as_str) == Some(STATUS_PENDING) {
+        let status = now.get(outbox::STATUS_FIELD).and_then(Value::as_str);
+        if status == Some(STATUS_PENDING) || !outbox::same_message(&now, doc) {
             return false;
         }
         let written = |doc: &Value| doc.get("_ts").and_then(Value::as_i64);
@@ -201,7 +204,8 @@ impl Dispatch {
             return false;
         };
         let ttl = now.get(outbox::TTL_FIELD).and_then(Value::as_i64);
-        let delivered = ttl.is_some_and(|seconds| seconds > 0);
+        let delivered =
+            status != Some(STATUS_UNDELIVERABLE) && ttl.is_some_and(|seconds| seconds > 0);
         written_now > read || (written_now == read && delivered)
     }
 
