@@ -115,7 +115,7 @@ pub enum InvalidOptions {
 /// This crate's errors say what failed in `Display` and why in `source()` (the Rust API
 /// guidelines), so printing only `Display` drops the cause. Print an error with `ErrorChain`
 /// where a person reads it, as the processor's own logs do. A cause whose text its wrapper's
-/// already ends with (word for word) is printed once.
+/// equals, or ends with after a `": "`, is printed once.
 ///
 /// ```
 /// use cosmos_change_feed::ErrorChain;
@@ -135,7 +135,7 @@ impl std::fmt::Display for ErrorChain<'_> {
             // Some clients wrap an error in one that says the same, or that ends with what its
             // source says (`status: message` over `message`); say it once.
             let text = error.to_string();
-            if !previous.ends_with(&text) {
+            if previous != text && !previous.ends_with(&format!(": {text}")) {
                 write!(f, ": {text}")?;
             }
             previous = text;
@@ -175,6 +175,12 @@ mod chain_tests {
         assert_eq!(
             ErrorChain(&error).to_string(),
             "503/20010 (ServiceUnavailable): connection refused"
+        );
+        // Only a whole cause after `": "`: a fragment is a cause of its own.
+        let error = Header(std::io::Error::other("refused"));
+        assert_eq!(
+            ErrorChain(&error).to_string(),
+            "503/20010 (ServiceUnavailable): connection refused: refused"
         );
     }
 }

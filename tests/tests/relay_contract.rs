@@ -436,10 +436,11 @@ async fn verify_all_with_one_missing_container_gives_the_read_failure_text() {
     assert_eq!(error.to_string(), READ_FAILURE_MESSAGE);
 }
 
-/// The derive refuses as a partition-key root exactly the fields the runtime writes on the
-/// documents it puts in a command's container. The macro crate cannot import the runtime's
-/// list: its compile-fail case names every root (and trybuild checks each is refused), and this
-/// test holds the case to the runtime's list.
+/// The derive refuses as a partition-key root exactly the fields the runtime reserves on the
+/// documents it puts in a command's container (those it creates them with, and the delivered
+/// stamp's; not the operator's reason, which only `chatter outbox give-up` writes). The macro
+/// crate cannot import the runtime's list: its compile-fail case names every root (and
+/// trybuild checks each is refused), and this test holds the case to the runtime's list.
 #[test]
 fn the_derive_refuses_every_root_field_the_runtime_writes() {
     let case = include_str!("../../ui-tests/tests/ui/fail/path-reserved-roots.rs");

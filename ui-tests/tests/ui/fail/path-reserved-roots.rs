@@ -1,7 +1,7 @@
 //! Every root field chatter writes on the documents it puts in a command's container (the Outbox
 //! Document, its delivered stamp, the inbox marker) refused as a partition-key root. The list is
-//! tied to the runtime's: `tests/tests/start_rejects_conflicting_registrations.rs` compares the
-//! paths below with the fields the runtime reserves.
+//! tied to the runtime's: `tests/tests/relay_contract.rs` compares the paths below with the
+//! fields the runtime reserves (not the operator's reason, which only a give-up writes).
 
 use chatter_runtime::DocumentReliable;
 use serde::{Deserialize, Serialize};
