@@ -19,30 +19,6 @@ mod tests {
     use super::*;
     use std::error::Error;
 
-    #[derive(Debug, thiserror::Error)]
-    #[error("outer")]
-    struct Outer(#[source] Middle);
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("middle")]
-    struct Middle(#[source] std::io::Error);
-
-    #[test]
-    fn every_cause_is_printed_once_in_order() {
-        let error = Outer(Middle(std::io::Error::other("inner")));
-        assert_eq!(ErrorChain(&error).to_string(), "outer: middle: inner");
-    }
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("same")]
-    struct Same(#[source] std::io::Error);
-
-    #[test]
-    fn a_cause_repeating_its_wrapper_is_printed_once() {
-        let error = Same(std::io::Error::other("same"));
-        assert_eq!(ErrorChain(&error).to_string(), "same");
-    }
-
     /// The Rust API guidelines' rule, held for one error of every kind that has a cause: its
     /// own `Display` never repeats the cause that `source()` returns.
     #[test]
@@ -107,11 +83,5 @@ mod tests {
                 format!("{own}: {}", ErrorChain(error.source().unwrap()))
             );
         }
-    }
-
-    #[test]
-    fn an_error_without_a_source_prints_alone() {
-        let error = std::io::Error::other("alone");
-        assert_eq!(ErrorChain(&error).to_string(), "alone");
     }
 }

@@ -166,6 +166,36 @@ mod chain_tests {
     }
 
     #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] Middle);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("middle")]
+    struct Middle(#[source] std::io::Error);
+
+    #[test]
+    fn every_cause_is_printed_once_in_order() {
+        let error = Outer(Middle(std::io::Error::other("inner")));
+        assert_eq!(ErrorChain(&error).to_string(), "outer: middle: inner");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("same")]
+    struct Same(#[source] std::io::Error);
+
+    #[test]
+    fn a_cause_repeating_its_wrapper_is_printed_once() {
+        let error = Same(std::io::Error::other("same"));
+        assert_eq!(ErrorChain(&error).to_string(), "same");
+    }
+
+    #[test]
+    fn an_error_without_a_source_prints_alone() {
+        let error = std::io::Error::other("alone");
+        assert_eq!(ErrorChain(&error).to_string(), "alone");
+    }
+
+    #[derive(Debug, thiserror::Error)]
     #[error("503/20010 (ServiceUnavailable): connection refused")]
     struct Header(#[source] std::io::Error);
 
