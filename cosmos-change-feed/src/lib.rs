@@ -105,6 +105,7 @@ mod worker;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use azure_data_cosmos::clients::ContainerClient;
 pub use azure_data_cosmos::feed::FeedRange;
@@ -202,19 +203,70 @@ pub struct DocumentError {
 
 /// Whether the lease of a [`ChangeFeedBatch`] was lost while its page is being handled.
 /// Clones share the state.
-#[derive(Debug, Clone)]
-pub struct LeaseLost(CancellationToken);
+///
+/// Lost once the renewer finds another instance's write, or gives the lease up; and at once
+/// when the lease has gone unwritten past its give-up point (a margin before the expiry), even
+/// before the renewer wakes to say so: a process paused past the expiry (a long GC or
+/// scheduling pause, a suspended VM) resumes with its lease possibly someone else's, and a
+/// handler that asks before each piece of work starts none of it.
+#[derive(Clone)]
+pub struct LeaseLost {
+    token: CancellationToken,
+    /// When the lease was last written, as the worker records it.
+    written: Arc<Mutex<Instant>>,
+    /// How long after that write the lease counts as lost.
+    give_up_after: Duration,
+}
+
+impl std::fmt::Debug for LeaseLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseLost")
+            .field("lost", &self.is_lost())
+            .finish_non_exhaustive()
+    }
+}
 
 impl LeaseLost {
+    pub(crate) fn new(
+        token: CancellationToken,
+        written: Arc<Mutex<Instant>>,
+        give_up_after: Duration,
+    ) -> Self {
+        Self {
+            token,
+            written,
+            give_up_after,
+        }
+    }
+
+    /// When the lease stops counting as held unless it is written again (none for an expiry
+    /// too long to reach).
+    fn deadline(&self) -> Option<Instant> {
+        let written = *self.written.lock().unwrap_or_else(|p| p.into_inner());
+        written.checked_add(self.give_up_after)
+    }
+
     /// Whether the lease is lost now.
     pub fn is_lost(&self) -> bool {
-        self.0.is_cancelled()
+        self.token.is_cancelled() || self.deadline().is_some_and(|at| Instant::now() >= at)
     }
 
     /// Completes once the lease is lost (never, while it stays this instance's): race it
     /// against the handler's work with `tokio::select!`.
     pub async fn lost(&self) {
-        self.0.cancelled().await;
+        loop {
+            if self.is_lost() {
+                return;
+            }
+            // The deadline moves with each renewal: looked at again when it passes.
+            let Some(deadline) = self.deadline() else {
+                return self.token.cancelled().await;
+            };
+            tokio::select! {
+                () = self.token.cancelled() => return,
+                () = tokio::time::sleep_until(deadline.into()) => {}
+            }
+        }
     }
 }
 

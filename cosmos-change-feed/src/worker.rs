@@ -49,8 +49,10 @@ pub(crate) struct LeaseSlot {
     /// Cancelled once the poller has finished (its last page handed over, the lease released):
     /// only then does the renewer stop, so a long page never lets the lease expire under it.
     poller_done: CancellationToken,
-    /// When the lease was last written successfully (acquired, renewed, checkpointed).
-    last_written: Mutex<std::time::Instant>,
+    /// When the lease was last written successfully (acquired, renewed, checkpointed): shared
+    /// with the batch handler's [`LeaseLost`], which counts the lease lost past its give-up
+    /// point at once, before the renewer wakes to say so.
+    last_written: Arc<Mutex<std::time::Instant>>,
 }
 
 impl LeaseSlot {
@@ -71,7 +73,7 @@ impl LeaseSlot {
             reason: Mutex::new(None),
             lost: CancellationToken::new(),
             poller_done: CancellationToken::new(),
-            last_written: Mutex::new(written_at),
+            last_written: Arc::new(Mutex::new(written_at)),
         }
     }
 
@@ -96,6 +98,16 @@ impl LeaseSlot {
     /// Whether the lease was lost (taken by another instance, or given up).
     pub(crate) fn is_lost(&self) -> bool {
         self.lost.is_cancelled()
+    }
+
+    /// The batch handler's view of the loss: the renewer's verdict, or the give-up point
+    /// passed without a write.
+    fn lease_lost(&self, options: &ChangeFeedProcessorOptions) -> LeaseLost {
+        LeaseLost::new(
+            self.lost.clone(),
+            Arc::clone(&self.last_written),
+            give_up_after(options),
+        )
     }
 
     /// Whether the worker has been asked to stop (or the processor is shutting down).
@@ -262,13 +274,7 @@ impl WorkerContext {
 /// is stopped rather than serving a lease this instance can no longer vouch for.
 pub(crate) async fn renew(ctx: WorkerContext, slot: Arc<LeaseSlot>) {
     let processor = ctx.store.processor.as_str();
-    // Give up a margin before the expiry: the smaller of one renew interval and a fifth of the
-    // expiry, so even a renew interval close to the expiry leaves renewals room to work.
-    let margin = ctx
-        .options
-        .lease_renew_interval
-        .min(ctx.options.lease_expiry / 5);
-    let give_up_after = ctx.options.lease_expiry.saturating_sub(margin);
+    let give_up_after = give_up_after(&ctx.options);
     let mut wait = ctx.options.lease_renew_interval;
     loop {
         tokio::select! {
@@ -304,6 +310,14 @@ pub(crate) async fn renew(ctx: WorkerContext, slot: Arc<LeaseSlot>) {
             }
         }
     }
+}
+
+/// How long a lease may go unwritten before this instance stops vouching for it: a margin
+/// before the expiry, the smaller of one renew interval and a fifth of the expiry, so even a
+/// renew interval close to the expiry leaves renewals room to work.
+fn give_up_after(options: &ChangeFeedProcessorOptions) -> Duration {
+    let margin = options.lease_renew_interval.min(options.lease_expiry / 5);
+    options.lease_expiry.saturating_sub(margin)
 }
 
 /// Polls the lease's feed range until the worker stops, then releases the lease if it stopped
@@ -673,7 +687,7 @@ impl<'a> Poll<'a> {
             lease_token: slot.lease_token.clone(),
             feed_range: slot.range.clone(),
             request_charge,
-            lease_lost: LeaseLost(slot.lost.clone()),
+            lease_lost: slot.lease_lost(&ctx.options),
         };
         let handling = tokio::time::timeout(
             ctx.options.handler_timeout,

@@ -1065,6 +1065,46 @@ async fn a_handler_learns_that_its_lease_was_lost_while_it_holds_a_page() {
     processor.shutdown().await;
 }
 
+// A process paused past its lease's give-up point (a GC or scheduling pause, a suspended VM:
+// here the handler blocks the runtime's one thread) resumes with the lease possibly someone
+// else's. The handler is told at once, before the renewer has run again to say so: asked right
+// after the pause, the lease is lost.
+#[tokio::test]
+async fn a_handler_paused_past_its_lease_expiry_is_told_at_once_that_the_lease_is_lost() {
+    let store = embedded_store().await;
+    // Whether the lease counted as lost before the pause and right after it.
+    let seen = Arc::new(Mutex::new(Vec::<(bool, bool)>::new()));
+    let handler = {
+        let seen = Arc::clone(&seen);
+        move |batch: ChangeFeedBatch| -> BatchFuture {
+            let seen = Arc::clone(&seen);
+            Box::pin(async move {
+                if seen.lock().unwrap().is_empty() {
+                    let before = batch.lease_lost.is_lost();
+                    // Past the 3 s expiry of `fast_options`, the whole thread blocked.
+                    std::thread::sleep(Duration::from_millis(3_200));
+                    let after = batch.lease_lost.is_lost();
+                    seen.lock().unwrap().push((before, after));
+                }
+                Ok(())
+            })
+        }
+    };
+    let processor = start(&store, "paused-mid-page", "host-1", handler).await;
+    write_orders(&store, 0..1, 1).await;
+    eventually(WAIT, POLL, "the handler was called", || {
+        let called = !seen.lock().unwrap().is_empty();
+        async move { called }
+    })
+    .await;
+    assert_eq!(
+        seen.lock().unwrap()[0],
+        (false, true),
+        "held before the pause, lost right after it"
+    );
+    processor.shutdown().await;
+}
+
 // A read the service refuses for a reason that does not clear by itself (here 403: the
 // identity may not read) is a distinct state in `lease_statuses`, reported as a fault and tried
 // again at the backoff cap; once reads work again the lease recovers and the state clears.

@@ -205,6 +205,12 @@ struct PageInFlight<'a> {
     lease_token: &'a str,
     /// Set by the first failing group: the others start no new document.
     stop: AtomicBool,
+    /// Whether the lease still counts as this instance's, asked before each document starts:
+    /// a process paused past its lease's give-up point resumes mid-page, and the lease's new
+    /// owner may have drained these documents meanwhile.
+    owned: &'a (dyn Fn() -> bool + Sync),
+    /// Set when `owned` said no.
+    lost: AtomicBool,
     /// Documents the broker confirmed whose stamp has not landed (yet).
     unconfirmed: AtomicUsize,
     /// Set when a stamp of the page landed (a receipt was minted).
@@ -213,6 +219,20 @@ struct PageInFlight<'a> {
 }
 
 impl PageInFlight<'_> {
+    /// Whether the next document may start: no group failed and the lease is still held (a
+    /// lost lease stops the page).
+    fn goes_on(&self) -> bool {
+        if self.stop.load(Ordering::Acquire) {
+            return false;
+        }
+        if !(self.owned)() {
+            self.lost.store(true, Ordering::Release);
+            self.stop.store(true, Ordering::Release);
+            return false;
+        }
+        true
+    }
+
     /// The page ran to its end; what it did is recorded by the drain itself.
     fn finish(mut self) {
         self.finished = true;
@@ -410,12 +430,37 @@ impl Drain {
     /// publish and its stamp), and the page fails with [`DrainError::LeaseLost`] so nothing
     /// of it counts as drained; the new owner reads it again. A page that drained completely
     /// before the loss was noticed succeeds. The loss is noticed whenever the page waits (for
-    /// a broker's confirm, a stamp or an in-flight permit).
+    /// a broker's confirm, a stamp or an in-flight permit); a processor's page also asks its
+    /// lease before each document.
     pub async fn drain_while_owned(
         &self,
         lease_token: &str,
         documents: &[Value],
         lost: impl Future<Output = ()>,
+    ) -> Result<DrainReport, DrainError> {
+        self.drain_page(lease_token, documents, lost, &|| true)
+            .await
+    }
+
+    /// [`drain_while_owned`](Self::drain_while_owned) for a change-feed processor's page: the
+    /// lease is also asked before each document starts (a lease that went unwritten past its
+    /// give-up point counts as lost at once, though no timer has fired since).
+    pub(crate) async fn drain_leased(
+        &self,
+        lease_token: &str,
+        documents: &[Value],
+        lease: &cosmos_change_feed::LeaseLost,
+    ) -> Result<DrainReport, DrainError> {
+        self.drain_page(lease_token, documents, lease.lost(), &|| !lease.is_lost())
+            .await
+    }
+
+    async fn drain_page(
+        &self,
+        lease_token: &str,
+        documents: &[Value],
+        lost: impl Future<Output = ()>,
+        owned: &(dyn Fn() -> bool + Sync),
     ) -> Result<DrainReport, DrainError> {
         // Recorded before the gate: a suspended lease's refused page was still handed over.
         if let Some(metrics) = &self.dispatch.metrics {
@@ -433,6 +478,8 @@ impl Drain {
             gate: &self.gate,
             lease_token,
             stop: AtomicBool::new(false),
+            owned,
+            lost: AtomicBool::new(false),
             unconfirmed: AtomicUsize::new(0),
             minted: AtomicBool::new(false),
             finished: false,
@@ -482,7 +529,10 @@ impl Drain {
                 page.stop.store(true, Ordering::Release);
                 (work.await, true)
             }
-            outcomes = &mut work => (outcomes, false),
+            outcomes = &mut work => {
+                let lost = page.lost.load(Ordering::Acquire);
+                (outcomes, lost)
+            }
         }
     }
 
@@ -610,7 +660,7 @@ impl Drain {
         let mut outcome = GroupOutcome::default();
         let mut stamping = FuturesUnordered::new();
         for pending in group {
-            if page.stop.load(Ordering::Acquire) {
+            if !page.goes_on() {
                 break;
             }
             // Published after its commit by this process (waited for while in flight): this
@@ -642,7 +692,7 @@ impl Drain {
             let permit = settling(acquiring, &mut stamping, &mut outcome, page)
                 .await
                 .ok();
-            if page.stop.load(Ordering::Acquire) {
+            if !page.goes_on() {
                 break;
             }
             let publishing = async {

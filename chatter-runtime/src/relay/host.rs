@@ -459,11 +459,7 @@ async fn start_processor(
             async move {
                 // A lease lost mid-page stops the page: never two instances drain it.
                 let report = drain
-                    .drain_while_owned(
-                        &batch.lease_token,
-                        &batch.documents,
-                        batch.lease_lost.lost(),
-                    )
+                    .drain_leased(&batch.lease_token, &batch.documents, &batch.lease_lost)
                     .await?;
                 if report.published > 0 || report.undeliverable > 0 {
                     tracing::info!(
