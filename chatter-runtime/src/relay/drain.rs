@@ -432,6 +432,7 @@ impl Drain {
     /// before the loss was noticed succeeds. The loss is noticed whenever the page waits (for
     /// a broker's confirm, a stamp or an in-flight permit); a processor's page also asks its
     /// lease before each document.
+    #[cfg(feature = "test-support")]
     pub async fn drain_while_owned(
         &self,
         lease_token: &str,
@@ -442,8 +443,8 @@ impl Drain {
             .await
     }
 
-    /// [`drain_while_owned`](Self::drain_while_owned) for a change-feed processor's page: the
-    /// lease is also asked before each document starts (a lease that went unwritten past its
+    /// `drain_while_owned` for a change-feed processor's page, stopped when its lease is lost:
+    /// the lease is also asked before each document starts (a lease that went unwritten past its
     /// give-up point counts as lost at once, though no timer has fired since).
     pub(crate) async fn drain_leased(
         &self,
