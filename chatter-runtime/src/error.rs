@@ -29,12 +29,12 @@
 //! are built with struct literals. A two-state result that is complete by nature
 //! ([`ReadOutcome`](crate::cosmos::ReadOutcome): found or not found) stays exhaustive too.
 
-pub use crate::atomic_write::{ReadError, StageError};
 pub use crate::broker::{BrokerError, Refusal, TransportError};
 pub use crate::cosmos::CosmosStoreError;
 pub use crate::document::DocumentError;
 pub use crate::document::outbox_contract::{ContractViolation, ContractViolations};
 pub use crate::error_chain::ErrorChain;
+pub use crate::handler_context::{ReadError, StageError};
 pub use crate::inbox::{InboxError, InboxOptionsError, InboxSetupError};
 pub use crate::partition_key::PartitionKeyError;
 pub use crate::pipeline::{BatchFailure, PipelineError};

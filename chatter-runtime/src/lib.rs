@@ -130,7 +130,6 @@ macro_rules! error_type {
     }};
 }
 
-mod atomic_write;
 mod backoff;
 pub mod broker;
 mod clock;
@@ -141,6 +140,7 @@ mod document;
 pub mod error;
 mod error_chain;
 mod error_report;
+mod handler_context;
 pub mod health;
 pub mod inbox;
 mod message;
@@ -156,9 +156,9 @@ pub mod telemetry;
 #[cfg(feature = "test-support")]
 pub mod testing;
 
-pub use atomic_write::{ETag, HandlerContext, Query, Versioned};
 pub use chatter_macros::{DocumentReliable, handler};
 pub use error_report::Report;
+pub use handler_context::{ETag, HandlerContext, Query, Versioned};
 pub use message::BrokeredMessage;
 pub use pipeline::{Outcome, Rejection};
 pub use registry::{BoxError, DocumentReliable};

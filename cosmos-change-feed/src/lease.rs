@@ -278,7 +278,7 @@ impl LeaseStore {
             container: std::sync::Arc::clone(leases),
             processor: processor.to_owned(),
             scope: None,
-            timeout: crate::ChangeFeedProcessorOptions::default().store_timeout,
+            timeout: crate::options::ChangeFeedProcessorOptions::default().store_timeout,
         }
     }
 

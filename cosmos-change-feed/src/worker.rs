@@ -15,6 +15,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
+use crate::batch::{BatchHandler, BoxError, ChangeFeedBatch, LeaseLost};
 use crate::error::ErrorChain;
 use crate::fault::{FaultHandler, HandlerPanicked, HandlerTimedOut, LeaseFault, LeaseFaultStage};
 use crate::lease::{LeaseDocument, LeaseStore, LeaseWrite, now_millis};
@@ -22,7 +23,6 @@ use crate::options::ChangeFeedProcessorOptions;
 use crate::page::RangeReader;
 use crate::request::RequestError;
 use crate::store::{StoreError, bounded};
-use crate::{BatchHandler, BoxError, ChangeFeedBatch, LeaseLost};
 
 /// Why a lease's worker stops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::atomic_write::{AtomicWriteHandle, HandlerContext, ReadScope};
 use crate::cosmos::store::{self, BatchOperation, BatchOutcome};
 use crate::cosmos::{ContainerClient, CosmosStoreError, PartitionKey, ReadOutcome};
 use crate::document;
+use crate::handler_context::{AtomicWriteHandle, HandlerContext, ReadScope};
 use crate::partition_key;
 use crate::registry::{CommandRegistration, RegisteredCommand};
 use crate::relay::after_commit::{AfterCommit, Committed, KeyTurn, Ticket};

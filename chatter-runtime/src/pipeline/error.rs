@@ -219,8 +219,8 @@ impl PipelineError {
         // repeat the side effect its handler did before the send.
         if let Self::Handler { source, .. } = self
             && matches!(
-                source.downcast_ref::<crate::atomic_write::StageError>(),
-                Some(crate::atomic_write::StageError::InboxWithoutLease { .. })
+                source.downcast_ref::<crate::handler_context::StageError>(),
+                Some(crate::handler_context::StageError::InboxWithoutLease { .. })
             )
         {
             return true;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::atomic_write::HandlerContext;
+use crate::handler_context::HandlerContext;
 use crate::inbox::InboxOutcome;
 use crate::registry::RegisteredCommand;
 

@@ -29,13 +29,13 @@ use std::sync::Arc;
 use futures::FutureExt;
 use serde_json::Value;
 
-use crate::atomic_write::HandlerContext;
 use crate::backoff;
 use crate::broker::Broker;
 use crate::cosmos::CosmosConnection;
 use crate::cosmos::charge::RequestMeter;
 use crate::cosmos::store;
 use crate::document;
+use crate::handler_context::HandlerContext;
 use crate::inbox::StandaloneInbox;
 use crate::partition_key;
 use crate::registry::RegisteredCommand;

@@ -3,7 +3,7 @@
 use futures::future::BoxFuture;
 
 use super::{CommandRegistration, SourceLocation};
-use crate::atomic_write::HandlerContext;
+use crate::handler_context::HandlerContext;
 
 /// The error a handler returns; any `std::error::Error + Send + Sync` converts into it with `?`.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -1,17 +1,34 @@
-//! The library's modules stand in floors, each importing only from the floors below it, and its
+//! Every crate's modules stand in floors, each importing only from the floors below it, and its
 //! own code names a thing where it lives, never through the crate root's re-exports (which are
 //! the users' door, not the house's stairs). This test reads the sources as text: doc comments
 //! and comment lines are left out, as they are links for readers, not imports.
 //!
 //! Files of one folder import each other in no circle either, and ARCHITECTURE.md's table says
-//! what each module imports, as the code does. Run it alone with
-//! `cargo test -p chatter-runtime --test layering`.
+//! what each module of `chatter-runtime` imports, as the code does. Run it alone with
+//! `cargo test -p chatter-tests --test layering`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// The floors, ground first. A module may use the modules of lower floors and its own.
-const FLOORS: &[&[&str]] = &[
+/// A crate of the workspace: its folder, its crate roots (which may import anything, and which
+/// nothing imports), its floors (ground first: a module may use the modules of lower floors and
+/// its own), and names its root re-exports (to show they are read).
+struct Crate {
+    dir: &'static str,
+    roots: &'static [&'static str],
+    floors: &'static [&'static [&'static str]],
+    exports: &'static [&'static str],
+}
+
+const RUNTIME: Crate = Crate {
+    dir: "chatter-runtime",
+    roots: &["lib.rs"],
+    floors: RUNTIME_FLOORS,
+    exports: &["Runtime", "Rejection"],
+};
+
+/// The runtime's floors.
+const RUNTIME_FLOORS: &[&[&str]] = &[
     &[
         "message",
         "error_chain",
@@ -24,7 +41,7 @@ const FLOORS: &[&[&str]] = &[
     &["document"],
     &["broker", "cosmos"],
     &["telemetry"],
-    &["atomic_write"],
+    &["handler_context"],
     &["registry"],
     &["relay", "inbox"],
     &["pipeline"],
@@ -43,8 +60,52 @@ const FLOORS: &[&[&str]] = &[
     ],
 ];
 
-/// Every source file of the library: its path under `src/` (with `/`) and its text.
-fn library_files() -> Vec<(String, String)> {
+/// Every crate of the workspace with code of its own (the tests and examples import what they
+/// check or show).
+const CRATES: &[Crate] = &[
+    RUNTIME,
+    Crate {
+        dir: "cosmos-change-feed",
+        roots: &["lib.rs"],
+        floors: &[
+            &["backoff", "balance", "ranges", "request", "testing"],
+            &["store"],
+            &["error"],
+            &["options", "fault"],
+            &["lease", "page"],
+            // What the batch handler is handed: the workers hand it over.
+            &["batch"],
+            &["worker"],
+            &["coordinator"],
+            &["estimator"],
+        ],
+        exports: &["ChangeFeedBatch", "LeaseLost"],
+    },
+    Crate {
+        dir: "chatter-cli",
+        roots: &["main.rs"],
+        // The commands share the account flags, the brokers and the tables; none imports
+        // `main.rs`, which only dispatches.
+        floors: &[&["failure"], &["tables", "broker", "store"], &["commands"]],
+        exports: &[],
+    },
+    Crate {
+        dir: "chatter-macros",
+        roots: &["lib.rs"],
+        floors: &[&["internals"]],
+        exports: &[],
+    },
+    Crate {
+        dir: "chatter-emulator",
+        // The library and the binary that serves it: two crates of one file each.
+        roots: &["lib.rs", "main.rs"],
+        floors: &[],
+        exports: &[],
+    },
+];
+
+/// Every source file of `krate`: its path under `src/` (with `/`) and its text.
+fn source_files(krate: &Crate) -> Vec<(String, String)> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         for entry in std::fs::read_dir(dir).expect("src is readable") {
             let path = entry.expect("an entry").path();
@@ -55,7 +116,10 @@ fn library_files() -> Vec<(String, String)> {
             }
         }
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(krate.dir)
+        .join("src");
     let mut files = Vec::new();
     walk(&root, &mut files);
     files
@@ -78,8 +142,8 @@ fn top_module(relative: &str) -> &str {
     first.strip_suffix(".rs").unwrap_or(first)
 }
 
-fn floor_of(module: &str) -> Option<usize> {
-    FLOORS.iter().position(|floor| floor.contains(&module))
+fn floor_of(floors: &[&[&str]], module: &str) -> Option<usize> {
+    floors.iter().position(|floor| floor.contains(&module))
 }
 
 /// The file's code lines: comment lines and `#[cfg(test)]` modules left out (a unit test may
@@ -203,39 +267,53 @@ fn root_reexports(lib: &str) -> BTreeSet<String> {
 
 #[test]
 fn no_module_imports_from_a_floor_above_it_and_none_names_a_thing_through_the_crate_root() {
-    let files = library_files();
-    let (_, lib) = files
-        .iter()
-        .find(|(relative, _)| relative == "lib.rs")
-        .expect("lib.rs");
-    let reexports = root_reexports(lib);
-    assert!(
-        reexports.contains("Runtime") && reexports.contains("Rejection"),
-        "the root's re-exports are read: {reexports:?}"
-    );
-
     let mut through_root = Vec::new();
     let mut upward = BTreeSet::new();
-    for (relative, text) in &files {
-        if relative == "lib.rs" {
-            continue;
+    let mut from_root = Vec::new();
+    for krate in CRATES {
+        let files = source_files(krate);
+        let mut reexports = BTreeSet::new();
+        for (_, root) in files
+            .iter()
+            .filter(|(f, _)| krate.roots.contains(&f.as_str()))
+        {
+            reexports.extend(root_reexports(root));
         }
-        let module = top_module(relative);
-        let floor = floor_of(module)
-            .unwrap_or_else(|| panic!("{relative}: module `{module}` is on no floor of FLOORS"));
-        for (line, name) in names_after(text, "crate::") {
-            if reexports.contains(&name) {
-                through_root.push(format!("{relative}:{line}: crate::{name}"));
+        for name in krate.exports {
+            assert!(
+                reexports.contains(*name),
+                "{}: the root's re-exports are read: {reexports:?}",
+                krate.dir
+            );
+        }
+        for (relative, text) in &files {
+            if krate.roots.contains(&relative.as_str()) {
                 continue;
             }
-            if name == module || name == "__private" {
-                continue;
-            }
-            match floor_of(&name) {
-                Some(target) if target >= floor => {
-                    upward.insert((relative.clone(), name));
+            let module = top_module(relative);
+            let floor = floor_of(krate.floors, module).unwrap_or_else(|| {
+                panic!(
+                    "{}/src/{relative}: module `{module}` is on no floor (tests/tests/layering.rs)",
+                    krate.dir
+                )
+            });
+            for (line, name) in names_after(text, "crate::") {
+                let at = format!("{}/src/{relative}:{line}: crate::{name}", krate.dir);
+                if reexports.contains(&name) {
+                    through_root.push(at);
+                    continue;
                 }
-                _ => {}
+                if name == module || name == "__private" {
+                    continue;
+                }
+                match floor_of(krate.floors, &name) {
+                    Some(target) if target >= floor => {
+                        upward.insert(format!("{}: {relative} -> {name}", krate.dir));
+                    }
+                    Some(_) => {}
+                    // Not a module: an item of the crate root itself, which stands above all.
+                    None => from_root.push(at),
+                }
             }
         }
     }
@@ -249,36 +327,48 @@ fn no_module_imports_from_a_floor_above_it_and_none_names_a_thing_through_the_cr
         upward.is_empty(),
         "imports that run upward (or sideways on one floor): {upward:?}"
     );
+    assert!(
+        from_root.is_empty(),
+        "items of a crate root, imported by its modules (the root imports them, not the other \
+         way):\n{}",
+        from_root.join("\n")
+    );
 }
 
 /// The files of one folder import each other in no circle: `super::x` and
 /// `crate::folder::x` from a sibling file of `x.rs` are the arrows.
 #[test]
 fn no_files_of_one_folder_import_each_other_in_a_circle() {
-    let files = library_files();
-    let paths: BTreeSet<&str> = files
-        .iter()
-        .map(|(relative, _)| relative.as_str())
-        .collect();
+    // Arrows between files named `{crate dir}/{path under src}`.
     let mut arrows: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (path, text) in &files {
-        let Some((folder, stem)) = path.rsplit_once('/') else {
-            continue; // a file of the crate root: its siblings are the floors above
-        };
-        if stem == "mod.rs" {
-            continue;
+    for krate in CRATES {
+        let files = source_files(krate);
+        let paths: BTreeSet<&str> = files
+            .iter()
+            .map(|(relative, _)| relative.as_str())
+            .collect();
+        for (path, text) in &files {
+            let Some((folder, stem)) = path.rsplit_once('/') else {
+                continue; // a file of the crate root: its siblings are the floors above
+            };
+            if stem == "mod.rs" {
+                continue;
+            }
+            let sibling = |name: &str| {
+                let candidate = format!("{folder}/{name}.rs");
+                (name != stem.trim_end_matches(".rs") && paths.contains(candidate.as_str()))
+                    .then(|| format!("{}/{candidate}", krate.dir))
+            };
+            let folder_path = format!("crate::{}::", folder.replace('/', "::"));
+            let targets = names_after(text, "super::")
+                .into_iter()
+                .chain(names_after(text, &folder_path))
+                .filter_map(|(_, name)| sibling(&name));
+            arrows
+                .entry(format!("{}/{path}", krate.dir))
+                .or_default()
+                .extend(targets);
         }
-        let sibling = |name: &str| {
-            let candidate = format!("{folder}/{name}.rs");
-            (name != stem.trim_end_matches(".rs") && paths.contains(candidate.as_str()))
-                .then_some(candidate)
-        };
-        let folder_path = format!("crate::{}::", folder.replace('/', "::"));
-        let targets = names_after(text, "super::")
-            .into_iter()
-            .chain(names_after(text, &folder_path))
-            .filter_map(|(_, name)| sibling(&name));
-        arrows.entry(path.clone()).or_default().extend(targets);
     }
 
     // Depth-first: a file met again while it is still on the path closes a circle.
@@ -315,12 +405,21 @@ fn no_files_of_one_folder_import_each_other_in_a_circle() {
             circle.unwrap_or_default().join(" -> ")
         );
     }
-    assert!(
-        arrows
-            .get("relay/drain.rs")
-            .is_some_and(|to| to.contains("relay/dispatch.rs")),
-        "the arrows are read: {arrows:?}"
-    );
+    for (from, to) in [
+        (
+            "chatter-runtime/relay/drain.rs",
+            "chatter-runtime/relay/dispatch.rs",
+        ),
+        (
+            "chatter-macros/internals/check/inbox.rs",
+            "chatter-macros/internals/check/routing.rs",
+        ),
+    ] {
+        assert!(
+            arrows.get(from).is_some_and(|arrows| arrows.contains(to)),
+            "the arrows are read: {from} -> {to} in {arrows:?}"
+        );
+    }
 }
 
 /// The crate root is what a handler and a `main` write; everything else has a module (issue:
@@ -328,7 +427,7 @@ fn no_files_of_one_folder_import_each_other_in_a_circle() {
 /// page's module table.
 #[test]
 fn the_crate_root_exports_only_what_a_handler_and_a_main_write() {
-    let files = library_files();
+    let files = source_files(&RUNTIME);
     let (_, lib) = files
         .iter()
         .find(|(relative, _)| relative == "lib.rs")
@@ -395,14 +494,14 @@ fn architecture_lists_what_each_module_imports_and_nothing_else() {
         // not checked.
         let listed = backticked(cells[2])
             .into_iter()
-            .filter(|name| floor_of(name).is_some() || name == "cosmos-change-feed")
+            .filter(|name| floor_of(RUNTIME_FLOORS, name).is_some() || name == "cosmos-change-feed")
             .collect();
         rows.push((modules, listed));
     }
     assert!(rows.len() > 10, "the table is read: {rows:?}");
 
     let mut imported: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (relative, text) in library_files() {
+    for (relative, text) in source_files(&RUNTIME) {
         let module = top_module(&relative).to_owned();
         if module == "lib" {
             continue;
@@ -410,7 +509,7 @@ fn architecture_lists_what_each_module_imports_and_nothing_else() {
         let mut names: BTreeSet<String> = names_after(&text, "crate::")
             .into_iter()
             .map(|(_, name)| name)
-            .filter(|name| floor_of(name).is_some())
+            .filter(|name| floor_of(RUNTIME_FLOORS, name).is_some())
             .collect();
         if !names_after(&text, "cosmos_change_feed::").is_empty()
             || code_lines(&text)
