@@ -682,12 +682,13 @@ impl<'a> Poll<'a> {
             ..
         } = page;
         let count = documents.len();
+        let lease_lost = slot.lease_lost(&ctx.options);
         let batch = ChangeFeedBatch {
             documents,
             lease_token: slot.lease_token.clone(),
             feed_range: slot.range.clone(),
             request_charge,
-            lease_lost: slot.lease_lost(&ctx.options),
+            lease_lost: lease_lost.clone(),
         };
         let handling = tokio::time::timeout(
             ctx.options.handler_timeout,
@@ -715,6 +716,10 @@ impl<'a> Poll<'a> {
             Some(bounded("query_change_feed", ctx.options.store_timeout, read).await)
         };
         let (handled, wrote, ahead) = tokio::join!(handling, checkpointing, reading_ahead);
+        // Lost while the page was handled (past the give-up point, though the renewer may not
+        // have run to say so): nothing of the page is checkpointed, whatever the handler
+        // returned, as it may have stopped early on `is_lost()`.
+        let lost = lease_lost.is_lost();
         let failure = match handled {
             Ok(Ok(Ok(()))) => None,
             Ok(Ok(Err(error))) => Some(error),
@@ -725,7 +730,7 @@ impl<'a> Poll<'a> {
                 after: ctx.options.handler_timeout,
             }) as BoxError),
         };
-        if failure.is_none() {
+        if failure.is_none() && !lost {
             // Handled: this page's checkpoint supersedes the previous one, written or not.
             self.position = next.clone();
             self.checkpoint = Some((next, count));
@@ -744,6 +749,17 @@ impl<'a> Poll<'a> {
                 Err(Next::Lost) => return Next::Lost,
                 Err(next) => backing_off = Some(next),
             }
+        }
+        if lost {
+            if !slot.is_lost() {
+                tracing::error!(
+                    processor = %ctx.store.processor, lease = %slot.lease_token,
+                    unwritten_for = ?slot.since_last_written(),
+                    "the lease went unwritten past its give-up point while a page was handled; this instance stops serving it and checkpoints nothing of the page"
+                );
+                slot.stop(StopReason::Lost);
+            }
+            return Next::Lost;
         }
         let Some(error) = failure else {
             if let Some(next) = backing_off {

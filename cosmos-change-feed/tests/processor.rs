@@ -1105,6 +1105,52 @@ async fn a_handler_paused_past_its_lease_expiry_is_told_at_once_that_the_lease_i
     processor.shutdown().await;
 }
 
+// A handler that stops early once told its lease is lost, and returns `Ok`, has nothing of its
+// page checkpointed: the page is handed over again (here to the same instance, which acquires
+// the lease anew, being the only one). Before, a lease lost by its give-up point alone (the
+// renewer had not run yet) let the worker write the position past the page.
+#[tokio::test]
+async fn a_page_whose_handler_stopped_early_on_a_lost_lease_is_handed_over_again() {
+    let store = embedded_store().await;
+    // The first document id of each call, and whether the first call was told of the loss.
+    let calls = Arc::new(Mutex::new(Vec::<String>::new()));
+    let saw_loss = Arc::new(AtomicBool::new(false));
+    let handler = {
+        let (calls, saw_loss) = (Arc::clone(&calls), Arc::clone(&saw_loss));
+        move |batch: ChangeFeedBatch| -> BatchFuture {
+            let (calls, saw_loss) = (Arc::clone(&calls), Arc::clone(&saw_loss));
+            Box::pin(async move {
+                let first = batch.documents[0]["id"].as_str().unwrap_or_default();
+                let call = {
+                    let mut calls = calls.lock().unwrap();
+                    calls.push(first.to_owned());
+                    calls.len()
+                };
+                if call == 1 {
+                    // Past the 3 s expiry of `fast_options`, the whole thread blocked; then
+                    // the handler sees the loss and stops without doing its work.
+                    std::thread::sleep(Duration::from_millis(3_200));
+                    if batch.lease_lost.is_lost() {
+                        saw_loss.store(true, Ordering::SeqCst);
+                    }
+                }
+                Ok(())
+            })
+        }
+    };
+    let processor = start(&store, "stopped-early", "host-1", handler).await;
+    write_orders(&store, 0..1, 1).await;
+    eventually(WAIT, POLL, "the page is handed over again", || {
+        let calls = calls.lock().unwrap().len();
+        async move { calls >= 2 }
+    })
+    .await;
+    assert!(saw_loss.load(Ordering::SeqCst), "the handler was told");
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(calls[0], calls[1], "the same page again: {calls:?}");
+    processor.shutdown().await;
+}
+
 // A read the service refuses for a reason that does not clear by itself (here 403: the
 // identity may not read) is a distinct state in `lease_statuses`, reported as a fault and tried
 // again at the backoff cap; once reads work again the lease recovers and the state clears.
