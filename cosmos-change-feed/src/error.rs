@@ -110,7 +110,8 @@ pub enum InvalidOptions {
 }
 
 /// Displays an error followed by each of its [`source`](std::error::Error::source)s, joined by
-/// `": "`: `could not read the leases: Cosmos DB read_item failed with HTTP status 503: ...`.
+/// `": "`: `could not read the leases: Cosmos DB read_item failed: 503/20010
+/// (ServiceUnavailable): connection refused`.
 ///
 /// This crate's errors say what failed in `Display` and why in `source()` (the Rust API
 /// guidelines), so printing only `Display` drops the cause. Print an error with `ErrorChain`

@@ -8,8 +8,12 @@ use azure_data_cosmos::CosmosError;
 ///
 /// The HTTP status code (and Cosmos sub-status) is kept, so a caller can tell a missing document
 /// (404) from a precondition failure (412), a conflict (409) or throttling (429).
-#[derive(Debug, thiserror::Error)]
-#[error("Cosmos DB {operation} failed with HTTP status {status}{}", sub_status_text(*.sub_status))]
+///
+/// Displayed as `Cosmos DB {operation} failed: ` and the SDK error's own one-line header, which
+/// carries the status (`503/20010 (ServiceUnavailable): connection refused`); its
+/// [`source`](std::error::Error::source) is the SDK error's source, so an
+/// [`ErrorChain`](crate::ErrorChain) shows the status once.
+#[derive(Debug)]
 #[non_exhaustive]
 pub struct RequestError {
     /// What was attempted, e.g. `read_item`, `query_change_feed`, `replace_lease`.
@@ -21,15 +25,19 @@ pub struct RequestError {
     pub sub_status: Option<u16>,
     /// Whether the status was answered by the service (`false`: raised client-side).
     pub from_wire: bool,
-    /// The SDK error.
-    #[source]
+    /// The SDK error (its text is part of this error's; its source is this error's source).
     pub source: CosmosError,
 }
 
-fn sub_status_text(sub_status: Option<u16>) -> String {
-    match sub_status {
-        Some(code) if code != 0 => format!(" (sub-status {code})"),
-        _ => String::new(),
+impl std::fmt::Display for RequestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Cosmos DB {} failed: {}", self.operation, self.source)
+    }
+}
+
+impl std::error::Error for RequestError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.source)
     }
 }
 

@@ -1168,12 +1168,19 @@ async fn a_refused_read_is_shown_as_needing_an_operator_until_it_clears() {
     let ranges = feed_range_count(&store).await;
     every_lease_owned(&processor, ranges).await;
     emulator.faults().refuse("GET", 403, Duration::from_secs(3));
+    // The lease's error as `lease_statuses` shows it (its whole chain).
+    let shown = Mutex::new(String::new());
     eventually(WAIT, POLL, "a lease needs an operator", || {
         let statuses = processor.lease_statuses();
-        let shown = statuses.iter().any(|s| {
-            s.needs_operator && s.last_error.as_deref().is_some_and(|e| e.contains("403"))
+        let found = statuses.into_iter().find_map(|s| {
+            s.last_error
+                .filter(|e| s.needs_operator && e.contains("403"))
         });
-        async move { shown }
+        let needs = found.is_some();
+        if let Some(error) = found {
+            *shown.lock().unwrap() = error;
+        }
+        async move { needs }
     })
     .await;
     assert!(
@@ -1183,6 +1190,13 @@ async fn a_refused_read_is_shown_as_needing_an_operator_until_it_clears() {
             .iter()
             .any(|(_, stage, error)| *stage == LeaseFaultStage::Read && error.contains("403")),
         "reported as a read fault"
+    );
+    // The request's own text names the operation and leaves the status to the SDK's header
+    // (it said `failed with HTTP status 403: 403: ...`, the status once more per layer).
+    let shown = shown.into_inner().unwrap();
+    assert!(
+        shown.starts_with("Cosmos DB query_change_feed failed: 403: "),
+        "{shown}"
     );
     eventually(WAIT, POLL, "every lease recovered", || {
         let clear = processor
