@@ -16,8 +16,10 @@ use chatter_runtime::{
     relay::RelayOptions,
 };
 use chatter_tests::broker::{next_delivery, publish_command, settled};
+use chatter_tests::logs::capture;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use tracing::Level;
 
 const DB: &str = "tickets";
 const CONTAINER: &str = "shows";
@@ -274,9 +276,11 @@ async fn start_refuses_a_handler_whose_state_was_not_given() {
 }
 
 // Reads and rejections: a double booking is read, refused without a retry and dead-lettered at
-// once with its reason; the first booking and its event committed.
+// once with its reason; the first booking and its event committed. The dead letter is logged
+// at Warn: a rejection is the handler's verdict, not a fault (Error would page an operator).
 #[tokio::test]
 async fn a_double_booking_is_rejected_once_and_dead_lettered_with_its_reason() {
+    let (logs, _guard) = capture();
     let cosmos = store().await;
     let broker = InMemoryBroker::new();
     let mut dead = broker
@@ -306,6 +310,21 @@ async fn a_double_booking_is_rejected_once_and_dead_lettered_with_its_reason() {
     let stored = read(&cosmos, "s-double", "seat:B7").await.unwrap();
     assert_eq!(stored["holder"], "ann");
     runtime.shutdown().await;
+    let of_second = |level| {
+        logs.at(level)
+            .into_iter()
+            .filter(|entry| entry.field("message_id") == Some("m-second"))
+            .map(|entry| entry.message)
+            .collect::<Vec<_>>()
+    };
+    let warned = of_second(Level::WARN);
+    assert!(
+        warned
+            .iter()
+            .any(|m| m == "chatter dead-lettered a command its handler rejected"),
+        "{warned:?}"
+    );
+    assert_eq!(of_second(Level::ERROR), Vec::<String>::new());
 }
 
 // Rejections: `dispatch` returns the handler's rejection as such, nothing committed.

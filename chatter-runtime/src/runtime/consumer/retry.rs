@@ -107,8 +107,15 @@ impl Consumer {
 
     /// Publishes `delivery` to the dead-letter destination with `reason`, then acks it (terms
     /// it, on a broker that tells the two apart); if that publish fails, nacks it, so nothing
-    /// is dropped.
-    pub(super) async fn dead_letter(&self, delivery: Delivery, attempt: u32, reason: &str) {
+    /// is dropped. Logged at Error, or at Warn for a `Rejection` (`rejected`): the handler's
+    /// own verdict on a command, an outcome the application chose, not a fault.
+    pub(super) async fn dead_letter(
+        &self,
+        delivery: Delivery,
+        attempt: u32,
+        reason: &str,
+        rejected: bool,
+    ) {
         let Some(delivery) = self.unless_stale(delivery, "dead letter") else {
             return;
         };
@@ -127,14 +134,25 @@ impl Consumer {
         let dead_letters = letter.destination.clone();
         match self.publish(letter).await {
             Ok(()) => {
-                tracing::error!(
-                    command = name,
-                    message_id,
-                    attempts = attempt,
-                    dead_letters,
-                    reason,
-                    "chatter dead-lettered a delivery"
-                );
+                if rejected {
+                    tracing::warn!(
+                        command = name,
+                        message_id,
+                        attempts = attempt,
+                        dead_letters,
+                        reason,
+                        "chatter dead-lettered a command its handler rejected"
+                    );
+                } else {
+                    tracing::error!(
+                        command = name,
+                        message_id,
+                        attempts = attempt,
+                        dead_letters,
+                        reason,
+                        "chatter dead-lettered a delivery"
+                    );
+                }
                 let message_id = delivery.message.message_id.clone();
                 if let Err(error) = delivery.term().await {
                     self.settlement_failed(&message_id, "ack after dead-lettering", &error);
@@ -190,7 +208,7 @@ impl Consumer {
              or stopped during it, or returned it) and drops it unless this delivery settles it",
             delivery.previous_deliveries().saturating_add(1)
         );
-        self.dead_letter(delivery, attempt, &reason).await;
+        self.dead_letter(delivery, attempt, &reason, false).await;
     }
 
     /// The attempts after which a failing delivery is dead-lettered.

@@ -39,7 +39,8 @@ impl Consumer {
             }
             Err(error) if error.is_permanent() => {
                 let reason = ErrorChain(&error).to_string();
-                self.dead_letter(delivery, attempt, &reason).await;
+                let rejected = error.rejection().is_some();
+                self.dead_letter(delivery, attempt, &reason, rejected).await;
             }
             Err(error) => {
                 let max = self.max_attempts();
@@ -52,7 +53,7 @@ impl Consumer {
                         "it failed on each of its {attempt} delivery attempts; the last: {}",
                         ErrorChain(&error)
                     );
-                    self.dead_letter(delivery, attempt, &reason).await;
+                    self.dead_letter(delivery, attempt, &reason, false).await;
                 } else {
                     tracing::error!(command = name, message_id, attempt, max_attempts = max, error = %ErrorChain(&error), "chatter delivery failed; it is delivered again");
                     self.retry(delivery, attempt).await;
