@@ -2,6 +2,7 @@
 //! ([`ChangeFeedBatch`]), whether its lease is still this instance's ([`LeaseLost`]), and the
 //! handler's future and error.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -94,6 +95,9 @@ pub struct LeaseLost {
     written: Arc<Mutex<Instant>>,
     /// How long after that write the lease counts as lost.
     give_up_after: Duration,
+    /// Set once the give-up point was seen passed: the loss, once told, stays told (a write in
+    /// flight may land after it and move the point on, but the handler may have stopped).
+    seen: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for LeaseLost {
@@ -114,6 +118,7 @@ impl LeaseLost {
             token,
             written,
             give_up_after,
+            seen: Arc::default(),
         }
     }
 
@@ -124,9 +129,16 @@ impl LeaseLost {
         written.checked_add(self.give_up_after)
     }
 
-    /// Whether the lease is lost now.
+    /// Whether the lease is lost now. Once true, it stays true.
     pub fn is_lost(&self) -> bool {
-        self.token.is_cancelled() || self.deadline().is_some_and(|at| Instant::now() >= at)
+        if self.token.is_cancelled() || self.seen.load(Ordering::Acquire) {
+            return true;
+        }
+        let passed = self.deadline().is_some_and(|at| Instant::now() >= at);
+        if passed {
+            self.seen.store(true, Ordering::Release);
+        }
+        passed
     }
 
     /// Completes once the lease is lost (never, while it stays this instance's): race it
@@ -156,3 +168,30 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub type BatchFuture = BoxFuture<'static, Result<(), BoxError>>;
 
 pub(crate) type BatchHandler = Arc<dyn Fn(ChangeFeedBatch) -> BatchFuture + Send + Sync>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // A write in flight when the give-up point passed (a slow checkpoint holding the lease's
+    // lock) may land after the handler was told the lease is lost, and move the point on; the
+    // handler may have stopped by then, so the page must stay lost (the worker asks again).
+    #[test]
+    fn a_lease_told_lost_stays_lost_after_a_late_write_lands() {
+        let written = Arc::new(Mutex::new(Instant::now() - Duration::from_secs(3)));
+        let lease = LeaseLost::new(
+            CancellationToken::new(),
+            Arc::clone(&written),
+            Duration::from_secs(1),
+        );
+        let handed = lease.clone();
+        assert!(handed.is_lost(), "past the give-up point");
+        *written.lock().unwrap() = Instant::now();
+        assert!(lease.is_lost(), "told once, lost for good");
+        let fresh = LeaseLost::new(CancellationToken::new(), written, Duration::from_secs(1));
+        assert!(
+            !fresh.is_lost(),
+            "a page handed over after the write is not"
+        );
+    }
+}

@@ -151,7 +151,7 @@ impl LeaseSlot {
         // Other instances judge expiry from this stored timestamp, so this instance measures
         // its own give-up point from the same moment: when the write started, not when its
         // answer came.
-        let started = std::time::Instant::now();
+        let mut started = std::time::Instant::now();
         updated.timestamp = now_millis();
         // `replace` is bounded by the store timeout.
         let mut written = store.replace(&updated).await;
@@ -166,6 +166,8 @@ impl LeaseSlot {
             // checkpoint ahead of the copy held here), on its ETag.
             updated = stored;
             change(&mut updated);
+            // The stored timestamp is this write's: the give-up point counts from it.
+            started = std::time::Instant::now();
             updated.timestamp = now_millis();
             written = store.replace(&updated).await;
         }
@@ -718,7 +720,8 @@ impl<'a> Poll<'a> {
         let (handled, wrote, ahead) = tokio::join!(handling, checkpointing, reading_ahead);
         // Lost while the page was handled (past the give-up point, though the renewer may not
         // have run to say so): nothing of the page is checkpointed, whatever the handler
-        // returned, as it may have stopped early on `is_lost()`.
+        // returned, as it may have stopped early on `is_lost()`. Once the handler was told so,
+        // it stays so, though a write that was in flight may have landed since.
         let lost = lease_lost.is_lost();
         let failure = match handled {
             Ok(Ok(Ok(()))) => None,
@@ -751,6 +754,15 @@ impl<'a> Poll<'a> {
             }
         }
         if lost {
+            // A failure of the handler is still reported (it may be why it stopped).
+            if let Some(error) = &failure {
+                record_fault(ctx, slot, &ErrorChain(error.as_ref()));
+                ctx.report(&LeaseFault {
+                    lease_token: &slot.lease_token,
+                    stage: LeaseFaultStage::Handler,
+                    error: error.as_ref(),
+                });
+            }
             if !slot.is_lost() {
                 tracing::error!(
                     processor = %ctx.store.processor, lease = %slot.lease_token,
