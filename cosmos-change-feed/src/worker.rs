@@ -380,6 +380,21 @@ fn lock_owned(
     owned.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A failed, panicked or timed-out handler: recorded for health reports and reported as a
+/// Handler fault.
+fn report_handler_failure(
+    ctx: &WorkerContext,
+    slot: &LeaseSlot,
+    error: &(dyn std::error::Error + Send + Sync + 'static),
+) {
+    record_fault(ctx, slot, &ErrorChain(error));
+    ctx.report(&LeaseFault {
+        lease_token: &slot.lease_token,
+        stage: LeaseFaultStage::Handler,
+        error,
+    });
+}
+
 /// Records a fault of the lease for health reports.
 fn record_fault(ctx: &WorkerContext, slot: &LeaseSlot, error: &dyn std::fmt::Display) {
     record_fault_of(ctx, slot, error, false);
@@ -756,12 +771,7 @@ impl<'a> Poll<'a> {
         if lost {
             // A failure of the handler is still reported (it may be why it stopped).
             if let Some(error) = &failure {
-                record_fault(ctx, slot, &ErrorChain(error.as_ref()));
-                ctx.report(&LeaseFault {
-                    lease_token: &slot.lease_token,
-                    stage: LeaseFaultStage::Handler,
-                    error: error.as_ref(),
-                });
+                report_handler_failure(ctx, slot, error.as_ref());
             }
             if !slot.is_lost() {
                 tracing::error!(
@@ -782,12 +792,7 @@ impl<'a> Poll<'a> {
         };
         // Read again from the position before this page.
         self.reader = None;
-        record_fault(ctx, slot, &ErrorChain(error.as_ref()));
-        ctx.report(&LeaseFault {
-            lease_token: &slot.lease_token,
-            stage: LeaseFaultStage::Handler,
-            error: error.as_ref(),
-        });
+        report_handler_failure(ctx, slot, error.as_ref());
         tracing::debug!(
             processor = %ctx.store.processor, lease = %slot.lease_token, documents = count,
             "the same documents are read again after a backoff"
