@@ -1,8 +1,9 @@
 //! Reliable messaging on Azure Cosmos DB: a command handler's document writes, the messages it
-//! emits and an inbox marker commit together in **one** TransactionalBatch, and a change-feed
-//! relay publishes the emitted messages to a broker. Nothing is lost, nothing a batch wrote is
-//! applied twice, and a fault that stops progress is logged at `error` and shows in
-//! [`Runtime::health`].
+//! emits and an inbox marker commit together in **one** TransactionalBatch; the committing
+//! process then publishes the emitted messages to a broker, and a change-feed relay publishes
+//! whatever it could not (a crash, a broker outage), in commit order per key. Nothing is lost,
+//! nothing a batch wrote is applied twice, and a fault that stops progress is logged at `error`
+//! and shows in [`Runtime::health`].
 //!
 //! # Start here
 //!

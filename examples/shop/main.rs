@@ -5,9 +5,10 @@
 //! the inbox marker. One command is delivered twice: the second delivery is deduplicated. Then the
 //! first order is cancelled (`CancelOrder` reads the order and writes it back only if it did not
 //! change meanwhile) and cancelled again, which the handler rejects for good: that delivery is
-//! dead-lettered at once with the reason. The change-feed relay publishes each `OrderCreated` and
-//! the `OrderCancelled` to the `order-events` destination, where a consumer receives them, and
-//! stamps each outbox document delivered with a one-day TTL.
+//! dead-lettered at once with the reason. Right after each commit the handling process publishes
+//! the `OrderCreated` and `OrderCancelled` messages to the `order-events` destination, where a
+//! consumer receives them, and stamps each outbox document delivered with a one-day TTL; the
+//! change-feed relay publishes whatever that missed (a crash, a broker outage).
 //!
 //! Uses the embedded in-memory Cosmos emulator, or the store named by `CHATTER_COSMOS_ENDPOINT`
 //! (e.g. a `chatter-emulator` started with `cargo run -p chatter-emulator`). Exits by itself once
@@ -237,7 +238,7 @@ async fn open_store() -> Result<CosmosConnection, Report> {
     Ok(cosmos)
 }
 
-/// A downstream service: consumes the events the relay publishes, and counts them.
+/// A downstream service: consumes the events published from the outbox, and counts them.
 async fn watch_events(broker: &InMemoryBroker) -> Result<Arc<AtomicUsize>, Report> {
     let mut events = broker.subscribe("order-events").await?;
     let received = Arc::new(AtomicUsize::new(0));
@@ -394,12 +395,13 @@ async fn cancel_twice(
     Ok(())
 }
 
-/// The relay publishes each outbox document, then stamps it delivered: waits for every stamp.
+/// Each outbox document is published (right after its commit, or by the relay), then stamped
+/// delivered: waits for every stamp.
 async fn wait_delivered(
     container: &ContainerClient,
     outbox_ids: &[(String, String)],
 ) -> Result<(), Report> {
-    println!("waiting for the relay to publish and stamp every outbox document");
+    println!("waiting for every outbox document to be published and stamped delivered");
     tokio::time::timeout(Duration::from_secs(60), async {
         for (order_id, id) in outbox_ids {
             loop {
@@ -418,7 +420,7 @@ async fn wait_delivered(
         Ok::<_, BoxError>(())
     })
     .await
-    .map_err(|_| "the relay did not stamp every outbox document within 60 s")??;
+    .map_err(|_| "not every outbox document was stamped delivered within 60 s")??;
     Ok(())
 }
 
