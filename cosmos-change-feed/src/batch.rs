@@ -142,7 +142,9 @@ impl LeaseLost {
     }
 
     /// Completes once the lease is lost (never, while it stays this instance's): race it
-    /// against the handler's work with `tokio::select!`.
+    /// against the handler's work with `tokio::select!`. It sleeps on tokio's timer until the
+    /// lease's give-up point, so await it on a runtime with time enabled (as the processor's
+    /// own is); elsewhere tokio panics. [`is_lost`](Self::is_lost) needs no runtime.
     pub async fn lost(&self) {
         loop {
             if self.is_lost() {
