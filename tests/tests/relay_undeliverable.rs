@@ -348,6 +348,64 @@ async fn a_delivered_stamp_that_meets_a_rewrite_of_the_same_message_stamps_that_
     assert!(now["ttl"].is_i64());
 }
 
+/// The simulation's seed 9079873: a page read ahead while the stamp met the rewrite holds the
+/// rewrite, pending; the relay that stamped it delivered does not publish it again.
+#[tokio::test]
+async fn a_rewrite_a_delivered_stamp_landed_over_is_not_published_again_from_a_later_page() {
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let doc = stored(&c, pending("msg-1", "t")).await;
+    let rewritten = written_since(&c, &doc, json!({ "status": "pending" })).await;
+    let relay = drain(&c, &broker);
+
+    relay.drain("0", std::slice::from_ref(&doc)).await.unwrap();
+    assert_eq!(reread(&c, &doc).await["status"], "delivered");
+    // The next page, read before the stamp landed: the rewrite as it was then.
+    let report = relay
+        .drain("0", std::slice::from_ref(&rewritten))
+        .await
+        .unwrap();
+    assert_eq!(
+        broker.published_count("orders"),
+        1,
+        "published once, by the stamp over the rewrite: {report:?}"
+    );
+    assert_eq!(report.skipped, 1, "{report:?}");
+}
+
+/// As above, with the stamp over the rewrite applied and its answer lost: the stamp finds it
+/// written, and it is this relay's all the same.
+#[tokio::test]
+async fn a_rewrite_a_stamp_found_written_over_is_not_published_again_from_a_later_page() {
+    let (emulator, cosmos) = emulator_server().await;
+    let c = provisioned(&cosmos, "shop", "orders", PATHS).await;
+    let broker = InMemoryBroker::new();
+    let doc = stored(&c, pending("msg-1", "t")).await;
+    let rewritten = written_since(&c, &doc, json!({ "status": "pending" })).await;
+    // The first patch meets the rewrite (412); the second, over the rewrite, applies and its
+    // answer is lost (503, which the SDK retries: the retry meets the stamp's own version).
+    let patches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    emulator
+        .faults()
+        .inject_with(Some(Arc::new(move |method: &str, _: &str| {
+            (method == "PATCH" && patches.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1)
+                .then_some(chatter_emulator::Injection::LoseAnswer { status: 503 })
+        })));
+    let relay = drain(&c, &broker);
+
+    relay.drain("0", std::slice::from_ref(&doc)).await.unwrap();
+    assert_eq!(reread(&c, &doc).await["status"], "delivered");
+    let report = relay
+        .drain("0", std::slice::from_ref(&rewritten))
+        .await
+        .unwrap();
+    assert_eq!(
+        broker.published_count("orders"),
+        1,
+        "published once: {report:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_delivered_stamp_leaves_a_new_message_written_since_pending() {
     let c = container().await;

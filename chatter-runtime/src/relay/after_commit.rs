@@ -34,9 +34,11 @@
 //! **The relay in the same process** waits for a document whose eager dispatch is in flight
 //! ([`AfterCommitInFlight`]), skips the version this path stamped, and only stamps a version
 //! this path published whose stamp did not land (`Published`), so one process does not publish
-//! a document twice. (The simulation found it did: seed 214.) Another process's relay can read
-//! a document before its stamp lands and publish it again: a duplicate the consumer's inbox
-//! recognises by its message id.
+//! a document twice. (The simulation found it did: seed 214.) The same record keeps the
+//! versions the relay's own stamps landed over when newer than its page's (a rewrite of the
+//! same message), which a page read ahead may hold still pending (seed 9079873). Another
+//! process's relay can read a document before its stamp lands and publish it again: a
+//! duplicate the consumer's inbox recognises by its message id.
 //!
 //! **Failures** never fail the command (its batch committed): the document stays pending and
 //! the relay publishes it. While any lease of the container's processor is failing (failed
@@ -191,7 +193,8 @@ struct Entry {
 
 /// The documents this process is committing and publishing after their commit, and the
 /// versions it stamped or published, by identity (id and partition-key value): shared by the
-/// path and the drain of one container.
+/// path and the drain of one container. The drain adds the versions its stamps landed over
+/// when newer than its page's ([`stamped_by_relay`](Self::stamped_by_relay)).
 ///
 /// Bounded by what is in flight and by settlement: a dispatch that published nothing is
 /// forgotten as it settles; a version it published is remembered (as a plain value, its
@@ -456,6 +459,23 @@ impl AfterCommitInFlight {
                 _ => None,
             })
             .unwrap_or(Here::Nothing)
+    }
+
+    /// The relay here stamped document `id` of `key` delivered over `version`, a version newer
+    /// than its page read (the stamp met a rewrite of the same message: the stranded sweep's, an
+    /// operator's requeue): remembered as this path's stamps are, so a later page of this
+    /// process that read that version before the stamp landed (a page read ahead) does not
+    /// publish it again. (The simulation found one that did: seed 9079873.)
+    pub(crate) fn stamped_by_relay(&self, id: &str, key: &[Value], version: String) {
+        let mut record = self.record();
+        let serial = record.next;
+        record.next += 1;
+        record.settle(
+            &identity(id, key),
+            serial,
+            Dispatched::Stamped(vec![version]),
+            Instant::now(),
+        );
     }
 
     /// Document `id` of `key`'s dispatches here: those in flight (their states, oldest first)
@@ -770,11 +790,10 @@ impl AfterCommit {
             doc: &doc.document,
         };
         match self.dispatch.settle("after-commit", target, stamp).await {
-            Ok(Processed::Published { version, .. }) => {
+            Ok(Processed::Published { rewrite, .. }) => {
                 self.dispatch.charges.relayed(1);
                 // The version the stamp was written over, when newer than the batch's.
-                let newer = version.filter(|v| Some(v.as_str()) != doc.etag.as_deref());
-                (AfterCommitOutcome::Published, Finished::Stamped(newer))
+                (AfterCommitOutcome::Published, Finished::Stamped(rewrite))
             }
             Ok(Processed::Dropped(_)) => {
                 self.dispatch.charges.relayed(1);

@@ -60,6 +60,11 @@ pub(super) enum Processed {
     Published {
         receipt: Option<ConfirmationReceipt>,
         version: Option<String>,
+        /// A version newer than the one the stamp was for (a rewrite of the same message: the
+        /// sweep's, an operator's requeue) that the stamp wrote over, or may have (found
+        /// stamped, its answer lost): a page read before the stamp may hold it pending, and
+        /// this process must not publish it again.
+        rewrite: Option<String>,
     },
     Undeliverable(ConfirmationReceipt),
     Dropped(Option<ConfirmationReceipt>),
@@ -84,14 +89,16 @@ enum Stamped {
     Over(Option<String>),
     /// A newer version already holds this very stamp, on the same message: this stamp's own
     /// earlier attempt (an answer lost, a retry of the SDK's) or another's identical verdict.
-    Found,
+    /// With the newer version this stamp last tried to write over, when it tried one (that
+    /// write may be the stamp found).
+    Found(Option<String>),
     /// Another writer's version stands (another verdict, a new message, a document gone).
     Stood,
 }
 
 impl Stamped {
     fn receipt(&self) -> Option<ConfirmationReceipt> {
-        matches!(self, Self::Over(_) | Self::Found).then_some(ConfirmationReceipt)
+        matches!(self, Self::Over(_) | Self::Found(_)).then_some(ConfirmationReceipt)
     }
 }
 
@@ -351,12 +358,21 @@ impl Dispatch {
             destination,
             "chatter relay published outbox message"
         );
+        let rewrite = match &stamped {
+            Stamped::Over(Some(version)) | Stamped::Found(Some(version))
+                if Some(version.as_str()) != target.version =>
+            {
+                Some(version.clone())
+            }
+            _ => None,
+        };
         Ok(Processed::Published {
             receipt: stamped.receipt(),
             version: match stamped {
                 Stamped::Over(version) => version,
-                Stamped::Found | Stamped::Stood => None,
+                Stamped::Found(_) | Stamped::Stood => None,
             },
+            rewrite,
         })
     }
 
@@ -493,7 +509,7 @@ impl Dispatch {
                     now.get(path.trim_start_matches('/')) == Some(value)
                 };
                 if ops.iter().all(holds) {
-                    return Ok(Stamped::Found);
+                    return Ok(Stamped::Found((version != first).then_some(version)));
                 }
                 let pending =
                     now.get(outbox::STATUS_FIELD).and_then(Value::as_str) == Some(STATUS_PENDING);

@@ -142,7 +142,9 @@ impl GroupOutcome {
     /// is a receipt: another writer's verdict that stood says nothing of the status write path.
     fn record(&mut self, settled: Result<Processed, DrainError>, page: &PageInFlight<'_>) {
         let minted = match settled {
-            Ok(Processed::Published { receipt, version }) => {
+            Ok(Processed::Published {
+                receipt, version, ..
+            }) => {
                 self.report.published += 1;
                 self.met_another |= version.is_none();
                 receipt
@@ -667,7 +669,8 @@ impl Drain {
             // Published after its commit by this process (waited for while in flight): this
             // version is stamped, or its stamp did not land and it is only to be stamped (a
             // document the relay itself published and failed to stamp is published again, as
-            // the catalog's Drain Suspension rows count).
+            // the catalog's Drain Suspension rows count). Or a version an earlier page's stamp
+            // landed over (a rewrite it met), read by this page before that stamp: stamped.
             let here = self
                 .after_commit
                 .here(pending.doc, pending.id, &pending.key);
@@ -753,8 +756,14 @@ impl Drain {
             doc: pending.doc,
         };
         let settled = self.dispatch.settle(page.lease_token, target, stamp).await;
-        if let Ok(Processed::Published { .. }) = settled {
+        if let Ok(Processed::Published { rewrite, .. }) = &settled {
             page.unconfirmed.fetch_sub(1, Ordering::AcqRel);
+            // Stamped over a newer version than the page's: a later page may hold that
+            // version still pending (read before the stamp landed), and must skip it.
+            if let Some(rewrite) = rewrite {
+                self.after_commit
+                    .stamped_by_relay(pending.id, &pending.key, rewrite.clone());
+            }
         }
         settled
     }

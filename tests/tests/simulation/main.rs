@@ -125,6 +125,14 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          continuation passed over the rest (the sweep found it stranded); a harness defect, \
          fixed in chatter-emulator",
     ),
+    (
+        9_079_873,
+        "a page waited 5 s for publish after commit's undeliverable stamp (held past the \
+         timeout), meanwhile the page read ahead held the operator's requeue of the notice; the \
+         first page's delivered stamp met the requeue and landed over it, and the page read ahead \
+         published the requeue again: the same process twice (about 1 run in 16 before the \
+         relay remembered the versions its stamps landed over)",
+    ),
 ];
 
 // Seeds that showed the publish-after-commit issue's breaks before their fixes, replayed with
