@@ -22,11 +22,23 @@ const MOST: usize = 100_000;
 #[derive(Debug, Subcommand)]
 pub(crate) enum DeadLettersCommand {
     /// Lists a destination's dead letters, oldest first (exit code 1 when there is any).
+    #[command(after_help = "Examples:
+  # The broker's URL (it may hold a password) from the environment, never a flag
+  export CHATTER_BROKER_URL=amqp://guest:guest@127.0.0.1:5672/%2f
+  chatter dead-letters list --broker rabbitmq --destination register-user
+  chatter dead-letters list --broker nats --broker-url-file nats-url.txt --destination register-user --limit 10 --json")]
     List(List),
     /// Publishes dead letters to their destination again, message id kept (the inbox skips one
     /// that had committed after all), attempt count reset; then removes them.
+    #[command(after_help = "Examples:
+  # Shows the dead letter and asks before publishing
+  chatter dead-letters replay --broker rabbitmq --destination register-user --id m-7
+  chatter dead-letters replay --broker rabbitmq --destination register-user --all --yes")]
     Replay(Change),
     /// Removes dead letters for good.
+    #[command(after_help = "Examples:
+  chatter dead-letters discard --broker rabbitmq --destination register-user --id m-7 --dry-run
+  chatter dead-letters discard --broker nats --destination register-user --all --yes")]
     Discard(Change),
 }
 

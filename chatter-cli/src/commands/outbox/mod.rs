@@ -14,15 +14,34 @@ mod repair;
 #[derive(Debug, Subcommand)]
 pub(crate) enum Outbox {
     /// The pending documents by destination: how many, and the oldest.
+    #[command(after_help = "Examples:
+  # What waits to be published, on the emulator of this machine (no key)
+  chatter outbox pending --database shop --container orders --endpoint http://127.0.0.1:8081
+  # On an account whose endpoint and key are in CHATTER_COSMOS_ENDPOINT and CHATTER_COSMOS_KEY
+  chatter outbox pending --database shop --container orders --json")]
     Pending(Container),
     /// The documents stamped `undeliverable`, each with the contract violations found in it
     /// (exit code 1 when there is any).
+    #[command(after_help = "Examples:
+  chatter outbox undeliverable --database shop --container orders
+  # A container a standalone relay with a body resolver serves (no contract to check)
+  chatter outbox undeliverable --database shop --container triggers --body-resolver")]
     Undeliverable(Undeliverable),
     /// Puts `undeliverable` documents back to `pending` once their cause is fixed; the relay
     /// publishes them. One that still violates the contract is refused unless `--force`.
+    #[command(after_help = "Examples:
+  # Shows the change and asks before writing
+  chatter outbox requeue --database shop --container orders --id m-poison
+  # Every document a refusing queue had stamped, once the queue is fixed; no question
+  chatter outbox requeue --database shop --container orders --destination payments --yes
+  # Only shows what would change
+  chatter outbox requeue --database shop --container orders --violation Destination --force --dry-run")]
     Requeue(repair::Requeue),
     /// Stamps `pending` documents `undeliverable` with a reason: the way past a document the
     /// relay cannot publish (e.g. a broker that keeps refusing it). `requeue` undoes it.
+    #[command(after_help = "Examples:
+  chatter outbox give-up --database shop --container orders --id m-3 --reason \"payments queue is being rebuilt\"
+  chatter outbox give-up --database shop --container orders --destination payments --reason \"queue deleted\" --dry-run")]
     GiveUp(repair::GiveUp),
 }
 
