@@ -404,6 +404,72 @@ async fn a_rewrite_a_stamp_found_written_over_is_not_published_again_from_a_late
         1,
         "published once: {report:?}"
     );
+    assert_eq!(report.skipped, 1, "{report:?}");
+}
+
+/// The stamp meets two rewrites, one after the other: a page read ahead may hold either.
+#[tokio::test]
+async fn every_rewrite_a_delivered_stamp_met_is_not_published_again_from_a_later_page() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let (emulator, cosmos) = emulator_server().await;
+    let c = provisioned(&cosmos, "shop", "orders", PATHS).await;
+    let broker = InMemoryBroker::new();
+    let doc = stored(&c, pending("msg-1", "t")).await;
+    let first = written_since(&c, &doc, json!({ "status": "pending" })).await;
+    // The first patch meets the first rewrite (412); the second, over it, is held while a
+    // second rewrite lands (412 again); the third lands over the second rewrite.
+    let patches = Arc::new(AtomicUsize::new(0));
+    let held = Arc::new(AtomicBool::new(false));
+    let holding = Arc::clone(&held);
+    emulator
+        .faults()
+        .inject_with(Some(Arc::new(move |method: &str, _: &str| {
+            (method == "PATCH" && patches.fetch_add(1, Ordering::SeqCst) == 1).then(|| {
+                holding.store(true, Ordering::SeqCst);
+                chatter_emulator::Injection::Delay(Duration::from_millis(500))
+            })
+        })));
+    let relay = drain(&c, &broker);
+
+    let page = tokio::spawn({
+        let (relay, doc) = (relay.clone(), doc.clone());
+        async move { relay.drain("0", std::slice::from_ref(&doc)).await }
+    });
+    while !held.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let second = written_since(&c, &first, json!({ "status": "pending" })).await;
+    assert_ne!(second["_etag"], first["_etag"]);
+    page.await.unwrap().unwrap();
+    assert_eq!(reread(&c, &doc).await["status"], "delivered");
+    for rewrite in [&first, &second] {
+        let report = relay
+            .drain("0", std::slice::from_ref(rewrite))
+            .await
+            .unwrap();
+        assert_eq!(report.skipped, 1, "{report:?}");
+    }
+    assert_eq!(broker.published_count("orders"), 1, "published once");
+}
+
+/// What the relay remembers is a version, not a document: one written after its stamp (a
+/// requeue) is published again.
+#[tokio::test]
+async fn a_version_written_after_the_stamp_over_a_rewrite_is_published() {
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let doc = stored(&c, pending("msg-1", "t")).await;
+    written_since(&c, &doc, json!({ "status": "pending" })).await;
+    let relay = drain(&c, &broker);
+    relay.drain("0", std::slice::from_ref(&doc)).await.unwrap();
+
+    let requeued = written_since(&c, &doc, json!({ "status": "pending", "ttl": null })).await;
+    let report = relay
+        .drain("0", std::slice::from_ref(&requeued))
+        .await
+        .unwrap();
+    assert_eq!(report.published, 1, "{report:?}");
+    assert_eq!(broker.published_count("orders"), 2);
 }
 
 #[tokio::test]

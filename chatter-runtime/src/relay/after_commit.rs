@@ -34,9 +34,11 @@
 //! **The relay in the same process** waits for a document whose eager dispatch is in flight
 //! ([`AfterCommitInFlight`]), skips the version this path stamped, and only stamps a version
 //! this path published whose stamp did not land (`Published`), so one process does not publish
-//! a document twice. (The simulation found it did: seed 214.) The same record keeps the
-//! versions the relay's own stamps landed over when newer than its page's (a rewrite of the
-//! same message), which a page read ahead may hold still pending (seed 9079873). Another
+//! a document twice. (The simulation found it did: seed 214.) The same record keeps the newer
+//! versions of a message the relay here published that its stamp met and tried to write over
+//! (a rewrite of the same message, found stamped or stamped by it), which a page read ahead
+//! may hold still pending (seed 9079873). A version written and overwritten by another writer
+//! between two reads of the stamp is never seen, and not kept. Another
 //! process's relay can read a document before its stamp lands and publish it again: a
 //! duplicate the consumer's inbox recognises by its message id.
 //!
@@ -143,8 +145,10 @@ enum Dispatched {
     /// This version was published, and its stamp did not land: the relay here stamps it and
     /// does not publish it again.
     Published(Published),
-    /// Stamped delivered over these versions (the batch's, and a newer version of the same
-    /// message the stamp met: the sweep's rewrite).
+    /// Stamped delivered over these versions, or found stamped: the batch's (publish after
+    /// commit's own), and the newer versions of the same message the stamp met and tried to
+    /// write over (a rewrite: the sweep's, an operator's requeue). The relay here records only
+    /// the latter ([`AfterCommitInFlight::stamped_by_relay`]).
     Stamped(Vec<String>),
     /// Not published by this path (left to the relay, or its batch did not commit).
     Failed,
@@ -193,8 +197,8 @@ struct Entry {
 
 /// The documents this process is committing and publishing after their commit, and the
 /// versions it stamped or published, by identity (id and partition-key value): shared by the
-/// path and the drain of one container. The drain adds the versions its stamps landed over
-/// when newer than its page's ([`stamped_by_relay`](Self::stamped_by_relay)).
+/// path and the drain of one container. The drain adds the newer versions its stamps met
+/// ([`stamped_by_relay`](Self::stamped_by_relay)).
 ///
 /// Bounded by what is in flight and by settlement: a dispatch that published nothing is
 /// forgotten as it settles; a version it published is remembered (as a plain value, its
@@ -322,8 +326,9 @@ impl Ticket {
 
 /// How a dispatch ended, for its [`Ticket`].
 enum Finished {
-    /// Stamped; over a newer version of the same message too, when the stamp met one.
-    Stamped(Option<String>),
+    /// Stamped; with the newer versions of the same message the stamp met and tried to write
+    /// over.
+    Stamped(Vec<String>),
     /// Published; the stamp did not land.
     Published {
         message_id: String,
@@ -401,11 +406,12 @@ impl AfterCommitInFlight {
     /// Whether pending document `id` of `key`, seen at version `etag` by the check of the
     /// dispatch numbered `number`, does not hold that dispatch back: this process committed
     /// that very version later (a higher number), or earlier and this path published it
-    /// (waited for while in flight), or its relay published it. A batch still executing here is
-    /// waited for first (it waits for nothing but the store), as only its outcome tells whether
-    /// it wrote that version or is a retry of a command that committed it before. Anything else
-    /// holds the dispatch back: a document of another process, another version, one this
-    /// process did not publish.
+    /// (waited for while in flight), or its relay published it (a rewrite its stamp met: the
+    /// relay's publish came first, then its stamp and the record). A batch still executing
+    /// here is waited for first (it waits for nothing but the store), as only its outcome tells
+    /// whether it wrote that version or is a retry of a command that committed it before.
+    /// Anything else holds the dispatch back: a document of another process, another version,
+    /// one this process did not publish.
     async fn not_holding_back(&self, id: &str, etag: &str, key: &[Value], number: u64) -> bool {
         let (live, settled) = self.seen(id, key);
         if settled.iter().any(|state| state.published_as(etag)) {
@@ -461,19 +467,20 @@ impl AfterCommitInFlight {
             .unwrap_or(Here::Nothing)
     }
 
-    /// The relay here stamped document `id` of `key` delivered over `version`, a version newer
-    /// than its page read (the stamp met a rewrite of the same message: the stranded sweep's, an
-    /// operator's requeue): remembered as this path's stamps are, so a later page of this
-    /// process that read that version before the stamp landed (a page read ahead) does not
-    /// publish it again. (The simulation found one that did: seed 9079873.)
-    pub(crate) fn stamped_by_relay(&self, id: &str, key: &[Value], version: String) {
+    /// The relay here published document `id` of `key`, and its delivered stamp met `versions`,
+    /// newer than its page's, each pending and the same message (a rewrite: the stranded
+    /// sweep's, an operator's requeue), and tried to write over each in turn: remembered as
+    /// this path's stamps are, so a later page of this process that read one of them before
+    /// the stamp (a page read ahead) does not publish the message again. (The simulation found
+    /// one that did: seed 9079873.)
+    pub(crate) fn stamped_by_relay(&self, id: &str, key: &[Value], versions: Vec<String>) {
         let mut record = self.record();
         let serial = record.next;
         record.next += 1;
         record.settle(
             &identity(id, key),
             serial,
-            Dispatched::Stamped(vec![version]),
+            Dispatched::Stamped(versions),
             Instant::now(),
         );
     }
@@ -790,18 +797,21 @@ impl AfterCommit {
             doc: &doc.document,
         };
         match self.dispatch.settle("after-commit", target, stamp).await {
-            Ok(Processed::Published { rewrite, .. }) => {
+            Ok(Processed::Published { rewrites, .. }) => {
                 self.dispatch.charges.relayed(1);
-                // The version the stamp was written over, when newer than the batch's.
-                (AfterCommitOutcome::Published, Finished::Stamped(rewrite))
+                // The newer versions of the message the stamp met and tried to write over.
+                (AfterCommitOutcome::Published, Finished::Stamped(rewrites))
             }
             Ok(Processed::Dropped(_)) => {
                 self.dispatch.charges.relayed(1);
-                (AfterCommitOutcome::Published, Finished::Stamped(None))
+                (AfterCommitOutcome::Published, Finished::Stamped(Vec::new()))
             }
             Ok(Processed::Undeliverable(_)) => {
                 self.dispatch.charges.relayed(1);
-                (AfterCommitOutcome::Undeliverable, Finished::Stamped(None))
+                (
+                    AfterCommitOutcome::Undeliverable,
+                    Finished::Stamped(Vec::new()),
+                )
             }
             // Another writer decided a newer version: nothing of it is this path's.
             Ok(Processed::Superseded) => (AfterCommitOutcome::Superseded, Finished::Failed),
@@ -958,7 +968,7 @@ mod tests {
     }
 
     fn stamped() -> Finished {
-        Finished::Stamped(None)
+        Finished::Stamped(Vec::new())
     }
 
     /// What the record says of version `etag` of document `id`.

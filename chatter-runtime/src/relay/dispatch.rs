@@ -56,15 +56,16 @@ pub(crate) enum UndeliverableReason {
 /// proves nothing of the status write path (the Drain Suspension resumes on landed stamps only).
 pub(super) enum Processed {
     /// Published, and stamped delivered over `version` (the pending version the stamp was
-    /// written over), or found decided by another writer (`version` `None`: its verdict stands).
+    /// written over), or found decided (`version` `None`: another writer's verdict stands, or
+    /// this very stamp is found written, its answer lost).
     Published {
         receipt: Option<ConfirmationReceipt>,
         version: Option<String>,
-        /// A version newer than the one the stamp was for (a rewrite of the same message: the
-        /// sweep's, an operator's requeue) that the stamp wrote over, or may have (found
-        /// stamped, its answer lost): a page read before the stamp may hold it pending, and
-        /// this process must not publish it again.
-        rewrite: Option<String>,
+        /// The versions newer than the one the stamp was for that it met pending after a 412,
+        /// each the same message, and tried to write over in turn (a rewrite: the sweep's, an
+        /// operator's requeue), oldest first: versions of a message this process published,
+        /// which a page read before the stamp may hold pending, and must not publish again.
+        rewrites: Vec<String>,
     },
     Undeliverable(ConfirmationReceipt),
     Dropped(Option<ConfirmationReceipt>),
@@ -89,16 +90,14 @@ enum Stamped {
     Over(Option<String>),
     /// A newer version already holds this very stamp, on the same message: this stamp's own
     /// earlier attempt (an answer lost, a retry of the SDK's) or another's identical verdict.
-    /// With the newer version this stamp last tried to write over, when it tried one (that
-    /// write may be the stamp found).
-    Found(Option<String>),
+    Found,
     /// Another writer's version stands (another verdict, a new message, a document gone).
     Stood,
 }
 
 impl Stamped {
     fn receipt(&self) -> Option<ConfirmationReceipt> {
-        matches!(self, Self::Over(_) | Self::Found(_)).then_some(ConfirmationReceipt)
+        matches!(self, Self::Over(_) | Self::Found).then_some(ConfirmationReceipt)
     }
 }
 
@@ -346,33 +345,25 @@ impl Dispatch {
             &self.settings.delivered_status,
             self.settings.delivered_ttl_seconds,
         );
-        let stamped = self
-            .stamp_over(target, &delivered, true)
-            .await
-            .map_err(|source| DrainError::Confirmation {
-                message_id: message_id.clone(),
-                source,
-            })?;
+        let (stamped, rewrites) =
+            self.stamp_over(target, &delivered, true)
+                .await
+                .map_err(|source| DrainError::Confirmation {
+                    message_id: message_id.clone(),
+                    source,
+                })?;
         tracing::debug!(
             message_id,
             destination,
             "chatter relay published outbox message"
         );
-        let rewrite = match &stamped {
-            Stamped::Over(Some(version)) | Stamped::Found(Some(version))
-                if Some(version.as_str()) != target.version =>
-            {
-                Some(version.clone())
-            }
-            _ => None,
-        };
         Ok(Processed::Published {
             receipt: stamped.receipt(),
             version: match stamped {
                 Stamped::Over(version) => version,
-                Stamped::Found(_) | Stamped::Stood => None,
+                Stamped::Found | Stamped::Stood => None,
             },
-            rewrite,
+            rewrites,
         })
     }
 
@@ -413,7 +404,7 @@ impl Dispatch {
             self.settings.delivered_ttl_seconds,
         );
         // Nothing was published: a newer version (a requeue) is not this stamp's to decide.
-        let stamped = self
+        let (stamped, _) = self
             .stamp_over(target, &delivered, false)
             .await
             .map_err(|source| DrainError::DroppedStamp {
@@ -441,7 +432,7 @@ impl Dispatch {
         reason: &UndeliverableReason,
     ) -> Result<Processed, DrainError> {
         let stamp = outbox::undeliverable_stamp();
-        let stamped = self
+        let (stamped, _) = self
             .stamp_over(target, &stamp, false)
             .await
             .map_err(|source| DrainError::UndeliverableStamp {
@@ -477,49 +468,53 @@ impl Dispatch {
     /// message), up to [`STAMP_ROUNDS`] writes; any other version stands (another writer's
     /// verdict, a new message, a requeue), as does a document gone. Without a version (a
     /// document without an `_etag`, which Cosmos always sends) the stamp is unconditional.
+    /// With what it came to, the newer versions it tried to write over, oldest first (only
+    /// when `again`).
     async fn stamp_over(
         &self,
         target: Target<'_>,
         ops: &[(&str, Value)],
         again: bool,
-    ) -> Result<Stamped, CosmosStoreError> {
+    ) -> Result<(Stamped, Vec<String>), CosmosStoreError> {
         let stamping = async {
             let Some(first) = target.version else {
                 self.patch(target.key, target.id, ops, None).await?;
-                return Ok(Stamped::Over(None));
+                return Ok((Stamped::Over(None), Vec::new()));
             };
             let mut version = first.to_owned();
+            let mut rewrites = Vec::new();
             let mut writes = 0;
             loop {
                 let conflict = match self.patch(target.key, target.id, ops, Some(&version)).await {
-                    Ok(_) => return Ok(Stamped::Over(Some(version))),
+                    Ok(_) => return Ok((Stamped::Over(Some(version)), rewrites)),
                     Err(error) if error.is_status(412) => error,
                     Err(error) => return Err(error),
                 };
                 writes += 1;
                 let now = match self.read_newer(target, &version).await? {
                     Newer::Version(now) => now,
-                    Newer::Gone => return Ok(Stamped::Stood),
+                    Newer::Gone => return Ok((Stamped::Stood, rewrites)),
                     Newer::NotSeen => return Err(conflict),
                 };
                 if !outbox::same_message(&now, target.doc) {
-                    return Ok(Stamped::Stood);
+                    return Ok((Stamped::Stood, rewrites));
                 }
                 let holds = |(path, value): &(&str, Value)| {
                     now.get(path.trim_start_matches('/')) == Some(value)
                 };
                 if ops.iter().all(holds) {
-                    return Ok(Stamped::Found((version != first).then_some(version)));
+                    return Ok((Stamped::Found, rewrites));
                 }
                 let pending =
                     now.get(outbox::STATUS_FIELD).and_then(Value::as_str) == Some(STATUS_PENDING);
                 match now.get("_etag").and_then(Value::as_str) {
                     Some(etag) if again && pending && writes < STAMP_ROUNDS => {
                         version = etag.to_owned();
+                        rewrites.push(version.clone());
                     }
                     // Rewritten again each time: it fails as the 412, and is judged again.
                     Some(_) if again && pending => return Err(conflict),
-                    _ => return Ok(Stamped::Stood),
+                    _ => return Ok((Stamped::Stood, rewrites)),
                 }
             }
         };

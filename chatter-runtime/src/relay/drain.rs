@@ -6,8 +6,10 @@
 //!
 //! 1. Only genuine pending Outbox Documents pass the pending gate; everything else (the handler's
 //!    own documents, inbox markers, delivered documents, the relay's own stamps coming back) is
-//!    skipped. One that looks pending under an id that is not the outbox id of its `MessageId`
-//!    (another writer's mistake) is skipped too, but logged at Warn and counted
+//!    skipped, and so is a version this process already published and stamped (after its
+//!    commit, or met by an earlier page's stamp as a rewrite of its message, this page having
+//!    read it before). One that looks pending under an id that is not the outbox id of its
+//!    `MessageId` (another writer's mistake) is skipped too, but logged at Warn and counted
 //!    ([`diagnostics::IdMismatches`]). A standalone relay's pending filter then narrows what
 //!    passes; a filter that panics fails the page before anything of it is published, so the
 //!    page is read again and never checkpointed past.
@@ -669,8 +671,9 @@ impl Drain {
             // Published after its commit by this process (waited for while in flight): this
             // version is stamped, or its stamp did not land and it is only to be stamped (a
             // document the relay itself published and failed to stamp is published again, as
-            // the catalog's Drain Suspension rows count). Or a version an earlier page's stamp
-            // landed over (a rewrite it met), read by this page before that stamp: stamped.
+            // the catalog's Drain Suspension rows count). Or a newer version an earlier page's
+            // stamp met (a rewrite of the message it published), read by this page before that
+            // stamp: stamped.
             let here = self
                 .after_commit
                 .here(pending.doc, pending.id, &pending.key);
@@ -756,13 +759,13 @@ impl Drain {
             doc: pending.doc,
         };
         let settled = self.dispatch.settle(page.lease_token, target, stamp).await;
-        if let Ok(Processed::Published { rewrite, .. }) = &settled {
+        if let Ok(Processed::Published { rewrites, .. }) = &settled {
             page.unconfirmed.fetch_sub(1, Ordering::AcqRel);
-            // Stamped over a newer version than the page's: a later page may hold that
-            // version still pending (read before the stamp landed), and must skip it.
-            if let Some(rewrite) = rewrite {
+            // The stamp met newer versions of the message: a later page may hold them still
+            // pending (read before the stamp), and must skip them.
+            if !rewrites.is_empty() {
                 self.after_commit
-                    .stamped_by_relay(pending.id, &pending.key, rewrite.clone());
+                    .stamped_by_relay(pending.id, &pending.key, rewrites.clone());
             }
         }
         settled

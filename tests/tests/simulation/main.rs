@@ -130,8 +130,8 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
         "a page waited 5 s for publish after commit's undeliverable stamp (held past the \
          timeout), meanwhile the page read ahead held the operator's requeue of the notice; the \
          first page's delivered stamp met the requeue and landed over it, and the page read ahead \
-         published the requeue again: the same process twice (about 1 run in 16 before the \
-         relay remembered the versions its stamps landed over)",
+         published the requeue again: the same process twice (2 runs of 24 before the relay \
+         remembered the versions of the message its stamps met)",
     ),
 ];
 
