@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use chatter_runtime::broker::{BrokerError, NatsBroker, RabbitMqBroker};
+use chatter_runtime::broker::{BrokerError, NatsBroker, RabbitMqBroker, redact_uri};
 use clap::ValueEnum;
 use serde::Deserialize;
 
@@ -75,26 +75,53 @@ fn read(file: Option<&Path>, file_hint: &str) -> Result<String, Failure> {
     }
 }
 
-/// `message` without the secret part of `url` (what precedes its host: scheme, user and
-/// password), wherever a client library quoted the URL as given.
+/// `message` with `url` redacted as the runtime redacts it ([`redact_uri`]) wherever a client
+/// library quoted the URL as given: what precedes its host (scheme, user, password) is
+/// replaced, the rest kept.
 fn scrub(message: &str, url: &str) -> String {
-    match url.rfind('@') {
-        Some(at) if at > 0 => {
-            // The user stays when `//` shows where it starts and a `:` where it ends.
-            let secret = match url.find("://") {
-                Some(scheme) if scheme + 3 < at => {
-                    let userinfo = &url[scheme + 3..at];
-                    match userinfo.split_once(':') {
-                        Some((user, _)) => {
-                            (&url[..at], format!("{}{user}:***", &url[..scheme + 3]))
-                        }
-                        None => (&url[..at], format!("{}***", &url[..scheme + 3])),
-                    }
-                }
-                _ => (&url[..at], "***".to_owned()),
-            };
-            message.replace(secret.0, &secret.1)
+    let Some(at) = url.rfind('@').filter(|at| *at > 0) else {
+        return message.to_owned();
+    };
+    let (secret, host) = url.split_at(at);
+    let redacted = redact_uri(url);
+    match redacted.strip_suffix(host) {
+        Some(shown) if shown != secret => message.replace(secret, shown),
+        // A URL the runtime leaves as it is (an `@` before its `://`): all of it goes.
+        _ => message.replace(secret, "***"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const URLS: [&str; 4] = [
+        "amqp://guest:s3cret@127.0.0.1:5672/%2f",
+        "nats://T0KEN@127.0.0.1:4222",
+        "guest:s3cret@127.0.0.1:5672",
+        "amqp://127.0.0.1:5672",
+    ];
+
+    #[test]
+    fn a_message_quoting_the_url_shows_it_as_the_runtime_redacts_it() {
+        for url in URLS {
+            let said = format!("connection to {url} refused (os error 111)");
+            assert_eq!(
+                scrub(&said, url),
+                format!("connection to {} refused (os error 111)", redact_uri(url))
+            );
         }
-        _ => message.to_owned(),
+        let said = scrub(
+            "auth failed for amqp://guest:s3cret@host/",
+            "amqp://guest:s3cret@host/",
+        );
+        assert!(!said.contains("s3cret"), "{said}");
+    }
+
+    #[test]
+    fn a_url_the_runtime_leaves_as_it_is_loses_what_precedes_its_last_at() {
+        let url = "user:pw@host://x";
+        assert_eq!(scrub(&format!("at {url}"), url), "at ***@host://x");
+        assert_eq!(scrub("nothing quoted", url), "nothing quoted");
     }
 }

@@ -80,8 +80,19 @@ pub(crate) async fn bounded<T>(
 
 #[cfg(any(feature = "rabbitmq", feature = "nats"))]
 /// `uri` without its password (or its token, when the user part is one alone), for logs and
-/// error messages.
-pub(crate) fn redact_uri(uri: &str) -> String {
+/// error messages: how every message of chatter shows a broker URL (the `chatter` command's
+/// too).
+///
+/// ```
+/// use chatter_runtime::broker::redact_uri;
+///
+/// assert_eq!(
+///     redact_uri("amqp://guest:s3cret@host:5672/%2f"),
+///     "amqp://guest:***@host:5672/%2f"
+/// );
+/// assert_eq!(redact_uri("nats://T0KEN@host:4222"), "nats://***@host:4222");
+/// ```
+pub fn redact_uri(uri: &str) -> String {
     match (uri.find("://"), uri.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let userinfo = &uri[scheme + 3..at];
