@@ -348,6 +348,46 @@ async fn a_delivered_stamp_that_meets_a_rewrite_of_the_same_message_stamps_that_
     assert!(now["ttl"].is_i64());
 }
 
+/// After the relay published `doc` (and stamped it delivered), each page read ahead holding one
+/// of `versions` (read before that stamp) skips it: the message went out once.
+async fn each_skipped_by_a_page_read_ahead(
+    c: &ContainerClient,
+    relay: &Drain,
+    broker: &InMemoryBroker,
+    doc: &Value,
+    versions: &[&Value],
+) {
+    assert_eq!(reread(c, doc).await["status"], "delivered");
+    for version in versions {
+        let report = relay
+            .drain("0", std::slice::from_ref(*version))
+            .await
+            .unwrap();
+        assert_eq!(report.skipped, 1, "{report:?}");
+    }
+    assert_eq!(broker.published_count("orders"), 1, "published once");
+}
+
+/// The emulator server's injector: the `nth` PATCH (from 0) meets `fault`, which `meets` is
+/// told of.
+fn on_patch(
+    emulator: &chatter_emulator::RunningEmulator,
+    nth: usize,
+    fault: chatter_emulator::Injection,
+    meets: impl Fn() + Send + Sync + 'static,
+) {
+    let patches = std::sync::atomic::AtomicUsize::new(0);
+    emulator
+        .faults()
+        .inject_with(Some(Arc::new(move |method: &str, _: &str| {
+            (method == "PATCH" && patches.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == nth)
+                .then(|| {
+                    meets();
+                    fault.clone()
+                })
+        })));
+}
+
 /// The simulation's seed 9079873: a page read ahead while the stamp met the rewrite holds the
 /// rewrite, pending; the relay that stamped it delivered does not publish it again.
 #[tokio::test]
@@ -359,18 +399,7 @@ async fn a_rewrite_a_delivered_stamp_landed_over_is_not_published_again_from_a_l
     let relay = drain(&c, &broker);
 
     relay.drain("0", std::slice::from_ref(&doc)).await.unwrap();
-    assert_eq!(reread(&c, &doc).await["status"], "delivered");
-    // The next page, read before the stamp landed: the rewrite as it was then.
-    let report = relay
-        .drain("0", std::slice::from_ref(&rewritten))
-        .await
-        .unwrap();
-    assert_eq!(
-        broker.published_count("orders"),
-        1,
-        "published once, by the stamp over the rewrite: {report:?}"
-    );
-    assert_eq!(report.skipped, 1, "{report:?}");
+    each_skipped_by_a_page_read_ahead(&c, &relay, &broker, &doc, &[&rewritten]).await;
 }
 
 /// As above, with the stamp over the rewrite applied and its answer lost: the stamp finds it
@@ -384,33 +413,18 @@ async fn a_rewrite_a_stamp_found_written_over_is_not_published_again_from_a_late
     let rewritten = written_since(&c, &doc, json!({ "status": "pending" })).await;
     // The first patch meets the rewrite (412); the second, over the rewrite, applies and its
     // answer is lost (503, which the SDK retries: the retry meets the stamp's own version).
-    let patches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    emulator
-        .faults()
-        .inject_with(Some(Arc::new(move |method: &str, _: &str| {
-            (method == "PATCH" && patches.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1)
-                .then_some(chatter_emulator::Injection::LoseAnswer { status: 503 })
-        })));
+    let lost = chatter_emulator::Injection::LoseAnswer { status: 503 };
+    on_patch(&emulator, 1, lost, || {});
     let relay = drain(&c, &broker);
 
     relay.drain("0", std::slice::from_ref(&doc)).await.unwrap();
-    assert_eq!(reread(&c, &doc).await["status"], "delivered");
-    let report = relay
-        .drain("0", std::slice::from_ref(&rewritten))
-        .await
-        .unwrap();
-    assert_eq!(
-        broker.published_count("orders"),
-        1,
-        "published once: {report:?}"
-    );
-    assert_eq!(report.skipped, 1, "{report:?}");
+    each_skipped_by_a_page_read_ahead(&c, &relay, &broker, &doc, &[&rewritten]).await;
 }
 
 /// The stamp meets two rewrites, one after the other: a page read ahead may hold either.
 #[tokio::test]
 async fn every_rewrite_a_delivered_stamp_met_is_not_published_again_from_a_later_page() {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, Ordering};
     let (emulator, cosmos) = emulator_server().await;
     let c = provisioned(&cosmos, "shop", "orders", PATHS).await;
     let broker = InMemoryBroker::new();
@@ -418,17 +432,12 @@ async fn every_rewrite_a_delivered_stamp_met_is_not_published_again_from_a_later
     let first = written_since(&c, &doc, json!({ "status": "pending" })).await;
     // The first patch meets the first rewrite (412); the second, over it, is held while a
     // second rewrite lands (412 again); the third lands over the second rewrite.
-    let patches = Arc::new(AtomicUsize::new(0));
     let held = Arc::new(AtomicBool::new(false));
     let holding = Arc::clone(&held);
-    emulator
-        .faults()
-        .inject_with(Some(Arc::new(move |method: &str, _: &str| {
-            (method == "PATCH" && patches.fetch_add(1, Ordering::SeqCst) == 1).then(|| {
-                holding.store(true, Ordering::SeqCst);
-                chatter_emulator::Injection::Delay(Duration::from_millis(500))
-            })
-        })));
+    let delay = chatter_emulator::Injection::Delay(Duration::from_millis(500));
+    on_patch(&emulator, 1, delay, move || {
+        holding.store(true, Ordering::SeqCst)
+    });
     let relay = drain(&c, &broker);
 
     let page = tokio::spawn({
@@ -441,15 +450,7 @@ async fn every_rewrite_a_delivered_stamp_met_is_not_published_again_from_a_later
     let second = written_since(&c, &first, json!({ "status": "pending" })).await;
     assert_ne!(second["_etag"], first["_etag"]);
     page.await.unwrap().unwrap();
-    assert_eq!(reread(&c, &doc).await["status"], "delivered");
-    for rewrite in [&first, &second] {
-        let report = relay
-            .drain("0", std::slice::from_ref(rewrite))
-            .await
-            .unwrap();
-        assert_eq!(report.skipped, 1, "{report:?}");
-    }
-    assert_eq!(broker.published_count("orders"), 1, "published once");
+    each_skipped_by_a_page_read_ahead(&c, &relay, &broker, &doc, &[&first, &second]).await;
 }
 
 /// What the relay remembers is a version, not a document: one written after its stamp (a
