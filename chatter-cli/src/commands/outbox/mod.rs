@@ -32,7 +32,8 @@ pub(crate) enum Outbox {
     #[command(after_help = "Examples:
   # Shows the change and asks before writing
   chatter outbox requeue --database shop --container orders --id m-poison
-  # Every document a refusing queue had stamped, once the queue is fixed; no question
+  # Every undeliverable document of a destination (given up while its queue was broken),
+  # once it is fixed; no question
   chatter outbox requeue --database shop --container orders --destination payments --yes
   # Only shows what would change
   chatter outbox requeue --database shop --container orders --violation Destination --force --dry-run")]
