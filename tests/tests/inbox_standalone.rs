@@ -773,6 +773,53 @@ async fn a_handler_that_outruns_its_claim_is_stopped_and_releases_it() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+// A handler stopped at its timeout is dropped at once, not when its claim's release is
+// answered: a release that waits out the store (the process cut off from it) outlasts the claim,
+// and another copy may take the claim over meanwhile (the simulation's seed 9104127). Real
+// fault: the served store holds every patch from shortly before the handler's timeout (its
+// claim renewed until then, so it times out rather than losing its claim).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handler_past_its_timeout_is_dropped_before_its_claim_is_released() {
+    let (emulator, cosmos) = emulator_server().await;
+    let options = InboxOptions::new(DB, CONTAINER)
+        .claim_period(Duration::from_secs(1))
+        .renewal_interval(Duration::from_millis(250))
+        .claim_timeout(Duration::from_secs(2));
+    let inbox = inbox_on(&cosmos, options).await;
+    /// Tells when the handler's future is dropped.
+    struct Dropped(Option<tokio::sync::oneshot::Sender<()>>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            if let Some(dropped) = self.0.take() {
+                let _ = dropped.send(());
+            }
+        }
+    }
+    let (dropped, handler_gone) = tokio::sync::oneshot::channel();
+    let faults = emulator.faults();
+    let receiving = inbox.receive("evt-held", move || async move {
+        let held_from = std::time::Instant::now() + Duration::from_millis(1800);
+        faults.inject_with(Some(Arc::new(move |method: &str, _: &str| {
+            (method == "PATCH" && std::time::Instant::now() >= held_from)
+                .then_some(chatter_emulator::Injection::Delay(Duration::from_secs(3)))
+        })));
+        let _guard = Dropped(Some(dropped));
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        Ok::<(), std::io::Error>(())
+    });
+    tokio::pin!(receiving);
+    tokio::select! {
+        biased;
+        result = &mut receiving => panic!(
+            "the attempt ended ({result:?}) while its handler's future was still alive"
+        ),
+        _ = handler_gone => {}
+    }
+    let error = receiving.await.unwrap_err();
+    emulator.faults().inject_with(None);
+    assert!(matches!(error, InboxError::TimedOut { .. }), "{error:?}");
+}
+
 // A marker must outlive its claim: a marker ttl, or an idempotency container's default
 // time-to-live, that could delete a pending marker while its handler may still run is refused.
 #[tokio::test]

@@ -435,23 +435,34 @@ impl StandaloneInbox {
             stopping,
             message_id,
         );
-        let handling = tokio::time::timeout_at(deadline, handler());
-        tokio::pin!(keeping, handling);
-        let guarded = renewal::WhileClaimed {
-            claim: &claim,
-            handler: handling.as_mut(),
+        tokio::pin!(keeping);
+        // The handler's future lives in this block only: once it settled (returned, timed out)
+        // or its claim was lost, it is dropped at once, before the claim is released or the
+        // completion written (a release may wait out the store timeout, and the handler must
+        // be gone before the claim can be taken over; seed 9104127).
+        let settled = {
+            let handling = tokio::time::timeout_at(deadline, handler());
+            tokio::pin!(handling);
+            let guarded = renewal::WhileClaimed {
+                claim: &claim,
+                handler: handling.as_mut(),
+            };
+            tokio::pin!(guarded);
+            tokio::select! {
+                // The claim first: a lost claim stops the handler before its next step.
+                biased;
+                lost_why = &mut keeping => Err(lost_why),
+                handled = &mut guarded => Ok(handled),
+            }
         };
-        tokio::pin!(guarded);
-        let handled = tokio::select! {
-            // The claim first: a lost claim stops the handler before its next step.
-            biased;
-            lost_why = &mut keeping => {
+        let handled = match settled {
+            Err(lost_why) => {
                 return Err(lost(match lost_why {
                     Some(renewal::Lost::TakenOver) => "another attempt took it over, or it is gone",
                     Some(renewal::Lost::RanOut) | None => "no renewal landed before it ended",
                 }));
             }
-            handled = &mut guarded => {
+            Ok(handled) => {
                 // A renewal under way finishes first: its ETag is the one to complete on.
                 let _ = stop.send(true);
                 let _ = keeping.await;

@@ -133,6 +133,13 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          published the requeue again: the same process twice (2 runs of 24 before the relay \
          remembered the versions of the message its stamps met)",
     ),
+    (
+        9_104_127,
+        "an inbox handler past its timeout stayed alive (not polled) while its attempt released \
+         the claim, a release held by a cut from the store; another instance took the claim \
+         over meanwhile: an overlap by the harness's count (3 runs of 24 before the handler's \
+         future was dropped as it settled)",
+    ),
 ];
 
 // Seeds that showed the publish-after-commit issue's breaks before their fixes, replayed with
