@@ -220,6 +220,9 @@ pub struct Recorder {
     /// and the broker they go to.
     pub copies_on_start: Mutex<BTreeMap<String, (chatter_runtime::BrokeredMessage, usize)>>,
     pub broker: Mutex<Option<chatter_runtime::broker::InMemoryBroker>>,
+    /// The run's history, where each inbox handler's run is recorded as it starts and ends (an
+    /// overlap is told apart by them: seed 9104127).
+    pub history: Mutex<Option<Arc<super::history::History>>>,
 }
 
 impl Recorder {
@@ -241,6 +244,12 @@ impl Recorder {
             .or_default() += 1;
     }
 
+    fn inbox_event(&self, slot: usize, what: String) {
+        if let Some(history) = self.history.lock().unwrap().as_ref() {
+            history.harness(slot, what);
+        }
+    }
+
     fn inbox_run(self: &Arc<Self>, id: &str) -> InboxRun {
         let slot = this_slot();
         let mut inbox = self.inbox.lock().unwrap();
@@ -257,6 +266,7 @@ impl Recorder {
         let first = runs.started == 0;
         runs.started += 1;
         drop(inbox);
+        self.inbox_event(slot, format!("inbox handler of {id} starts"));
         let copies = self.copies_on_start.lock().unwrap().remove(id);
         if let (Some((message, count)), Some(broker)) =
             (copies, self.broker.lock().unwrap().clone())
@@ -303,5 +313,10 @@ impl Drop for InboxRun {
             runs.active.remove(at);
         }
         runs.ends.push(self.end);
+        drop(inbox);
+        self.recorder.inbox_event(
+            self.slot,
+            format!("inbox handler of {} ends ({:?})", self.id, self.end),
+        );
     }
 }

@@ -774,6 +774,7 @@ async fn run_async(plan: Plan, run: u64, history: Arc<History>) -> Result<Report
     watch(&inner, &seen).await;
     let recorder = Arc::new(Recorder::default());
     *recorder.broker.lock().unwrap() = Some(inner.clone());
+    *recorder.history.lock().unwrap() = Some(Arc::clone(&history));
     let redelivery = if plan.counting {
         Redelivery::Counting(Arc::default())
     } else {
