@@ -307,7 +307,15 @@ async fn a_container_without_lease_documents_is_said_so_and_exits_1() {
     .await;
     let said = String::from_utf8_lossy(&mistaken.stderr);
     assert_eq!(mistaken.status.code(), Some(1), "{said}");
-    assert!(said.contains("holds no lease documents"), "{said}");
+    // One sentence, as written (a broken line continuation once printed runs of spaces).
+    assert!(
+        said.contains(
+            "shop/orders holds no lease documents: no relay has started against it yet, or it is \
+             not a lease container (a relay's lease container is its `lease` name, e.g. \
+             `orders-leases`)"
+        ),
+        "{said}"
+    );
     // A container that does not exist fails as such.
     let missing = chatter(
         Some(emulator.endpoint()),

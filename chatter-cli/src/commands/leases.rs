@@ -45,7 +45,9 @@ pub(crate) async fn run(args: &Leases, json: bool) -> Result<u8, Failure> {
         // A typo that names another container (the monitored one, say) would otherwise look
         // like a healthy answer.
         eprintln!(
-            "{}/{} holds no lease documents: no relay has started against it yet, or it is not              a lease container (a relay's lease container is its `lease` name, e.g.              `orders-leases`)",
+            "{}/{} holds no lease documents: no relay has started against it yet, or it is not \
+             a lease container (a relay's lease container is its `lease` name, e.g. \
+             `orders-leases`)",
             at.database, at.container
         );
         return Ok(1);
