@@ -326,6 +326,29 @@ async fn a_delivered_stamp_does_not_overwrite_an_operators_give_up_written_since
     assert!(now.get("ttl").is_none(), "kept for inspection: no ttl");
 }
 
+// Another relay's refusal, decided before the broker was fixed and landing while this relay's
+// publish of the same version went through (the simulation's seed 9115815: an instance paused
+// between a refused publish and its stamp): the broker took the message, so `delivered` is the
+// truth, and the document does not wait for a requeue that would publish it again.
+#[tokio::test]
+async fn a_delivered_stamp_overwrites_another_relays_refusal_written_since() {
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let doc = stored(&c, pending("msg-1", "t")).await;
+    written_since(&c, &doc, json!({ "status": "undeliverable" })).await;
+
+    // The page read it pending: it is published, and its stamp meets the refusal.
+    let report = drain(&c, &broker)
+        .drain("0", std::slice::from_ref(&doc))
+        .await
+        .unwrap();
+    assert_eq!(report.published, 1, "{report:?}");
+    assert_eq!(broker.published_count("orders"), 1);
+    let now = reread(&c, &doc).await;
+    assert_eq!(now["status"], "delivered", "what the broker took");
+    assert!(now["ttl"].is_i64());
+}
+
 #[tokio::test]
 async fn a_delivered_stamp_that_meets_a_rewrite_of_the_same_message_stamps_that_version() {
     let c = container().await;
@@ -623,11 +646,9 @@ async fn a_group_whose_stamp_met_another_writers_still_publishes_what_is_not_pro
     assert_eq!(broker.published_count("orders"), 6, "{report:?}");
     assert_eq!(reread(&c, &second).await["status"], "delivered");
     assert_eq!(reread(&c, &third).await["status"], "delivered");
+    // Their stamps then met the refusals (another relay's, no operator's reason): the broker
+    // took each since, so `delivered` is written over them.
     for judged in [&fourth, &fifth] {
-        assert_eq!(
-            reread(&c, judged).await["status"],
-            "undeliverable",
-            "the verdict stands"
-        );
+        assert_eq!(reread(&c, judged).await["status"], "delivered");
     }
 }

@@ -465,8 +465,10 @@ impl Dispatch {
     /// written (its own earlier attempt, whose answer was lost); a newer pending version of
     /// the same message (the sweep's rewrite, an operator's requeue) is stamped in turn when
     /// `again` (a delivered stamp records a publish, which holds for every version of the
-    /// message), up to [`STAMP_ROUNDS`] writes; any other version stands (another writer's
-    /// verdict, a new message, a requeue), as does a document gone. Without a version (a
+    /// message), and so is another relay's `undeliverable` verdict on it (this relay's broker
+    /// took the message that relay saw refused), up to [`STAMP_ROUNDS`] writes; any other
+    /// version stands (an operator's give-up, a new message, a requeue), as does a document
+    /// gone. Without a version (a
     /// document without an `_etag`, which Cosmos always sends) the stamp is unconditional.
     /// With what it came to, the newer versions it tried to write over, oldest first (only
     /// when `again`).
@@ -505,9 +507,17 @@ impl Dispatch {
                 if ops.iter().all(holds) {
                     return Ok((Stamped::Found, rewrites));
                 }
-                let pending =
-                    now.get(outbox::STATUS_FIELD).and_then(Value::as_str) == Some(STATUS_PENDING);
+                let status = now.get(outbox::STATUS_FIELD).and_then(Value::as_str);
+                let pending = status == Some(STATUS_PENDING);
+                // Another relay's refusal of this message (an operator's give-up carries a
+                // reason): decided before its broker took the message, as this one's did, so
+                // `delivered` is the truth, and no requeue must publish it again (seed 9115815).
+                let refused = status == Some(STATUS_UNDELIVERABLE)
+                    && now.get(outbox::OPERATOR_REASON_FIELD).is_none();
                 match now.get("_etag").and_then(Value::as_str) {
+                    Some(etag) if again && refused && writes < STAMP_ROUNDS => {
+                        version = etag.to_owned();
+                    }
                     Some(etag) if again && pending && writes < STAMP_ROUNDS => {
                         version = etag.to_owned();
                         rewrites.push(version.clone());

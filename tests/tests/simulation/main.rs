@@ -140,6 +140,14 @@ const REGRESSION_SEEDS: &[(u64, &str)] = &[
          over meanwhile: an overlap by the harness's count (3 runs of 24 before the handler's \
          future was dropped as it settled)",
     ),
+    (
+        9_115_815,
+        "an instance paused between a refused publish of a notice and its undeliverable stamp; \
+         the broker was fixed, another instance published the notice, and the paused one's \
+         stamp landed before that publish's delivered stamp, which met it and let it stand: a \
+         delivered message left undeliverable (0 of 32 replays; the delivered stamp now writes \
+         over another relay's refusal)",
+    ),
 ];
 
 // Seeds that showed the publish-after-commit issue's breaks before their fixes, replayed with
