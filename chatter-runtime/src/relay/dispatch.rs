@@ -468,8 +468,8 @@ impl Dispatch {
     /// message), and so is another relay's `undeliverable` verdict on it (this relay's broker
     /// took the message that relay saw refused), up to [`STAMP_ROUNDS`] writes; any other
     /// version stands (an operator's give-up, a new message, a requeue), as does a document
-    /// gone. Without a version (a
-    /// document without an `_etag`, which Cosmos always sends) the stamp is unconditional.
+    /// gone. Without a version (a document without an `_etag`, which Cosmos always sends) the
+    /// stamp is unconditional.
     /// With what it came to, the newer versions it tried to write over, oldest first (only
     /// when `again`).
     async fn stamp_over(
@@ -510,7 +510,7 @@ impl Dispatch {
                 let status = now.get(outbox::STATUS_FIELD).and_then(Value::as_str);
                 let pending = status == Some(STATUS_PENDING);
                 // Another relay's refusal of this message (an operator's give-up carries a
-                // reason): decided before its broker took the message, as this one's did, so
+                // reason): its publish was refused, this one's broker took the message, so
                 // `delivered` is the truth, and no requeue must publish it again (seed 9115815).
                 let refused = status == Some(STATUS_UNDELIVERABLE)
                     && now.get(outbox::OPERATOR_REASON_FIELD).is_none();
