@@ -276,6 +276,25 @@ async fn written_since(c: &ContainerClient, doc: &Value, changes: Value) -> Valu
     reread(c, doc).await
 }
 
+/// Publishes a pending document from a page that read it, after another writer wrote `changes`
+/// over it since (a new version): the delivered stamp meets that version. Returns the broker and
+/// the document as it ends.
+async fn published_over_a_version_written_since(changes: Value) -> (InMemoryBroker, Value) {
+    let c = container().await;
+    let broker = InMemoryBroker::new();
+    let doc = stored(&c, pending("msg-1", "t")).await;
+    let written = written_since(&c, &doc, changes).await;
+    assert_ne!(written["_etag"], doc["_etag"], "a new version");
+
+    // The page read it pending: it is published, and its stamp meets the version written since.
+    let report = drain(&c, &broker)
+        .drain("0", std::slice::from_ref(&doc))
+        .await
+        .unwrap();
+    assert_eq!(report.published, 1, "{report:?}");
+    (broker, reread(&c, &doc).await)
+}
+
 #[tokio::test]
 async fn an_undeliverable_verdict_does_not_overwrite_a_delivered_stamp_written_since() {
     let (logs, _guard) = capture();
@@ -300,24 +319,11 @@ async fn an_undeliverable_verdict_does_not_overwrite_a_delivered_stamp_written_s
 
 #[tokio::test]
 async fn a_delivered_stamp_does_not_overwrite_an_operators_give_up_written_since() {
-    let c = container().await;
-    let broker = InMemoryBroker::new();
-    let doc = stored(&c, pending("msg-1", "t")).await;
-    written_since(
-        &c,
-        &doc,
+    let (broker, now) = published_over_a_version_written_since(
         json!({ "status": "undeliverable", "chatterOperatorReason": "given up" }),
     )
     .await;
-
-    // The page read it pending: it is published, and its stamp meets the give-up.
-    let report = drain(&c, &broker)
-        .drain("0", std::slice::from_ref(&doc))
-        .await
-        .unwrap();
-    assert_eq!(report.published, 1, "{report:?}");
     assert_eq!(broker.published_count("orders"), 1);
-    let now = reread(&c, &doc).await;
     assert_eq!(
         now["status"], "undeliverable",
         "the operator's verdict stands"
@@ -332,38 +338,17 @@ async fn a_delivered_stamp_does_not_overwrite_an_operators_give_up_written_since
 // truth, and the document does not wait for a requeue that would publish it again.
 #[tokio::test]
 async fn a_delivered_stamp_overwrites_another_relays_refusal_written_since() {
-    let c = container().await;
-    let broker = InMemoryBroker::new();
-    let doc = stored(&c, pending("msg-1", "t")).await;
-    written_since(&c, &doc, json!({ "status": "undeliverable" })).await;
-
-    // The page read it pending: it is published, and its stamp meets the refusal.
-    let report = drain(&c, &broker)
-        .drain("0", std::slice::from_ref(&doc))
-        .await
-        .unwrap();
-    assert_eq!(report.published, 1, "{report:?}");
+    let (broker, now) =
+        published_over_a_version_written_since(json!({ "status": "undeliverable" })).await;
     assert_eq!(broker.published_count("orders"), 1);
-    let now = reread(&c, &doc).await;
     assert_eq!(now["status"], "delivered", "what the broker took");
     assert!(now["ttl"].is_i64());
 }
 
 #[tokio::test]
 async fn a_delivered_stamp_that_meets_a_rewrite_of_the_same_message_stamps_that_version() {
-    let c = container().await;
-    let broker = InMemoryBroker::new();
-    let doc = stored(&c, pending("msg-1", "t")).await;
     // The stranded sweep's rewrite: the same message, pending, a new version.
-    let rewritten = written_since(&c, &doc, json!({ "status": "pending" })).await;
-    assert_ne!(rewritten["_etag"], doc["_etag"]);
-
-    let report = drain(&c, &broker)
-        .drain("0", std::slice::from_ref(&doc))
-        .await
-        .unwrap();
-    assert_eq!(report.published, 1, "{report:?}");
-    let now = reread(&c, &doc).await;
+    let (_, now) = published_over_a_version_written_since(json!({ "status": "pending" })).await;
     assert_eq!(
         now["status"], "delivered",
         "the new version of what was published"
@@ -498,18 +483,10 @@ async fn a_version_written_after_the_stamp_over_a_rewrite_is_published() {
 
 #[tokio::test]
 async fn a_delivered_stamp_leaves_a_new_message_written_since_pending() {
-    let c = container().await;
-    let broker = InMemoryBroker::new();
-    let doc = stored(&c, pending("msg-1", "t")).await;
     // Another body under the same id: not what was published, so the relay publishes it too.
-    written_since(&c, &doc, json!({ "MessageBody": "{\"orderId\":8}" })).await;
-
-    let report = drain(&c, &broker)
-        .drain("0", std::slice::from_ref(&doc))
-        .await
-        .unwrap();
-    assert_eq!(report.published, 1, "{report:?}");
-    assert_eq!(reread(&c, &doc).await["status"], "pending");
+    let (_, now) =
+        published_over_a_version_written_since(json!({ "MessageBody": "{\"orderId\":8}" })).await;
+    assert_eq!(now["status"], "pending");
 }
 
 #[tokio::test]
